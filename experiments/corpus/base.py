@@ -1,0 +1,165 @@
+"""Containers for corpora: `Sentence` (words plus optional gold annotations) and `Corpus`.
+
+Annotations follow CoNLL-U: `upos` are Universal POS tags, `heads` are 1-based indices of each word's head
+(0 = the root), `deprels` are Universal Dependencies relations (subtypes such as `nmod:poss` kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import overload
+
+import pandas as pd
+
+
+class CorpusError(ValueError):
+    """A corpus could not be read, built or encoded; the message says where (file, line) and what to do."""
+
+
+class CorpusFileNotFoundError(CorpusError, FileNotFoundError):
+    """The corpus file does not exist."""
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One segment of text split into words, with optional gold annotations (one entry per word).
+
+    `heads` and `deprels` come together or not at all; when given, they must form one tree
+    (exactly one word with head 0, every head in 0..len(words), no cycles), else `ValueError`.
+    """
+
+    id: str
+    words: tuple[str, ...]
+    text: str
+    upos: tuple[str, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    deprels: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("words", "upos", "heads", "deprels"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        if not self.words:
+            raise ValueError(f"sentence {self.id!r} has no words")
+        bad = [i for i, w in enumerate(self.words) if not isinstance(w, str) or not w or w.isspace()]
+        if bad:
+            raise ValueError(f"sentence {self.id!r}: word {bad[0] + 1} is empty or whitespace")
+        for name in ("upos", "heads", "deprels"):
+            value = getattr(self, name)
+            if value is not None and len(value) != len(self.words):
+                raise ValueError(
+                    f"sentence {self.id!r}: {len(value)} {name} for {len(self.words)} words; "
+                    "give one entry per word"
+                )
+        if (self.heads is None) != (self.deprels is None):
+            raise ValueError(f"sentence {self.id!r}: give both heads and deprels, or neither")
+        if self.heads is not None:
+            problems = tree_problems(self.heads)
+            if problems:
+                raise ValueError(f"sentence {self.id!r}: not a dependency tree: {'; '.join(problems)}")
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+
+@dataclass
+class Corpus:
+    """A named list of sentences. `source` says where it came from (a path, or a generator and its seed);
+    `meta` holds generator parameters (e.g. `m` for `repeated-random`)."""
+
+    name: str
+    source: str
+    sentences: list[Sentence]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the content (ids, words, text and annotations, in order); independent of name/source."""
+        rows = [[s.id, s.words, s.text, s.upos, s.heads, s.deprels] for s in self.sentences]
+        payload = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    @property
+    def has_syntax(self) -> bool:
+        """True when every sentence has gold heads and relations (and the corpus is not empty)."""
+        return bool(self.sentences) and all(s.heads is not None for s in self.sentences)
+
+    @property
+    def has_upos(self) -> bool:
+        """True when every sentence has gold UPOS tags (and the corpus is not empty)."""
+        return bool(self.sentences) and all(s.upos is not None for s in self.sentences)
+
+    @property
+    def n_words(self) -> int:
+        return sum(len(s.words) for s in self.sentences)
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def __iter__(self) -> Iterator[Sentence]:
+        return iter(self.sentences)
+
+    @overload
+    def __getitem__(self, index: int) -> Sentence: ...
+    @overload
+    def __getitem__(self, index: slice) -> Corpus: ...
+    def __getitem__(self, index: int | slice) -> Sentence | Corpus:
+        """An int gives a `Sentence`; a slice gives a `Corpus` with the same name, source and meta."""
+        if isinstance(index, slice):
+            return Corpus(self.name, self.source, self.sentences[index], dict(self.meta))
+        return self.sentences[index]
+
+    def words_frame(self) -> pd.DataFrame:
+        """Long table, one row per word: sentence_index, sentence_id, word_index (0-based), word,
+        upos, head (1-based, 0 = root), deprel (None where the corpus has no such annotation)."""
+        rows = []
+        for si, s in enumerate(self.sentences):
+            for wi, word in enumerate(s.words):
+                rows.append(
+                    (
+                        si,
+                        s.id,
+                        wi,
+                        word,
+                        s.upos[wi] if s.upos else None,
+                        s.heads[wi] if s.heads else None,
+                        s.deprels[wi] if s.deprels else None,
+                    )
+                )
+        columns = ["sentence_index", "sentence_id", "word_index", "word", "upos", "head", "deprel"]
+        return pd.DataFrame(rows, columns=columns)
+
+
+def tree_problems(heads: tuple[int, ...] | list[int]) -> list[str]:
+    """What keeps `heads` (1-based, 0 = root) from being one dependency tree; empty when it is one.
+
+    Checks: heads are ints in 0..n, exactly one root, and every word reaches the root (no cycles).
+    """
+    n = len(heads)
+    problems = []
+    out_of_range = [i + 1 for i, h in enumerate(heads) if not isinstance(h, int) or not 0 <= h <= n]
+    if out_of_range:
+        return [f"head of word {out_of_range[0]} is {heads[out_of_range[0] - 1]!r}, not in 0..{n}"]
+    roots = [i + 1 for i, h in enumerate(heads) if h == 0]
+    if len(roots) != 1:
+        problems.append(f"{len(roots)} roots (words {roots}), expected exactly 1")
+    self_loops = [i + 1 for i, h in enumerate(heads) if h == i + 1]
+    if self_loops:
+        problems.append(f"word {self_loops[0]} is its own head")
+    reaches_root = {0}
+    for start in range(1, n + 1):
+        path: list[int] = []
+        node = start
+        while node not in reaches_root and node not in path:
+            path.append(node)
+            node = heads[node - 1]
+        if node in reaches_root:
+            reaches_root.update(path)
+        elif not self_loops:
+            problems.append(f"cycle through words {sorted(path[path.index(node):])}")
+            break
+    return problems

@@ -1,0 +1,382 @@
+"""Pure tensor metrics for the same-token experiment (no model): how much attention a query puts on itself,
+on other occurrences of its own token, and on its neighbours, against uniform and offset-matched nulls.
+
+The pipeline for one batch of sentences is
+
+>>> pos = Positions.from_batch(input_ids, attention_mask, special_mask, special_ids={"cls": 101, "sep": 102})
+>>> per_query = attention_masses(pattern, pos)            # metric -> QueryMetric (values per query)
+>>> tallies = tally(per_query, pattern, pos, max_length)   # per-sentence sums, counts and null sums
+>>> table = summarize(Tallies.concat([...]), n_boot=1000, seed=0)   # value, bootstrap CI, nulls, ratios
+
+Definitions (``n`` = number of real tokens of the sentence, [CLS] and [SEP] included; "content" = real
+tokens that are not special):
+
+- ``self``: ``A[i, i]`` over content queries; uniform null ``1/n``.
+- ``duplicate``: ``sum of A[i, j]`` over the other content positions ``j`` holding the same token id, averaged
+  over the content queries that have at least one such copy; ``duplicate_earlier`` counts only copies with
+  ``j < i`` (and only queries that have one). Uniform null ``|D(i)| / n``; offset-matched null
+  ``sum over j in D(i) of M(j - i)`` where ``M(d)`` is the mean mass the same head puts at relative offset
+  ``d`` on content pairs that are *not* copies (pooled over the corpus).
+- ``previous`` / ``next``: ``A[i, i-1]`` / ``A[i, i+1]`` over content queries whose neighbour is content;
+  uniform null ``1/n``.
+- special tokens on their own lines: ``self_<name>`` (self mass of the [CLS]/[SEP] queries), ``to_<name>``
+  (mass content queries put on those keys; null ``count/n``) and ``to_pad`` (mass on padding, must be 0).
+- raw attention only (from logits): ``argmax_self_or_copy`` (the best key is the query itself or a copy;
+  ties count as a hit; null ``(1 + |D(i)|) / n``) and ``logit_gap`` (self logit minus the best key holding a
+  different token; no null).
+
+Every value is a ratio of sums over sentences, so the bootstrap resamples sentences (the offset-matched
+null is re-estimated inside each bootstrap draw).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
+
+
+@dataclass(frozen=True)
+class QueryMetric:
+    """One metric for every query of a batch.
+
+    values [batch, head, query] (float); counted [batch, query] (bool: the queries the metric averages
+    over); uniform [batch, query] (float: the uniform-attention null per query) or None (no null).
+    """
+
+    values: Tensor
+    counted: Tensor
+    uniform: Tensor | None
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Token bookkeeping for one batch, shared by every pattern computed on it.
+
+    valid, content [batch, pos] bool; duplicate, earlier, noncopy [batch, query, key] bool (content pairs:
+    same id at another position / same id at an earlier position / different ids); n_keys [batch] (real
+    tokens per sentence); special {name: [batch, pos] bool} for the named special-token ids.
+    """
+
+    input_ids: Tensor
+    valid: Tensor
+    content: Tensor
+    duplicate: Tensor
+    earlier: Tensor
+    noncopy: Tensor
+    n_keys: Tensor
+    special: dict[str, Tensor]
+
+    @classmethod
+    def from_batch(
+        cls,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        special_mask: Tensor,
+        special_ids: Mapping[str, int],
+    ) -> Positions:
+        """input_ids, attention_mask, special_mask [batch, pos]; special_ids e.g. {"cls": 101, "sep": 102}.
+
+        Padding counts as special whatever ``special_mask`` says; duplicates are defined on content only.
+        """
+        if input_ids.shape != attention_mask.shape or input_ids.shape != special_mask.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
+                f"special_mask {tuple(special_mask.shape)} must all be [batch, pos]"
+            )
+        valid = attention_mask.bool()
+        content = valid & ~special_mask.bool()
+        pos = input_ids.shape[1]
+        same = input_ids[:, :, None] == input_ids[:, None, :]
+        pair = content[:, :, None] & content[:, None, :]
+        other = ~torch.eye(pos, dtype=torch.bool, device=input_ids.device)
+        duplicate = same & pair & other
+        earlier = duplicate & torch.ones(pos, pos, dtype=torch.bool, device=input_ids.device).tril(-1)
+        return cls(
+            input_ids=input_ids,
+            valid=valid,
+            content=content,
+            duplicate=duplicate,
+            earlier=earlier,
+            noncopy=pair & ~same,
+            n_keys=valid.sum(-1),
+            special={name: valid & (input_ids == int(i)) for name, i in special_ids.items()},
+        )
+
+
+@dataclass
+class Tallies:
+    """Per-sentence sums for one pattern source (concatenate batches with :meth:`concat`).
+
+    sums {metric: [sentence, head]}: sum over counted queries of the query's value;
+    counts {metric: [sentence]}: number of counted queries; uniform {metric: [sentence]}: sum of the
+    per-query uniform nulls (metrics without a null are absent); pair_offsets {duplicate metric:
+    [sentence, offset]}: number of (query, copy) pairs per relative offset ``key - query`` (index
+    ``offset + max_length - 1``); noncopy_mass [sentence, head, offset] and noncopy_count [sentence, offset]:
+    attention mass and number of non-copy content pairs per offset. All float64 on the CPU.
+    """
+
+    sums: dict[str, Tensor]
+    counts: dict[str, Tensor]
+    uniform: dict[str, Tensor]
+    pair_offsets: dict[str, Tensor]
+    noncopy_mass: Tensor
+    noncopy_count: Tensor
+
+    @classmethod
+    def concat(cls, parts: list[Tallies]) -> Tallies:
+        """Stack the sentences of several batches (same heads, metrics and max_length)."""
+        if not parts:
+            raise ValueError("Tallies.concat needs at least one batch of tallies")
+
+        def cat(get):  # noqa: ANN001, ANN202 - tiny local helper
+            return torch.cat([get(p) for p in parts])
+
+        first = parts[0]
+        return cls(
+            sums={m: cat(lambda p, m=m: p.sums[m]) for m in first.sums},
+            counts={m: cat(lambda p, m=m: p.counts[m]) for m in first.counts},
+            uniform={m: cat(lambda p, m=m: p.uniform[m]) for m in first.uniform},
+            pair_offsets={m: cat(lambda p, m=m: p.pair_offsets[m]) for m in first.pair_offsets},
+            noncopy_mass=cat(lambda p: p.noncopy_mass),
+            noncopy_count=cat(lambda p: p.noncopy_count),
+        )
+
+    @property
+    def metrics(self) -> list[str]:
+        return list(self.sums)
+
+    @property
+    def n_sentences(self) -> int:
+        return int(self.noncopy_count.shape[0])
+
+
+# ------------------------------------------------------------------------------------- public entry points
+
+
+def attention_masses(pattern: Tensor, pos: Positions) -> dict[str, QueryMetric]:
+    """Per-query masses of an attention pattern.
+
+    pattern [batch, head, query, key] (rows sum to 1 over real keys) -> {metric: QueryMetric}: ``self``,
+    ``duplicate``, ``duplicate_earlier``, ``previous``, ``next``, ``to_pad`` and, per named special token,
+    ``self_<name>`` and ``to_<name>`` (see the module docstring).
+    """
+    _check_pattern(pattern, pos)
+    a = pattern.double()
+    content, valid = pos.content, pos.valid
+    inv_n = (1.0 / pos.n_keys.clamp(min=1).double())[:, None].expand_as(content)
+    self_mass = a.diagonal(dim1=-2, dim2=-1)  # [batch, head, query]
+    out = {"self": QueryMetric(self_mass, content, inv_n)}
+    for name, copies in (("duplicate", pos.duplicate), ("duplicate_earlier", pos.earlier)):
+        n_copies = copies.sum(-1).double()
+        out[name] = QueryMetric(
+            (a * copies[:, None]).sum(-1), content & (n_copies > 0), n_copies * inv_n
+        )
+    # A[i, i-1] lives on the -1 diagonal: pad it at the front so index i is query i (and at the end for +1).
+    prev = torch.nn.functional.pad(a.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0))
+    nxt = torch.nn.functional.pad(a.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1))
+    has_prev = content & torch.nn.functional.pad(content[:, :-1], (1, 0), value=False)
+    has_next = content & torch.nn.functional.pad(content[:, 1:], (0, 1), value=False)
+    out["previous"] = QueryMetric(prev, has_prev, inv_n)
+    out["next"] = QueryMetric(nxt, has_next, inv_n)
+    for name, where in pos.special.items():
+        out[f"self_{name}"] = QueryMetric(self_mass, where, inv_n)
+        out[f"to_{name}"] = QueryMetric(
+            (a * where[:, None, None, :]).sum(-1), content, where.sum(-1, keepdim=True).double() * inv_n
+        )
+    out["to_pad"] = QueryMetric(
+        (a * ~valid[:, None, None, :]).sum(-1), content, torch.zeros_like(inv_n)
+    )
+    return out
+
+
+def raw_attention(x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Tutorial attention with Q = K = V = x: ``softmax(x x^T / sqrt(d))``, padding keys masked.
+
+    x [batch, pos, d]; attention_mask [batch, pos] -> (logits [batch, query, key] with padded keys at -inf,
+    pattern [batch, query, key]). Positions whose vectors are bitwise identical get bitwise identical
+    logits (their dot products are equal in exact arithmetic; a matmul may round them differently), so
+    copies of a token tie exactly in the word-embedding view.
+    """
+    if x.dim() != 3 or x.shape[:2] != attention_mask.shape:
+        raise ValueError(
+            f"x must be [batch, pos, d] matching attention_mask [batch, pos]; got {tuple(x.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
+    batch, n, d = x.shape
+    logits = torch.einsum("bqd,bkd->bqk", x, x) / d**0.5
+    _, inverse = torch.unique(x.reshape(batch * n, d), dim=0, return_inverse=True)
+    inverse = inverse.reshape(batch, n)
+    # representative = first position holding the same vector; read every logit at the representatives.
+    rep = (inverse[:, :, None] == inverse[:, None, :]).int().argmax(-1)  # [batch, pos]
+    logits = logits.gather(2, rep[:, None, :].expand(batch, n, n)).gather(1, rep[:, :, None].expand(batch, n, n))
+    logits = logits.masked_fill(~attention_mask.bool()[:, None, :], float("-inf"))
+    return logits, logits.softmax(-1)
+
+
+def logit_metrics(logits: Tensor, pos: Positions) -> dict[str, QueryMetric]:
+    """Raw-attention metrics read from logits [batch, query, key] (padded keys at -inf).
+
+    -> {"argmax_self_or_copy", "logit_gap"} as QueryMetric with a head dimension of 1, over content queries.
+    """
+    _check_pattern(logits[:, None], pos)
+    batch, n, _ = logits.shape
+    eye = torch.eye(n, dtype=torch.bool, device=logits.device)
+    same = pos.duplicate | eye  # self or a copy
+    other = pos.valid[:, None, :] & ~same
+    l64 = logits.double()
+    best_same = l64.masked_fill(~same, float("-inf")).amax(-1)
+    best_other = l64.masked_fill(~other, float("-inf")).amax(-1)
+    hit = (best_same >= best_other).double()
+    gap = l64.diagonal(dim1=-2, dim2=-1) - best_other
+    counted = pos.content & other.any(-1)
+    chance = (1 + pos.duplicate.sum(-1)).double() / pos.n_keys.clamp(min=1).double()[:, None]
+    return {
+        "argmax_self_or_copy": QueryMetric(hit[:, None], counted, chance),
+        "logit_gap": QueryMetric(gap[:, None], counted, None),
+    }
+
+
+def norm_weighted(pattern: Tensor, value_norms: Tensor) -> Tensor:
+    """Kobayashi et al. (2020) norm-based attention: ``||A[i, j] f(x_j)||`` renormalised over keys.
+
+    pattern [batch, head, query, key]; value_norms [batch, head, key] = ``||f_h(x_j)||`` -> [batch, head,
+    query, key], each row summing to 1 (rows whose weighted mass is 0 stay 0).
+    """
+    if value_norms.shape != (pattern.shape[0], pattern.shape[1], pattern.shape[3]):
+        raise ValueError(
+            f"value_norms must be [batch, head, key] = {(pattern.shape[0], pattern.shape[1], pattern.shape[3])}"
+            f" to match pattern {tuple(pattern.shape)}; got {tuple(value_norms.shape)}"
+        )
+    weighted = pattern * value_norms[:, :, None, :]
+    total = weighted.sum(-1, keepdim=True)
+    return torch.where(total > 0, weighted / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
+
+
+def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions, max_length: int) -> Tallies:
+    """Reduce per-query metrics to per-sentence sums, plus the pattern's [batch, head, query, key] non-copy
+    mass per relative offset that the offset-matched null needs (offsets up to max_length - 1)."""
+    _check_pattern(pattern, pos)
+    n = pos.content.shape[1]
+    if n > max_length:
+        raise ValueError(f"sequences have {n} positions but max_length={max_length}; pass the encode limit")
+    n_offsets = 2 * max_length - 1
+    q_idx, k_idx = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    offset_index = (k_idx - q_idx + max_length - 1).reshape(-1).to(pos.content.device)
+
+    def per_offset(x: Tensor) -> Tensor:  # [..., query, key] -> [..., offset]
+        flat = x.double().reshape(*x.shape[:-2], n * n)
+        return torch.zeros(*x.shape[:-2], n_offsets, dtype=torch.float64, device=x.device).index_add_(
+            -1, offset_index, flat
+        )
+
+    sums, counts, uniform = {}, {}, {}
+    for name, m in per_query.items():
+        # where, not a product: values at uncounted queries may be inf or NaN (e.g. a -inf logit gap)
+        sums[name] = torch.where(m.counted[:, None], m.values.double(), 0.0).sum(-1).cpu()
+        counts[name] = m.counted.double().sum(-1).cpu()
+        if m.uniform is not None:
+            uniform[name] = torch.where(m.counted, m.uniform.double(), 0.0).sum(-1).cpu()
+    return Tallies(
+        sums=sums,
+        counts=counts,
+        uniform=uniform,
+        pair_offsets={
+            "duplicate": per_offset(pos.duplicate).cpu(),
+            "duplicate_earlier": per_offset(pos.earlier).cpu(),
+        },
+        noncopy_mass=per_offset(pattern * pos.noncopy[:, None]).cpu(),
+        noncopy_count=per_offset(pos.noncopy).cpu(),
+        metrics=list(per_query),
+    )
+
+
+def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float = 0.95) -> pd.DataFrame:
+    """Point estimates, percentile bootstrap CIs over sentences, nulls and observed/null ratios.
+
+    -> long table, one row per (head, metric): head (index in the tallies' head dimension), metric, value,
+    ci_low, ci_high, null (offset-matched for duplicate metrics, else uniform), null_kind, ratio,
+    ratio_ci_low, ratio_ci_high, null_uniform, ratio_uniform, n_queries, n_sentences. A ratio is NaN where
+    its null is 0 or undefined (e.g. no non-copy pair at some offset where copies occur).
+    """
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    n_sent = tallies.n_sentences
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(0, n_sent, (n_boot, n_sent), generator=generator)
+    weights = torch.zeros(n_boot + 1, n_sent, dtype=torch.float64)
+    weights[0] = 1.0  # row 0: the full sample; rows 1..: bootstrap multiplicities
+    weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    lo_q, hi_q = (1 - ci) / 2, 1 - (1 - ci) / 2
+
+    rows = []
+    for metric in tallies.metrics:
+        counts = weights @ tallies.counts[metric]  # [draw]
+        value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
+        uniform = _divide(weights @ tallies.uniform[metric], counts) if metric in tallies.uniform else None
+        offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else None
+        null = offset if offset is not None else (uniform[:, None].expand_as(value) if uniform is not None else None)
+        ratio = _divide(value, null) if null is not None else None
+        ratio_u = _divide(value, uniform[:, None]) if uniform is not None else None
+        n_heads = value.shape[1]
+        for h in range(n_heads):
+            rows.append(
+                {
+                    "head": h,
+                    "metric": metric,
+                    "value": float(value[0, h]),
+                    "ci_low": _quantile(value[1:, h], lo_q),
+                    "ci_high": _quantile(value[1:, h], hi_q),
+                    "null": float(null[0, h]) if null is not None else np.nan,
+                    "null_kind": "offset" if offset is not None else ("uniform" if uniform is not None else ""),
+                    "ratio": float(ratio[0, h]) if ratio is not None else np.nan,
+                    "ratio_ci_low": _quantile(ratio[1:, h], lo_q) if ratio is not None else np.nan,
+                    "ratio_ci_high": _quantile(ratio[1:, h], hi_q) if ratio is not None else np.nan,
+                    "null_uniform": float(uniform[0]) if uniform is not None else np.nan,
+                    "ratio_uniform": float(ratio_u[0, h]) if ratio_u is not None else np.nan,
+                    "n_queries": int(counts[0]),
+                    "n_sentences": n_sent,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor) -> Tensor:
+    """Offset-matched null per draw and head: mean over counted queries of sum over their copies of the
+    head's mean non-copy mass at the copy's offset -> [draw, head] (NaN where an offset has no support)."""
+    pairs = tallies.pair_offsets[metric]  # [sentence, offset]
+    used = pairs.sum(0) > 0
+    pairs = weights @ pairs[:, used]  # [draw, offset]
+    mass = torch.einsum("ws,sho->who", weights, tallies.noncopy_mass[:, :, used])
+    support = weights @ tallies.noncopy_count[:, used]  # [draw, offset]
+    mean_mass = _divide(mass, support[:, None, :])  # [draw, head, offset]
+    contrib = torch.where(pairs[:, None, :] > 0, pairs[:, None, :] * mean_mass, 0.0)
+    return _divide(contrib.sum(-1), counts[:, None])
+
+
+def _divide(num: Tensor, den: Tensor) -> Tensor:
+    """num / den with NaN where den == 0."""
+    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), float("nan"))
+
+
+def _quantile(x: Tensor, q: float) -> float:
+    x = x[torch.isfinite(x)]
+    return float(torch.quantile(x, q)) if x.numel() else float("nan")
+
+
+def _check_pattern(pattern: Tensor, pos: Positions) -> None:
+    batch, n = pos.content.shape
+    if pattern.dim() != 4 or pattern.shape[0] != batch or pattern.shape[2:] != (n, n):
+        raise ValueError(
+            f"pattern must be [batch, head, query, key] = [{batch}, H, {n}, {n}] to match the token masks; "
+            f"got {tuple(pattern.shape)}"
+        )

@@ -1,0 +1,16 @@
+"""From-scratch BERT-family encoders that load real checkpoints and reproduce ``transformers.BertModel``."""
+
+from models.config import EncoderConfig
+from models.encoder import Encoder, sinusoidal_table
+from models.loading import CheckpointError, from_hf_model, from_state_dict, load, random_encoder
+
+__all__ = [
+    "CheckpointError",
+    "Encoder",
+    "EncoderConfig",
+    "from_hf_model",
+    "from_state_dict",
+    "load",
+    "random_encoder",
+    "sinusoidal_table",
+]

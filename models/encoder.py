@@ -1,0 +1,556 @@
+"""A BERT-family encoder written from scratch, with a hook point on every tensor worth studying.
+
+Real BERT is post-LayerNorm with learned positions and learned Q/K/V/O projections; the tutorials'
+pre-LayerNorm, sinusoidal and raw-attention variants are switches on ``EncoderConfig``.
+
+Shapes: ``b`` batch, ``p`` position (``q``/``k`` for query/key positions), ``h`` head, ``d`` d_head,
+``m`` d_model, ``f`` d_mlp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from hooks.hook_points import HookedModule, HookPoint
+from models.config import EncoderConfig
+
+AttentionImpl = Literal["auto", "explicit"]
+
+
+class Encoder(HookedModule):
+    """BERT encoder: embeddings, ``n_layers`` blocks, optional pooler and masked-LM head.
+
+    ``forward`` returns the last hidden state ``[batch, pos, d_model]``. Hooks: see ``hook_names()`` and
+    ``docs/hooks.md``. Built at random initialisation; ``models.load`` fills it from a checkpoint.
+    """
+
+    def __init__(self, config: EncoderConfig, *, pooler: bool = False, mlm_head: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = Embeddings(config)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layers)])
+        self.ln_final = LayerNorm(config.d_model, config.layer_norm_eps) if config.norm_placement == "pre" else None
+        self.pooler = Pooler(config) if pooler else None
+        self.mlm_head = MLMHead(config) if mlm_head else None
+        self.tokenizer: Any = None
+        self.source: str = "random initialisation"
+        self.weight_files: list[Path] = []
+        self._weights_sha256: str | None = None
+        self.setup_hooks()
+        self.hook_dict = dict(sorted(self.hook_dict.items(), key=lambda kv: _forward_rank(kv[0], config)))
+        self.init_weights()
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        stop_at_layer: int | None = None,
+    ) -> torch.Tensor:
+        """Last hidden state ``[batch, pos, d_model]``.
+
+        ``input_ids`` ``[batch, pos]``; ``attention_mask`` ``[batch, pos]`` (1 = real token, 0 = padding);
+        ``token_type_ids`` ``[batch, pos]`` (segment A = 0, B = 1). ``stop_at_layer=k`` runs blocks
+        ``0..k`` inclusive and returns block k's ``hook_resid_post`` (no final LayerNorm in pre-LN models).
+        """
+        input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        last = self.config.n_layers - 1
+        if stop_at_layer is not None:
+            if not 0 <= stop_at_layer <= last:
+                raise ValueError(f"stop_at_layer must be in 0..{last}, got {stop_at_layer}")
+            last = stop_at_layer
+        keep = _key_mask(attention_mask)
+        x = self.embed(input_ids, token_type_ids)
+        for block in self.blocks[: last + 1]:
+            x = block(x, keep)
+        if self.ln_final is not None and stop_at_layer is None:
+            x = self.ln_final(x)
+        return x
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler output ``tanh(W h_[CLS] + b)`` ``[batch, d_model]`` (needs a checkpoint with a pooler)."""
+        if self.pooler is None:
+            raise RuntimeError("this model has no pooler (the checkpoint carried no pooler.dense weights)")
+        return self.pooler(hidden)
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Masked-LM logits ``[batch, pos, vocab]`` (needs a checkpoint with a ``cls.predictions`` head)."""
+        if self.mlm_head is None:
+            raise RuntimeError(
+                "this model has no masked-LM head: load a checkpoint saved from BertForMaskedLM or "
+                "BertForPreTraining to get one"
+            )
+        return self.mlm_head(hidden, self.embed.word.weight)
+
+    # ------------------------------------------------------------------ conveniences
+    def tokenize(
+        self, texts: str | list[str], pairs: str | list[str] | None = None, *, padding: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Tokenise with the checkpoint's tokenizer: ``{"input_ids", "attention_mask", "token_type_ids"}``
+        on the model's device. Texts longer than ``max_positions`` raise (no silent truncation)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer; pass input ids directly")
+        enc = self.tokenizer(texts, pairs, padding=padding, truncation=False, return_tensors="pt")
+        if enc["input_ids"].shape[1] > self.config.max_positions:
+            raise ValueError(
+                f"a text is {enc['input_ids'].shape[1]} tokens long; the model takes at most "
+                f"{self.config.max_positions}. Shorten or split it."
+            )
+        keys = ("input_ids", "attention_mask", "token_type_ids")
+        return {k: enc[k].to(self.device) for k in keys if k in enc}
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.word.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.word.weight.dtype
+
+    @property
+    def weights_sha256(self) -> str:
+        """sha256 over the weight file(s) the model was loaded from (of the parameters if none)."""
+        if self._weights_sha256 is None:
+            import hashlib
+
+            h = hashlib.sha256()
+            if self.weight_files:
+                for path in self.weight_files:
+                    with open(path, "rb") as f:
+                        for chunk in iter(lambda: f.read(1 << 22), b""):
+                            h.update(chunk)
+            else:
+                for name, t in self.state_dict().items():
+                    h.update(name.encode())
+                    h.update(t.detach().cpu().float().numpy().tobytes())
+            self._weights_sha256 = h.hexdigest()
+        return self._weights_sha256
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def set_attention_impl(self, impl: AttentionImpl) -> None:
+        """``"auto"`` (fused SDPA unless scores/patterns are hooked or attention dropout is active) or
+        ``"explicit"`` (always materialise scores and patterns)."""
+        if impl not in ("auto", "explicit"):
+            raise ValueError(f"attention impl must be 'auto' or 'explicit', got {impl!r}")
+        for block in self.blocks:
+            block.attn.impl = impl
+
+    # weights as tables and per-head views
+    @property
+    def W_E(self) -> torch.Tensor:
+        """Token embeddings ``[vocab, d_model]``."""
+        return self.embed.word.weight
+
+    @property
+    def W_pos(self) -> torch.Tensor:
+        """Position table ``[max_positions, d_model]`` (learned or sinusoidal)."""
+        return self.embed.position_table()
+
+    @property
+    def W_type(self) -> torch.Tensor | None:
+        """Token-type (segment) embeddings ``[type_vocab, d_model]``."""
+        return None if self.embed.token_type is None else self.embed.token_type.weight
+
+    # ------------------------------------------------------------------ helpers
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02, generator=generator)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, MLMHead):
+                nn.init.zeros_(module.bias)
+
+    def _check_inputs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        cfg = self.config
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor [batch, pos], got {type(input_ids).__name__}")
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"input_ids must be 2-D [batch, pos], got shape {tuple(input_ids.shape)}; "
+                "add a batch dimension with input_ids[None]"
+            )
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        n_pos = input_ids.shape[1]
+        if n_pos == 0:
+            raise ValueError("input_ids has no positions")
+        if n_pos > cfg.max_positions:
+            raise ValueError(
+                f"sequence length {n_pos} exceeds the position table ({cfg.max_positions}); "
+                f"truncate or split inputs to at most {cfg.max_positions} tokens"
+            )
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(
+                f"token ids must be in [0, {cfg.vocab_size}); got range [{lo}, {hi}] "
+                "(was the input tokenised with this model's tokenizer?)"
+            )
+        device = self.device
+        input_ids = input_ids.to(device)
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                    f"{tuple(input_ids.shape)}"
+                )
+            attention_mask = attention_mask.to(device)
+            if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+        if token_type_ids is not None:
+            if token_type_ids.shape != input_ids.shape:
+                raise ValueError(
+                    f"token_type_ids shape {tuple(token_type_ids.shape)} != input_ids shape "
+                    f"{tuple(input_ids.shape)}"
+                )
+            token_type_ids = token_type_ids.to(device)
+            lo, hi = int(token_type_ids.min()), int(token_type_ids.max())
+            if lo < 0 or hi >= max(cfg.type_vocab_size, 1):
+                raise ValueError(f"token_type_ids must be in [0, {cfg.type_vocab_size}), got [{lo}, {hi}]")
+        return input_ids, attention_mask, token_type_ids
+
+
+# ====================================================================== modules
+class Embeddings(nn.Module):
+    """``LN(word + type + position)``, then dropout."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.word = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.position_encoding == "learned":
+            self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+        else:
+            self.pos = None
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size > 0 else None
+        self.ln = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.hook_word = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos = HookPoint()  # [batch, pos, d_model]
+        self.hook_type = HookPoint()  # [batch, pos, d_model]
+        self.hook_out = HookPoint()  # [batch, pos, d_model]
+
+    def position_table(self) -> torch.Tensor:
+        return self.pos.weight if self.pos is not None else self.sinusoid
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        b, p = input_ids.shape
+        word = self.hook_word(self.word(input_ids))
+        pos = self.hook_pos(self.position_table()[:p].to(word.dtype).expand(b, p, -1))
+        x = word
+        if self.token_type is not None:
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            x = x + self.hook_type(self.token_type(types))
+        x = x + pos  # BERT's order: (word + type) + position
+        return self.hook_out(self.dropout(self.ln(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with fused Q/K/V weights.
+
+    ``qkv.weight`` is ``[3 * d_model, d_model]`` stacking BERT's query, key and value matrices; per-head
+    access (``W_Q`` etc.) is a view. With ``attention_projections=False`` Q = K = V = the input split into
+    heads, and the head outputs are concatenated without an output projection.
+    """
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.projected = cfg.attention_projections
+        if self.projected:
+            self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+            self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout_p = cfg.attention_dropout
+        self.impl: AttentionImpl = "auto"
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_scores = HookPoint()  # [batch, head, query, key]
+        self.hook_pattern = HookPoint()  # [batch, head, query, key]
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model]
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """``x`` ``[batch, pos, d_model]``; ``keep`` ``[batch, 1, 1, key]`` bool (True = real key) or None."""
+        if self.projected:
+            q, k, v = rearrange(self.qkv(x), "b p (three h d) -> three b p h d", three=3, h=self.n_heads)
+        else:
+            q = k = v = rearrange(x, "b p (h d) -> b p h d", h=self.n_heads)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        q, k, v = (rearrange(t, "b p h d -> b h p d") for t in (q, k, v))
+
+        dropout_p = self.dropout_p if self.training else 0.0
+        explicit = (
+            self.impl == "explicit" or self.hook_scores.is_hooked or self.hook_pattern.is_hooked or dropout_p > 0
+        )
+        if explicit:
+            scores = torch.matmul(q, k.transpose(-1, -2)) * self.d_head**-0.5
+            if keep is not None:
+                scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+            scores = self.hook_scores(scores)
+            pattern = self.hook_pattern(scores.softmax(dim=-1))
+            z = torch.matmul(F.dropout(pattern, dropout_p, self.training), v)
+        else:
+            # Fused kernel: nothing needs the [query, key] matrices, so never materialise them.
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        z = self.hook_z(rearrange(z, "b h p d -> b p h d"))
+
+        flat = rearrange(z, "b p h d -> b p (h d)")
+        if self.hook_result.is_hooked:
+            # Per-head writes cost an extra [batch, pos, head, d_model] tensor: only when someone asks.
+            result = torch.einsum("bphd,hdm->bphm", z, self.W_O)
+            hooked = self.hook_result(result)
+            if hooked is not result:  # a hook replaced some head's write: rebuild the sum from the heads
+                return hooked.sum(dim=2) + self.b_O
+        return self.out(flat) if self.projected else flat
+
+    # per-head weight views ------------------------------------------------
+    def _in_proj(self, i: int) -> torch.Tensor:
+        if not self.projected:
+            return self._selection()
+        w = self.qkv.weight[i * self.cfg.d_model : (i + 1) * self.cfg.d_model]
+        return rearrange(w, "(h d) m -> h m d", h=self.n_heads)
+
+    def _in_bias(self, i: int) -> torch.Tensor:
+        if not self.projected:
+            return torch.zeros(self.n_heads, self.d_head, device=self._device(), dtype=self._dtype())
+        b = self.qkv.bias[i * self.cfg.d_model : (i + 1) * self.cfg.d_model]
+        return rearrange(b, "(h d) -> h d", h=self.n_heads)
+
+    @property
+    def W_Q(self) -> torch.Tensor:
+        """``[head, d_model, d_head]``: ``q_h = x @ W_Q[h] + b_Q[h]``."""
+        return self._in_proj(0)
+
+    @property
+    def W_K(self) -> torch.Tensor:
+        """``[head, d_model, d_head]``."""
+        return self._in_proj(1)
+
+    @property
+    def W_V(self) -> torch.Tensor:
+        """``[head, d_model, d_head]``."""
+        return self._in_proj(2)
+
+    @property
+    def b_Q(self) -> torch.Tensor:
+        """``[head, d_head]``."""
+        return self._in_bias(0)
+
+    @property
+    def b_K(self) -> torch.Tensor:
+        return self._in_bias(1)
+
+    @property
+    def b_V(self) -> torch.Tensor:
+        return self._in_bias(2)
+
+    @property
+    def W_O(self) -> torch.Tensor:
+        """``[head, d_head, d_model]``: head h writes ``z_h @ W_O[h]``; ``attn_out = sum_h ... + b_O``."""
+        if not self.projected:
+            return rearrange(self._selection(), "h m d -> h d m")
+        return rearrange(self.out.weight, "m (h d) -> h d m", h=self.n_heads)
+
+    @property
+    def b_O(self) -> torch.Tensor:
+        """``[d_model]``."""
+        if not self.projected:
+            return torch.zeros(self.cfg.d_model, device=self._device(), dtype=self._dtype())
+        return self.out.bias
+
+    def _selection(self) -> torch.Tensor:
+        """Raw attention's fixed 'projection': head h reads (and writes) its slice of d_model.
+        ``[head, d_model, d_head]``."""
+        eye = torch.eye(self.cfg.d_model, device=self._device(), dtype=self._dtype())
+        return rearrange(eye, "m (h d) -> h m d", h=self.n_heads)
+
+    def _device(self) -> torch.device:
+        p = next(iter(self.parameters()), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def _dtype(self) -> torch.dtype:
+        p = next(iter(self.parameters()), None)
+        return p.dtype if p is not None else torch.get_default_dtype()
+
+
+class MLP(nn.Module):
+    """``fc_out(act(fc_in(x)))``."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp)
+        self.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model)
+        self.act = activation(cfg.activation)
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.hook_post(self.act(self.hook_pre(self.fc_in(x)))))
+
+
+class Block(nn.Module):
+    """One encoder layer.
+
+    post-LN (BERT): ``mid = LN1(x + attn(x))``, ``out = LN2(mid + mlp(mid))``.
+    pre-LN (tutorials): ``mid = x + attn(LN1(x))``, ``out = mid + mlp(LN2(mid))``.
+    """
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.post_ln = cfg.norm_placement == "post"
+        self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.attn = Attention(cfg)
+        self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        if self.post_ln:
+            attn_out = self.hook_attn_out(self.dropout(self.attn(x, keep)))
+            mid = self.hook_resid_mid(self.ln1(x + attn_out))
+            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(mid)))
+            return self.hook_resid_post(self.ln2(mid + mlp_out))
+        attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), keep)))
+        mid = self.hook_resid_mid(x + attn_out)
+        mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(mid))))
+        return self.hook_resid_post(mid + mlp_out)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with hooks on its scale ``sqrt(var + eps)`` ``[batch, pos, 1]`` and normalised input.
+
+    The output comes from the fused kernel unless a hook replaces the scale or the normalised input.
+    """
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        if not (self.hook_scale.is_hooked or self.hook_normalized.is_hooked):
+            return fused
+        centred = x - x.mean(dim=-1, keepdim=True)
+        scale = (centred.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()
+        hooked_scale = self.hook_scale(scale)
+        normalized = centred / hooked_scale
+        hooked_normalized = self.hook_normalized(normalized)
+        if hooked_scale is scale and hooked_normalized is normalized:
+            return fused  # only observed: keep the fused kernel's exact numbers
+        return hooked_normalized * self.weight + self.bias
+
+
+class Pooler(nn.Module):
+    """``tanh(dense(h[:, 0]))``: BERT's [CLS] pooler."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class MLMHead(nn.Module):
+    """BERT's masked-LM head: ``LN(act(dense(h))) @ W_dec^T + bias``. The decoder is tied to the word
+    embeddings unless the checkpoint stores a different matrix (then ``decoder`` holds it)."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.act = activation(cfg.activation)
+        self.ln = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.decoder: nn.Parameter | None = None
+
+    def forward(self, hidden: torch.Tensor, tied: torch.Tensor) -> torch.Tensor:
+        h = self.ln(self.act(self.dense(hidden)))
+        return F.linear(h, self.decoder if self.decoder is not None else tied, self.bias)
+
+
+# ====================================================================== functions
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(p / base^(2i/d))``; ``[n_positions, d_model]``."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table.float()
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """BERT's ``gelu`` is the exact erf form; ``gelu_new``/``gelu_pytorch_tanh``/``gelu_fast`` the tanh one."""
+    if name == "gelu":
+        return nn.GELU()
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return nn.GELU(approximate="tanh")
+    if name == "relu":
+        return nn.ReLU()
+    if name == "silu":
+        return nn.SiLU()
+    raise ValueError(f"unsupported activation {name!r}")
+
+
+_EMBED_ORDER = ("hook_word", "hook_pos", "hook_type", "ln.hook_scale", "ln.hook_normalized", "hook_out")
+_ATTN = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores", "attn.hook_pattern", "attn.hook_z",
+         "attn.hook_result", "hook_attn_out")
+_MLP = ("mlp.hook_pre", "mlp.hook_post", "hook_mlp_out")
+_LN1, _LN2 = ("ln1.hook_scale", "ln1.hook_normalized"), ("ln2.hook_scale", "ln2.hook_normalized")
+_BLOCK_ORDER = {
+    "post": ("hook_resid_pre", *_ATTN, *_LN1, "hook_resid_mid", *_MLP, *_LN2, "hook_resid_post"),
+    "pre": ("hook_resid_pre", *_LN1, *_ATTN, "hook_resid_mid", *_LN2, *_MLP, "hook_resid_post"),
+}
+
+
+def _forward_rank(name: str, cfg: EncoderConfig) -> tuple[int, int, int]:
+    """Sort key putting hook names in the order the forward pass reaches them."""
+    parts = name.split(".")
+    if parts[0] == "embed":
+        return (0, 0, _EMBED_ORDER.index(".".join(parts[1:])))
+    if parts[0] == "blocks":
+        return (1, int(parts[1]), _BLOCK_ORDER[cfg.norm_placement].index(".".join(parts[2:])))
+    return (2, 0, 0 if name.endswith("hook_scale") else 1)
+
+
+def _key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``[batch, pos]`` 0/1 -> ``[batch, 1, 1, key]`` bool, or None when nothing is padded (faster kernels)."""
+    if attention_mask is None:
+        return None
+    keep = attention_mask.bool()
+    if bool(keep.all()):
+        return None
+    return rearrange(keep, "b k -> b 1 1 k")

