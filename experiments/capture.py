@@ -4,7 +4,7 @@ Layout of ``OUT`` after ``capture(...)``::
 
     shard-00000.safetensors   one tensor per hook, [rows, ...], plus the row metadata ``rows.*``
     shard-00001.safetensors
-    sentences.parquet         one row per sentence: sentence_index, id, text, n_words, n_tokens, truncated
+    sentences.parquet         per sentence: sentence_index, id, text, n_words, n_words_kept, n_tokens, truncated
     index.json                written last: hooks, row shapes, shards, model/corpus hashes, options
 
 A **row** is one real token of one sentence (padding is never saved). Token-indexed hooks
@@ -33,6 +33,7 @@ import json
 import math
 import re
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ import torch
 from einops import rearrange
 
 from experiments import io
+from experiments.io import parse_size  # noqa: F401  (re-exported: capture sizes)
 
 FORMAT = "bertscope-capture/1"
 INDEX = "index.json"
@@ -84,7 +86,9 @@ def capture(
         raise CaptureError(f"shard size must be positive, got {shard_size}")
     out_dir = Path(out_dir)
     names = select_hooks(model.hook_names(), hooks)
-    encoded = corpus_mod.encode(corpus, model.tokenizer, max_length=max_length, batch_size=batch_size)
+    with warnings.catch_warnings(record=True) as caught:  # kept in the index; the caller reports truncation
+        warnings.simplefilter("always")
+        encoded = corpus_mod.encode(corpus, model.tokenizer, max_length=max_length, batch_size=batch_size)
     batches = list(encoded)
     key_width = max(int(b.attention_mask.shape[1]) for b in batches)
     device = next(model.parameters()).device
@@ -111,7 +115,7 @@ def capture(
             writer.add_batch(batch_number, batch, cache)
     writer.finish()
 
-    _write_sentences(out_dir / SENTENCES, corpus, batches, model.tokenizer)
+    _write_sentences(out_dir / SENTENCES, corpus, batches)
     index = {
         "format": FORMAT,
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -122,6 +126,7 @@ def capture(
         "n_rows": sum(s.n_rows for s in plan),
         "n_sentences": len(corpus),
         "n_truncated": encoded.n_truncated,
+        "warnings": [str(w.message) for w in caught],
         "max_length": max_length,
         "batch_size": batch_size,
         "shard_size": shard_size,
@@ -203,22 +208,6 @@ def select_hooks(available: Sequence[str], hooks: str | Sequence[str]) -> list[s
             raise CaptureError(f"--hooks {pattern!r} matches no hook point{hint}")
         chosen.update(matched)
     return [n for n in available if n in chosen]
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes in ``"256MB"``, ``"1.5GiB"``, ``"4096"`` (decimal kB/MB/GB and binary KiB/MiB/GiB)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*", str(text).lower())
-    if not m:
-        raise ValueError(f"size {text!r} is not a number of bytes like 4096, 64MB or 1GiB")
-    number, unit = float(m.group(1)), m.group(2).rstrip("b")
-    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit.rstrip("i")]
-    base = 1024 if unit.endswith("i") else 1000
-    size = int(number * base**power)
-    if size < 1:
-        raise ValueError(f"size {text!r} is less than one byte")
-    return size
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -451,22 +440,23 @@ def _shard_is_done(path: Path, fingerprint: str, number: int) -> bool:
     return meta.get("fingerprint") == fingerprint and meta.get("shard") == number
 
 
-def _write_sentences(path: Path, corpus: Any, batches: list[Any], tokenizer: Any) -> None:
-    n_tokens: dict[int, int] = {}
+def _write_sentences(path: Path, corpus: Any, batches: list[Any]) -> None:
+    # One row per corpus sentence, so rows.sentence_index maps back to text; truncation is explicit.
+    n_tokens, n_words_kept, truncated = {}, {}, {}
     for batch in batches:
-        for i, length in zip(batch.sentence_index, batch.attention_mask.sum(dim=1).tolist(), strict=True):
-            n_tokens[int(i)] = int(length)
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        for j, i in enumerate(batch.sentence_index):
+            n_tokens[i], n_words_kept[i] = int(lengths[j]), int(batch.n_words[j])
+            truncated[i] = bool(batch.truncated[j])
     table = pd.DataFrame(
         {
             "sentence_index": range(len(corpus)),
             "id": [s.id for s in corpus],
             "text": [s.text for s in corpus],
             "n_words": [len(s.words) for s in corpus],
+            "n_words_kept": [n_words_kept.get(i, 0) for i in range(len(corpus))],
             "n_tokens": [n_tokens.get(i, 0) for i in range(len(corpus))],
+            "truncated": [truncated.get(i, False) for i in range(len(corpus))],
         }
     )
-    # Full length without truncation, so the table says exactly which sentences lost tokens.
-    full = tokenizer([list(s.words) for s in corpus], is_split_into_words=True, add_special_tokens=True)
-    table["n_tokens_full"] = [len(ids) for ids in full["input_ids"]]
-    table["truncated"] = table["n_tokens"] < table["n_tokens_full"]
     io.write_table(table, path, formats=("parquet",))

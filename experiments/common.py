@@ -150,6 +150,7 @@ def run_experiment(module: ModuleType, options: RunOptions, inputs: Inputs | Non
     _clear_previous_outputs(out_dir, previous)
     ctx = Context(module.NAME, options, inputs, out_dir, fingerprint)
     manifest = ctx._manifest_base()
+    manifest["summary_tables"] = list(getattr(module, "SUMMARY_TABLES", []))
     io.write_json(out_dir / MANIFEST, {**manifest, "status": "running"})
     t0 = time.perf_counter()
     status, error = "failed", None
@@ -336,25 +337,26 @@ class Context:
     ) -> Any:
         """``corpus.encode`` with the run's ``--max-length`` / ``--batch-size``; the number of truncated
         sentences is warned about and noted in the manifest (never silent). Returns ``Encoded``."""
+        import warnings
+
         from experiments import corpus as corpus_mod
 
         corpus = corpus if corpus is not None else self.corpus
         max_length = max_length or self.options.max_length
-        encoded = corpus_mod.encode(
-            corpus,
-            self.model.tokenizer,
-            max_length=max_length,
-            batch_size=batch_size or self.options.batch_size,
-            pair=pair,
-            sort_by_length=sort_by_length,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            encoded = corpus_mod.encode(
+                corpus,
+                self.model.tokenizer,
+                max_length=max_length,
+                batch_size=batch_size or self.options.batch_size,
+                pair=pair,
+                sort_by_length=sort_by_length,
+            )
+        for w in caught:  # truncation and similar: printed even with --quiet, and kept in the manifest
+            self.warn(str(w.message))
         key = "n_truncated_pair" if pair else "n_truncated"
         self.notes[key] = self.notes.get(key, 0) + encoded.n_truncated
-        if encoded.n_truncated:
-            self.warn(
-                f"{encoded.n_truncated} of {len(corpus)} sentences were longer than max_length={max_length} "
-                "tokens and were truncated (raise --max-length to keep them whole)"
-            )
         return encoded
 
     def rng(self, *keys: str | int) -> np.random.Generator:

@@ -122,7 +122,8 @@ def value_norms(v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
             f"value_norms needs v [batch, pos, head, d_head] and W_O [head, d_head, d_model] with matching "
             f"head and d_head; got v {tuple(v.shape)} and W_O {tuple(W_O.shape)}"
         )
-    f = torch.einsum("bphd,hdm->bhpm", v.detach().to(W_O.dtype), W_O.detach())
+    dtype = torch.float64 if torch.float64 in (v.dtype, W_O.dtype) else torch.float32
+    f = torch.einsum("bphd,hdm->bhpm", v.detach().to(dtype), W_O.detach().to(device=v.device, dtype=dtype))
     return torch.linalg.vector_norm(f, dim=-1)
 
 
@@ -187,7 +188,9 @@ def _check_inputs(
     if not attention_mask.to(torch.bool).any(-1).all():
         raise ValueError("every sentence needs at least one real token (attention_mask row of all zeros)")
     if value_norms is not None and tuple(value_norms.shape) != (batch, head, pos):
-        raise ValueError(f"value_norms must be [batch, head, key] = {(batch, head, pos)}, got {tuple(value_norms.shape)}")
+        raise ValueError(
+            f"value_norms must be [batch, head, key] = {(batch, head, pos)}, got {tuple(value_norms.shape)}"
+        )
 
 
 def _mean_over_queries(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -203,7 +203,7 @@ def _sentence_folds(sentences: np.ndarray, seed: int) -> np.ndarray:
     """Fold 0/1 of each arc, by a seeded split of its sentences into halves -> ``[arc]``."""
     unique = np.unique(sentences)
     order = np.random.default_rng(seed).permutation(len(unique))
-    fold_of = dict(zip(unique[order].tolist(), (np.arange(len(unique)) % 2).tolist()))
+    fold_of = dict(zip(unique[order].tolist(), (np.arange(len(unique)) % 2).tolist(), strict=True))
     return np.asarray([fold_of[s] for s in sentences.tolist()], dtype=np.int64)
 
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -27,6 +28,9 @@ from typing import Any
 PARTIAL_SUFFIX = ".partial"
 TABLE_FORMATS = ("parquet", "csv")
 FIGURE_FORMATS = ("png", "pdf")
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+_FILE_MODE = 0o666 & ~_UMASK
 
 
 @contextlib.contextmanager
@@ -44,6 +48,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         if not tmp.exists():
             raise FileNotFoundError(f"atomic write of {path}: the writer produced no file at {tmp}")
+        os.chmod(tmp, _FILE_MODE)  # some writers (safetensors) create 0600 files; use the usual umask mode
         _fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -155,6 +160,21 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``"256MB"``, ``"1.5GiB"``, ``"4096"`` (decimal kB/MB/GB, binary KiB/MiB/GiB)."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?)b?\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"size {text!r} is not a number of bytes like 4096, 64MB or 1GiB")
+    number, unit = float(m.group(1)), m.group(2)
+    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit.rstrip("i")]
+    size = int(number * (1024 if unit.endswith("i") else 1000) ** power)
+    if size < 1:
+        raise ValueError(f"size {text!r} is less than one byte")
+    return size
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -8,7 +8,7 @@
 - :func:`table_pairs`: the same pairs over the rows of a position-embedding table, grouped so that no
   position is shared between folds.
 
-All intervals are percentile bootstraps over windows (the grouping unit), never over tokens.
+Intervals resample windows (the grouping unit), never tokens.
 """
 
 from __future__ import annotations
@@ -23,66 +23,76 @@ from einops import rearrange
 
 def variance_share(
     grid: np.ndarray, *, n_boot: int = 200, ci: float = 0.95, seed: int = 0
-) -> tuple[float, float, float]:
-    """Share of variance explained by position, with a window-bootstrap interval.
+) -> dict[str, float]:
+    """Share of hidden-state variance explained by position, with a window-bootstrap interval.
 
-    ``grid`` is ``[window, pos, d]`` (every window has every position once). The statistic is
-    ``sum_p n_p ||mean_p - mean||^2 / sum_t ||h_t - mean||^2``: 1 when each position maps to one vector,
-    about ``(P - 1) / (N - 1)`` when position and activation are independent. Returns
-    ``(value, ci_low, ci_high)``; the interval is NaN when ``n_boot == 0``.
+    ``grid`` is ``[window, pos, d]`` (every window has every position once). The plain statistic
+    (``raw``) is ``sum_p n_p ||mean_p - mean||^2 / sum_t ||h_t - mean||^2``; it is biased upwards by the
+    sampling noise of the per-position means (about ``(P - 1) / (N - 1)`` when position and activation are
+    independent). ``value`` is the variance-components estimate that removes that noise:
+    ``s_b / (s_b + s_w)``, with ``s_w`` the within-position variance (unbiased, weighted) and ``s_b`` the
+    between-position variance minus the noise the means carry; it is 0 in expectation without positional
+    signal and ``var_table / (var_table + var_noise)`` for ``h = table[p] + noise``. The bootstrap
+    resamples windows. Returns ``{"value", "ci_low", "ci_high", "raw"}`` (NaN interval when ``n_boot == 0``).
     """
     grid = _check_grid(grid)
-    n_win = grid.shape[0]
+    n_win, n_pos, _ = grid.shape
     flat = rearrange(grid, "w p d -> w (p d)")
     sq = np.einsum("wpd,wpd->w", grid, grid)  # per-window sum of squared norms
 
-    def share(counts: np.ndarray) -> np.ndarray:  # counts [B, W] -> [B]
-        c_tot = counts.sum(1, keepdims=True)
-        means = rearrange(counts @ flat / c_tot, "b (p d) -> b p d", p=grid.shape[1])
+    def shares(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # counts [B, W] -> raw, corrected [B]
+        c_tot = counts.sum(1)
+        k = (counts**2).sum(1) / c_tot  # effective-size term of weighted means (1 without duplicates)
+        means = rearrange(counts @ flat / c_tot[:, None], "b (p d) -> b p d", p=n_pos)
         grand = means.mean(1)  # [B, d]; positions are balanced, so this is the global mean
-        between = c_tot[:, 0] * ((means - grand[:, None]) ** 2).sum((1, 2))
-        total = counts @ sq - c_tot[:, 0] * grid.shape[1] * (grand**2).sum(1)
-        return between / total
+        ss_between = c_tot * ((means - grand[:, None]) ** 2).sum((1, 2))
+        ss_total = counts @ sq - c_tot * n_pos * (grand**2).sum(1)
+        within = (ss_total - ss_between) / (n_pos * (c_tot - k))  # unbiased noise variance per token
+        between = (ss_between - (n_pos - 1) * k * within) / (c_tot * n_pos)
+        return ss_between / ss_total, between / (between + within)
 
-    value = float(share(np.ones((1, n_win)))[0])
-    low, high = _bootstrap(share, n_win, n_boot, ci, seed)
-    return value, low, high
+    raw, value = (float(v[0]) for v in shares(np.ones((1, n_win))))
+    low, high = _bootstrap(lambda c: shares(c)[1], n_win, n_boot, ci, seed)
+    return {"value": value, "ci_low": low, "ci_high": high, "raw": raw}
 
 
 def linear_cka(
-    grid: np.ndarray, table: np.ndarray, *, n_boot: int = 200, ci: float = 0.95, seed: int = 0
-) -> tuple[float, float, float]:
+    grid: np.ndarray, table: np.ndarray, *, n_groups: int = 32, ci: float = 0.95
+) -> dict[str, float]:
     """Linear CKA between hidden states and the position embeddings of their positions.
 
     ``grid`` is ``[window, pos, d]``; ``table`` is ``[pos, d_table]``, the embedding row of each content
     position (the same for every window). CKA = ``||Xc^T Yc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)`` with
-    column-centred X (hidden states) and Y (their positions' rows). 1 when X is a rotation/scaling of Y, near
-    0 when unrelated. Returns ``(value, ci_low, ci_high)`` with a window-bootstrap interval.
+    column-centred X (hidden states) and Y (their positions' rows): 1 when X is a rotation/scaling of Y,
+    small (not 0: linear CKA is biased upwards in finite samples) when unrelated, so read it against the
+    permuted-position baseline. The interval is a normal delete-a-group jackknife over ``n_groups`` groups of
+    windows (a bootstrap would duplicate windows, which inflates CKA). Returns ``{"value", "ci_low",
+    "ci_high"}``.
     """
     grid = _check_grid(grid)
     table = np.asarray(table, dtype=np.float64)
-    if table.shape[0] != grid.shape[1]:
-        raise ValueError(f"table has {table.shape[0]} rows but the windows have {grid.shape[1]} positions")
-    n_win, n_pos, _ = grid.shape
+    if table.ndim != 2 or table.shape[0] != grid.shape[1]:
+        raise ValueError(f"table must be [{grid.shape[1]}, d] (one row per window position), got {table.shape}")
+    n_win, n_pos, d = grid.shape
     yc = table - table.mean(0)
-    yty = np.linalg.norm(yc.T @ yc)  # per window; scales with the count, which cancels in the ratio
-    gram = rearrange(np.einsum("wpd,wpe->wde", grid, grid), "w d e -> w (d e)")
-    cross = rearrange(np.einsum("wpd,pe->wde", grid, yc), "w d e -> w (d e)")
-    sums = grid.sum(1)  # [W, d]
-    d = grid.shape[2]
+    yty = np.linalg.norm(yc.T @ yc)  # for one window; the count scales it and cancels in the ratio
+    g32 = grid.astype(np.float32)
+    gram = rearrange(np.matmul(g32.transpose(0, 2, 1), g32), "w d e -> w (d e)")  # [W, d*d]
+    flat = rearrange(grid, "w p d -> w (p d)")
 
     def cka(counts: np.ndarray) -> np.ndarray:  # counts [B, W] -> [B]
         c_tot = counts.sum(1)
-        mean = counts @ sums / (c_tot * n_pos)[:, None]  # [B, d]
-        xtx = rearrange(counts @ gram, "b (d e) -> b d e", d=d)
+        sums = rearrange(counts @ flat, "b (p d) -> b d p", p=n_pos)  # per-position sums over windows
+        mean = sums.sum(2) / (c_tot * n_pos)[:, None]  # [B, d]
+        xtx = rearrange(counts.astype(np.float32) @ gram, "b (d e) -> b d e", d=d).astype(np.float64)
         xtx -= (c_tot * n_pos)[:, None, None] * mean[:, :, None] * mean[:, None, :]
         # sum_t (x_t - mean)^T yc_t = sum_t x_t^T yc_t, because yc sums to zero over every window
-        xty = counts @ cross
-        return (xty**2).sum(1) / (np.linalg.norm(xtx, axis=(1, 2)) * c_tot * yty)
+        xty = np.matmul(sums, yc)  # [B, d, d_table]
+        return (xty**2).sum((1, 2)) / (np.linalg.norm(xtx, axis=(1, 2)) * c_tot * yty)
 
     value = float(cka(np.ones((1, n_win)))[0])
-    low, high = _bootstrap(cka, n_win, n_boot, ci, seed)
-    return value, low, high
+    low, high = _jackknife(cka, value, n_win, n_groups, ci)
+    return {"value": value, "ci_low": low, "ci_high": high}
 
 
 def permute_positions(grid: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -193,6 +203,22 @@ def _check_grid(grid: np.ndarray) -> np.ndarray:
     if grid.shape[0] < 2 or grid.shape[1] < 2:
         raise ValueError(f"grid needs at least 2 windows and 2 positions, got shape {grid.shape}")
     return grid
+
+
+def _jackknife(stat, value: float, n_units: int, n_groups: int, ci: float) -> tuple[float, float]:
+    """Normal interval ``value -/+ z * se`` from a delete-a-group jackknife of ``stat(counts [B, n_units])``
+    over ``min(n_groups, n_units)`` contiguous groups of units."""
+    from statistics import NormalDist
+
+    n_groups = min(n_groups, n_units)
+    if n_groups < 2:
+        return float("nan"), float("nan")
+    group = np.arange(n_units) * n_groups // n_units
+    counts = (group[None, :] != np.arange(n_groups)[:, None]).astype(np.float64)
+    values = stat(counts)
+    se = float(np.sqrt((n_groups - 1) / n_groups * ((values - values.mean()) ** 2).sum()))
+    z = NormalDist().inv_cdf(0.5 + ci / 2)
+    return value - z * se, value + z * se
 
 
 def _bootstrap(stat, n_units: int, n_boot: int, ci: float, seed: int, chunk: int = 50) -> tuple[float, float]:

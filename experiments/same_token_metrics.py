@@ -168,16 +168,20 @@ def attention_masses(pattern: Tensor, pos: Positions) -> dict[str, QueryMetric]:
     ``self_<name>`` and ``to_<name>`` (see the module docstring).
     """
     _check_pattern(pattern, pos)
-    a = pattern.double()
-    content, valid = pos.content, pos.valid
+    a = pattern  # sums stay in the pattern's dtype here; tally accumulates in float64
+
+    def key_mass(keys: Tensor) -> Tensor:  # keys [batch, query, key] or [batch, key] bool -> [batch, head, query]
+        if keys.dim() == 2:
+            return (a @ keys.to(a.dtype)[:, None, :, None]).squeeze(-1)
+        return (a * keys[:, None]).sum(-1)  # faster on CPU than an einsum, which permutes into a batched matmul
+
+    content = pos.content
     inv_n = (1.0 / pos.n_keys.clamp(min=1).double())[:, None].expand_as(content)
     self_mass = a.diagonal(dim1=-2, dim2=-1)  # [batch, head, query]
     out = {"self": QueryMetric(self_mass, content, inv_n)}
     for name, copies in (("duplicate", pos.duplicate), ("duplicate_earlier", pos.earlier)):
         n_copies = copies.sum(-1).double()
-        out[name] = QueryMetric(
-            (a * copies[:, None]).sum(-1), content & (n_copies > 0), n_copies * inv_n
-        )
+        out[name] = QueryMetric(key_mass(copies), content & (n_copies > 0), n_copies * inv_n)
     # A[i, i-1] lives on the -1 diagonal: pad it at the front so index i is query i (and at the end for +1).
     prev = torch.nn.functional.pad(a.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0))
     nxt = torch.nn.functional.pad(a.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1))
@@ -187,12 +191,8 @@ def attention_masses(pattern: Tensor, pos: Positions) -> dict[str, QueryMetric]:
     out["next"] = QueryMetric(nxt, has_next, inv_n)
     for name, where in pos.special.items():
         out[f"self_{name}"] = QueryMetric(self_mass, where, inv_n)
-        out[f"to_{name}"] = QueryMetric(
-            (a * where[:, None, None, :]).sum(-1), content, where.sum(-1, keepdim=True).double() * inv_n
-        )
-    out["to_pad"] = QueryMetric(
-        (a * ~valid[:, None, None, :]).sum(-1), content, torch.zeros_like(inv_n)
-    )
+        out[f"to_{name}"] = QueryMetric(key_mass(where), content, where.sum(-1, keepdim=True).double() * inv_n)
+    out["to_pad"] = QueryMetric(key_mass(~pos.valid), content, torch.zeros_like(inv_n))
     return out
 
 
@@ -270,11 +270,11 @@ def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions,
     q_idx, k_idx = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
     offset_index = (k_idx - q_idx + max_length - 1).reshape(-1).to(pos.content.device)
 
-    def per_offset(x: Tensor) -> Tensor:  # [..., query, key] -> [..., offset]
-        flat = x.double().reshape(*x.shape[:-2], n * n)
-        return torch.zeros(*x.shape[:-2], n_offsets, dtype=torch.float64, device=x.device).index_add_(
-            -1, offset_index, flat
-        )
+    def per_offset(x: Tensor) -> Tensor:  # [..., query, key] -> [..., offset] (float64)
+        x = x.float() if x.dtype == torch.bool else x
+        flat = x.reshape(*x.shape[:-2], n * n)
+        out = torch.zeros(*x.shape[:-2], n_offsets, dtype=x.dtype, device=x.device)
+        return out.index_add_(-1, offset_index, flat).double()
 
     sums, counts, uniform = {}, {}, {}
     for name, m in per_query.items():
@@ -293,7 +293,6 @@ def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions,
         },
         noncopy_mass=per_offset(pattern * pos.noncopy[:, None]).cpu(),
         noncopy_count=per_offset(pos.noncopy).cpu(),
-        metrics=list(per_query),
     )
 
 
@@ -301,9 +300,14 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     """Point estimates, percentile bootstrap CIs over sentences, nulls and observed/null ratios.
 
     -> long table, one row per (head, metric): head (index in the tallies' head dimension), metric, value,
-    ci_low, ci_high, null (offset-matched for duplicate metrics, else uniform), null_kind, ratio,
-    ratio_ci_low, ratio_ci_high, null_uniform, ratio_uniform, n_queries, n_sentences. A ratio is NaN where
-    its null is 0 or undefined (e.g. no non-copy pair at some offset where copies occur).
+    ci_low, ci_high, null, null_kind, ratio, ratio_ci_low, ratio_ci_high, null_offset, ratio_offset,
+    null_uniform, ratio_uniform, n_queries, n_sentences.
+
+    ``null`` is the offset-matched null for the duplicate metrics where it is defined, else the uniform
+    null, and ``null_kind`` says which ("offset" | "uniform" | "" for none). The offset-matched null is
+    undefined (NaN in ``null_offset``) when some copy sits at an offset where the corpus has no non-copy
+    content pair, as in ``repeated-random``, where every pair at offset m is a copy. Ratios are NaN where
+    their null is 0 or undefined.
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
@@ -313,38 +317,52 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     weights = torch.zeros(n_boot + 1, n_sent, dtype=torch.float64)
     weights[0] = 1.0  # row 0: the full sample; rows 1..: bootstrap multiplicities
     weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
-    lo_q, hi_q = (1 - ci) / 2, 1 - (1 - ci) / 2
+    quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
 
-    rows = []
+    def interval(x: Tensor) -> tuple[Tensor, Tensor]:  # [draw, head] -> CI bounds over draws 1.., [head] each
+        quantile = torch.quantile if bool(torch.isfinite(x[1:]).all()) else torch.nanquantile
+        return tuple(quantile(x[1:], quantiles, dim=0))
+
+    frames = []
     for metric in tallies.metrics:
         counts = weights @ tallies.counts[metric]  # [draw]
         value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
-        uniform = _divide(weights @ tallies.uniform[metric], counts) if metric in tallies.uniform else None
-        offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else None
-        null = offset if offset is not None else (uniform[:, None].expand_as(value) if uniform is not None else None)
-        ratio = _divide(value, null) if null is not None else None
-        ratio_u = _divide(value, uniform[:, None]) if uniform is not None else None
-        n_heads = value.shape[1]
-        for h in range(n_heads):
-            rows.append(
+        nan = torch.full_like(value, float("nan"))
+        uniform = (
+            _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
+            if metric in tallies.uniform
+            else nan
+        )
+        offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
+        use_offset = bool(torch.isfinite(offset[0]).all())
+        kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
+        null = offset if use_offset else uniform
+        ratio = _divide(value, null)
+        ci_low, ci_high = interval(value)
+        ratio_low, ratio_high = interval(ratio)
+        frames.append(
+            pd.DataFrame(
                 {
-                    "head": h,
+                    "head": np.arange(value.shape[1]),
                     "metric": metric,
-                    "value": float(value[0, h]),
-                    "ci_low": _quantile(value[1:, h], lo_q),
-                    "ci_high": _quantile(value[1:, h], hi_q),
-                    "null": float(null[0, h]) if null is not None else np.nan,
-                    "null_kind": "offset" if offset is not None else ("uniform" if uniform is not None else ""),
-                    "ratio": float(ratio[0, h]) if ratio is not None else np.nan,
-                    "ratio_ci_low": _quantile(ratio[1:, h], lo_q) if ratio is not None else np.nan,
-                    "ratio_ci_high": _quantile(ratio[1:, h], hi_q) if ratio is not None else np.nan,
-                    "null_uniform": float(uniform[0]) if uniform is not None else np.nan,
-                    "ratio_uniform": float(ratio_u[0, h]) if ratio_u is not None else np.nan,
+                    "value": value[0].numpy(),
+                    "ci_low": ci_low.numpy(),
+                    "ci_high": ci_high.numpy(),
+                    "null": null[0].numpy(),
+                    "null_kind": kind,
+                    "ratio": ratio[0].numpy(),
+                    "ratio_ci_low": ratio_low.numpy(),
+                    "ratio_ci_high": ratio_high.numpy(),
+                    "null_offset": offset[0].numpy(),
+                    "ratio_offset": _divide(value, offset)[0].numpy(),
+                    "null_uniform": uniform[0].numpy(),
+                    "ratio_uniform": _divide(value, uniform)[0].numpy(),
                     "n_queries": int(counts[0]),
                     "n_sentences": n_sent,
                 }
             )
-    return pd.DataFrame(rows)
+        )
+    return pd.concat(frames, ignore_index=True)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -366,11 +384,6 @@ def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor)
 def _divide(num: Tensor, den: Tensor) -> Tensor:
     """num / den with NaN where den == 0."""
     return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), float("nan"))
-
-
-def _quantile(x: Tensor, q: float) -> float:
-    x = x[torch.isfinite(x)]
-    return float(torch.quantile(x, q)) if x.numel() else float("nan")
 
 
 def _check_pattern(pattern: Tensor, pos: Positions) -> None:

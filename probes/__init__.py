@@ -1,0 +1,25 @@
+"""Linear probes with the controls that make their numbers mean something.
+
+- `LinearProbe`: scikit-learn-style L2 logistic / ridge probe, scikit-learn or torch (CPU/GPU) backend.
+- `evaluate`: grouped K-fold scores with nested alpha selection, group-bootstrap intervals, majority and
+  chance baselines, and optional control-task / selectivity rows, as a long pandas table.
+- `control_labels`, `selectivity`: Hewitt & Liang (2019) control tasks.
+- `mdl_probe`: Voita & Titov (2020) online codelength and compression.
+"""
+
+from .controls import control_labels, selectivity
+from .estimator import LinearProbe
+from .evaluate import DEFAULT_ALPHAS, CrossValPredictions, evaluate, grouped_cross_val_predict, grouped_folds
+from .mdl import mdl_probe
+
+__all__ = [
+    "DEFAULT_ALPHAS",
+    "CrossValPredictions",
+    "LinearProbe",
+    "control_labels",
+    "evaluate",
+    "grouped_cross_val_predict",
+    "grouped_folds",
+    "mdl_probe",
+    "selectivity",
+]

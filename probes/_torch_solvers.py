@@ -154,7 +154,7 @@ def _logistic_loss_grad(
             lse = torch.logsumexp(z, dim=1)
             loss += float((lse - z.gather(1, yc[:, None])[:, 0]).sum(dtype=torch.float64))
             g = z.sub_(lse[:, None]).exp_()  # softmax, in place
-            g[torch.arange(len(yc), device=g.device), yc] -= 1.0
+            g.scatter_add_(1, yc[:, None], torch.full((len(yc), 1), -1.0, dtype=g.dtype, device=g.device))
         gW.addmm_(g.T, xc)
         gb += g.sum(0)
     loss += 0.5 * alpha * float(W.double().square().sum())

@@ -245,9 +245,7 @@ class LinearProbe(BaseEstimator):
         W = torch.as_tensor(self._w, dtype=torch.float32, device=device)
         b = torch.as_tensor(self._b, dtype=torch.float32, device=device)
         step = _torch_solvers.chunk_rows(Xt.shape[1], W.shape[0], self.batch_size)
-        out = [
-            torch.addmm(b, (Xt[s : s + step] - mean) / scale, W.T).cpu() for s in range(0, len(Xt), step)
-        ]
+        out = [torch.addmm(b, (Xt[s : s + step] - mean) / scale, W.T).cpu() for s in range(0, len(Xt), step)]
         return torch.cat(out).double().numpy()
 
     # -- helpers ----------------------------------------------------------------------------------------------

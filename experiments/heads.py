@@ -1,0 +1,386 @@
+"""Experiment `heads`: what each attention head does and how much the model depends on it.
+
+Claim under test (seed tutorials): "each head focuses on one aspect of similarity: one may capture
+subject-verb interaction, another nearby adjectives". One run measures every head with the field's standard
+measures and writes, under ``OUT/heads/``:
+
+- ``results.parquet|csv``: long table ``model, corpus, layer, head, metric, value, ci_low, ci_high, n``
+  (``n`` = sentences, or arcs for ``syntax:*``); model-level rows have empty ``layer``/``head``.
+  Metrics: attention statistics (Clark et al. 2019; ``heads_stats``), their norm-weighted versions
+  (Kobayashi et al. 2020; ``norm_*``), the argmax-offset histogram (``argmax_offset=k``), head-by-relation
+  syntax accuracy (``syntax:<relation>:<direction>``), ablation effects (``ablation:<method>:<measure>``),
+  gradient importance (``grad_importance:<objective>``, Michel et al. 2019), the within/between-layer
+  distance ratio, and the rank correlation between gradient importance and ablation effect.
+- ``roles.csv`` (rule, statistic, value, threshold per head), ``syntax.csv`` (best head per relation against
+  the best offset baseline), ``distances.parquet`` (sqrt-JSD between heads), ``mds.csv``, ``pruning.csv``.
+- figures (``heads_plots``), redrawn from those tables by ``plot(out_dir)``.
+
+Sentences are weighted equally; CIs are percentile bootstraps over sentences. Defaults keep a run on the
+bundled model and the builtin corpus within about 2.5 minutes on 2 CPU cores (see ``Settings``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import einops
+import numpy as np
+import pandas as pd
+import torch
+
+from experiments import heads_importance as imp
+from experiments import heads_similarity as sim
+from experiments import heads_stats as hs
+from experiments import heads_syntax as syn
+from experiments.heads_roles import assign_roles, role_summary
+
+NAME = "heads"
+DIRNAME = "heads"
+SUMMARY_TABLES = ["roles.csv", "syntax.csv", "pruning.csv"]
+RESULT_COLUMNS = ["model", "corpus", "layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
+PUNCTUATION = (".", ",")
+SCALARS = (*hs.SCALAR_METRICS, *hs.NORM_METRICS)  # per-sentence statistics, in array order
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Defaults of a run (recorded in the manifest's notes)."""
+
+    max_sentences: int = 400  # attention statistics, syntax and distances
+    importance_sentences: int = 32  # ablation (3 methods x every head), gradients, pruning
+    importance_batch: int = 16  # sentences per forward pass of the ablation runs (replicated x n_heads)
+    methods: tuple[str, ...] = imp.METHODS
+    n_boot: int = 1000
+    ci: float = 0.95
+    offset_bins: int = 8  # argmax-offset histogram reported for -8..8 (plus the two tails)
+    syntax_min_arcs: int = 10  # relations with fewer arcs are left out of syntax.csv
+    role_min_arcs: int = 20  # ... and do not count for the syntactic role
+    n_projections: int = 4  # random directions per sentence for gradient importance without an MLM head
+    pruning_points: int = 12  # points on each pruning curve (plus k = 0)
+
+
+def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
+    """Compute every table of the experiment (see the module docstring); returns the results table."""
+    settings = settings or Settings()
+    model = ctx.model
+    if getattr(model.config, "attention_projections", True) is False:
+        ctx.log("raw attention (no projections): W_O is a fixed head selection; norm-weighted masses use it")
+    corpus = ctx.corpus[: settings.max_sentences]
+    importance_corpus = ctx.corpus[: settings.importance_sentences]
+    ctx.note("settings", asdict(settings))
+    ctx.note("n_sentences", len(corpus))
+    ctx.note("n_importance_sentences", len(importance_corpus))
+    ctx.note(
+        "queries",
+        "all real tokens of a sentence ([CLS] and [SEP] included); each sentence weighted equally",
+    )
+    label = {"model": _model_label(ctx), "corpus": corpus.name}
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+
+    arrays = ctx.step_arrays("attention_pass", lambda: _attention_pass(ctx, corpus, settings))
+    frames = [attention_table(arrays["scalars"], arrays["offsets"], settings, ctx.seed)]
+    distances = arrays["distances"]  # [sentence, layer*head, layer*head]
+    frames.append(_ratio_rows(distances, n_layers, n_heads, settings, ctx.seed))
+    mean_distance = distances.mean(0)
+
+    syntax_acc, syntax_tab = None, None
+    if "head_hits" in arrays and len(arrays["head_hits"]):
+        hits = syn.ArcHits(arrays["head_hits"], arrays["offset_hits"], arrays["relations"].astype(object),
+                           arrays["arc_sentences"])  # fmt: skip
+        syntax_acc = syn.head_relation_accuracy(hits)
+        syntax_tab = syn.syntax_table(hits, min_arcs=settings.syntax_min_arcs, seed=ctx.seed)
+        frames.append(_syntax_rows(syntax_acc))
+        ctx.note("n_arcs", int(len(hits.relations)))
+    else:
+        ctx.log("corpus has no gold dependencies: syntax scores and the syntactic role are skipped")
+
+    importance = ctx.step_arrays("importance", lambda: _importance_pass(ctx, importance_corpus, settings))
+    objective = str(importance["objective"])
+    ctx.note("gradient_objective", objective)
+    ctx.note("mlm_head", imp.has_mlm_head(model))
+    frames.append(_importance_rows(importance, settings, ctx.seed))
+
+    results = pd.concat(frames, ignore_index=True)
+    for key, value in label.items():
+        results[key] = value
+    results = _tidy(results)
+
+    head_stats = head_stats_wide(results)
+    roles = assign_roles(head_stats, syntax_acc, min_arcs=settings.role_min_arcs)
+    ctx.write_table(roles, "roles", formats=("csv",))
+    if syntax_tab is not None:
+        ctx.write_table(syntax_tab, "syntax", formats=("csv",))
+    ctx.write_table(_distance_table(mean_distance, n_layers, n_heads, len(distances)), "distances",
+                    formats=("parquet",))  # fmt: skip
+    coords = sim.mds_embedding(mean_distance, seed=ctx.seed)
+    ctx.write_table(_mds_table(coords, n_layers, n_heads, roles), "mds", formats=("csv",))
+    ctx.write_table(_pruning_table(importance, settings, ctx.seed), "pruning", formats=("csv",))
+    summary = role_summary(roles)
+    ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
+    return results
+
+
+def plot(out_dir: Path) -> list[Path]:
+    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
+    from experiments import heads_plots
+
+    return heads_plots.plot_all(Path(out_dir))
+
+
+# ------------------------------------------------------------------------------------------- model passes
+
+
+def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.ndarray]:
+    """One forward pass over ``corpus``: per-sentence statistics, head distances and arc hits."""
+    from experiments.corpus import word_attention
+
+    model, tokenizer = ctx.model, ctx.model.tokenizer
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    punct_ids = _punctuation_ids(tokenizer)
+    max_offset = ctx.options.max_length
+    n = len(corpus)
+    scalars = np.full((n, n_layers, n_heads, len(SCALARS)), np.nan)
+    offsets = np.zeros((n, n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32)
+    distances = np.zeros((n, n_layers * n_heads, n_layers * n_heads), dtype=np.float32)
+    arc_parts: list[syn.ArcHits] = []
+    skipped_syntax = 0
+    encoded = ctx.encode(corpus)
+    names = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"]
+    for batch in ctx.progress(encoded.batches, desc="attention statistics", total=len(encoded.batches)):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(batch.input_ids, batch.attention_mask, batch.token_type_ids,
+                                            names_filter=names, cache_device="cpu")  # fmt: skip
+        ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
+        idx = np.asarray(batch.sentence_index)
+        masks = {
+            "cls_mask": ids == tokenizer.cls_token_id,
+            "sep_mask": ids == tokenizer.sep_token_id,
+            "punct_mask": torch.isin(ids, torch.tensor(punct_ids, dtype=ids.dtype)),
+        }
+        patterns = cache.stack("attn.hook_pattern")  # [layer, batch, head, q, k]
+        for layer in range(n_layers):
+            norms = hs.value_norms(cache[f"blocks.{layer}.attn.hook_v"], model.blocks[layer].attn.W_O.detach().cpu())
+            stats = hs.attention_statistics(patterns[layer], mask, **masks, value_norms=norms, max_offset=max_offset)
+            for k, name in enumerate(SCALARS):
+                scalars[idx, layer, :, k] = stats.scalars[name].numpy()
+            offsets[idx, layer] = stats.offset_fraction.numpy()
+        for b, si in enumerate(idx.tolist()):
+            real = mask[b].bool()
+            sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
+            flat = einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
+            distances[si] = sim.head_distances(flat).numpy()
+            sentence = corpus[si]
+            if sentence.heads is None:
+                continue
+            if batch.truncated[b]:  # words were cut: the gold tree no longer fits
+                skipped_syntax += 1
+                continue
+            word_maps = word_attention(patterns[:, b], batch.word_ids[b].cpu())
+            arc_parts.append(syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si))
+    if skipped_syntax:
+        ctx.warn(f"{skipped_syntax} truncated sentences left out of the syntax scores")
+    out = {"scalars": scalars, "offsets": offsets, "distances": distances}
+    if arc_parts:
+        hits = syn.ArcHits.concat(arc_parts)
+        out.update(
+            head_hits=hits.head_hits,
+            offset_hits=hits.offset_hits,
+            relations=hits.relations.astype(str),
+            arc_sentences=hits.sentences,
+        )
+    return out
+
+
+def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.ndarray]:
+    """Ablation effects, gradient importance and pruning curves on ``corpus``."""
+    model = ctx.model
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    encoded = ctx.encode(corpus, batch_size=settings.importance_batch)
+    batches = list(encoded.batches)
+    order = np.concatenate([b.sentence_index for b in batches])
+    ctx.log(f"ablating {n_layers * n_heads} heads x {len(settings.methods)} methods on {len(corpus)} sentences")
+    effects, measures = imp.ablation_effects(model, ctx.progress(batches, "ablation", len(batches)),
+                                             methods=settings.methods, seed=ctx.seed)  # fmt: skip
+    grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=ctx.seed)
+    inverse = np.argsort(order)  # back to corpus order
+    effects, grad = effects[inverse], grad[inverse]
+
+    total = n_layers * n_heads
+    counts = sorted({round(i * total / settings.pruning_points) for i in range(settings.pruning_points + 1)})
+    mean_grad = grad.mean(0).ravel()  # [layer*head]
+    zero = list(settings.methods).index("zero") if "zero" in settings.methods else 0
+    mean_ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")].mean(0).ravel()
+    orders = {
+        "gradient, least important first": np.argsort(mean_grad, kind="stable"),
+        "gradient, most important first": np.argsort(-mean_grad, kind="stable"),
+        f"ablation ({settings.methods[zero]}), least important first": np.argsort(mean_ablation, kind="stable"),
+        "random": ctx.rng("pruning").permutation(total),
+    }
+    curves = []
+    for flat_order in orders.values():
+        pairs = [divmod(int(i), n_heads) for i in flat_order]
+        curves.append(imp.pruning_curve(model, batches, pairs, counts)[inverse])
+    return {
+        "effects": effects,
+        "measures": np.asarray(measures, dtype=str),
+        "methods": np.asarray(settings.methods, dtype=str),
+        "grad": grad,
+        "objective": np.asarray(objective),
+        "pruning": np.stack(curves, axis=1),  # [sentence, order, count, measure]
+        "pruning_orders": np.asarray(list(orders), dtype=str),
+        "pruning_counts": np.asarray(counts),
+    }
+
+
+# ------------------------------------------------------------------------------------------ table builders
+
+def attention_table(scalars: np.ndarray, offsets: np.ndarray, settings: Settings, seed: int = 0) -> pd.DataFrame:
+    """Long rows ``layer, head, metric, value, ci_low, ci_high, n`` from per-sentence statistics.
+
+    Args:
+        scalars: ``[sentence, layer, head, metric]`` in the order ``SCALARS``.
+        offsets: ``[sentence, layer, head, 2 * max_offset + 1]`` argmax-offset fractions.
+    """
+    offsets = offsets.astype(np.float64)
+    n_layers, n_heads = scalars.shape[1:3]
+    rows = [_rows_from(scalars, list(SCALARS), settings, seed)]
+    max_offset = (offsets.shape[-1] - 1) // 2
+    k = settings.offset_bins
+    centre = offsets[..., max_offset - k : max_offset + k + 1]
+    below = offsets[..., : max_offset - k].sum(-1, keepdims=True)
+    above = offsets[..., max_offset + k + 1 :].sum(-1, keepdims=True)
+    hist = np.concatenate([below, centre, above], axis=-1)
+    names = [f"argmax_offset<{-k}", *(f"argmax_offset={o}" for o in range(-k, k + 1)), f"argmax_offset>{k}"]
+    rows.append(_rows_from(hist, names, settings, seed))
+    # Most frequent argmax offset (over all offsets, not only the reported bins) and its share.
+    top_bin = offsets.mean(0).argmax(-1)  # [layer, head]
+    index = np.broadcast_to(top_bin[None, ..., None], (len(offsets), n_layers, n_heads, 1))
+    share = np.take_along_axis(offsets, index, -1)
+    rows.append(_rows_from(share, ["top_offset_fraction"], settings, seed))
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    rows.append(pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "metric": "top_offset",
+                              "value": (top_bin - max_offset).ravel().astype(float), "n": len(offsets)}))  # fmt: skip
+    return pd.concat(rows, ignore_index=True)
+
+
+def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
+    """Within/between-layer distance ratio, overall and per layer, bootstrapped over sentences."""
+    layer_of = np.repeat(np.arange(n_layers), n_heads)
+    point = sim.within_between_ratio(distances.mean(0), layer_of)
+    rng = np.random.default_rng(seed)
+    s = len(distances)
+    flat = distances.reshape(s, -1).astype(np.float64)
+    boot = []
+    for counts in rng.multinomial(s, np.full(s, 1.0 / s), size=settings.n_boot):
+        boot.append(sim.within_between_ratio((counts @ flat / s).reshape(distances.shape[1:]), layer_of))
+    tail = (1 - settings.ci) / 2
+    rows = []
+    for key, value in point.items():
+        samples = np.asarray([b[key] for b in boot])
+        low, high = np.nanquantile(samples, [tail, 1 - tail]) if settings.n_boot else (np.nan, np.nan)
+        rows.append({"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": value,
+                     "ci_low": low, "ci_high": high, "n": s})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _syntax_rows(acc: pd.DataFrame) -> pd.DataFrame:
+    out = acc.assign(metric="syntax:" + acc["relation"] + ":" + acc["direction"], value=acc["accuracy"])
+    return out[["layer", "head", "metric", "value", "n"]]
+
+
+def _importance_rows(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
+    effects = importance["effects"]  # [sentence, method, layer, head, measure]
+    methods, measures = importance["methods"].tolist(), importance["measures"].tolist()
+    flat = einops.rearrange(effects, "s a l h m -> s l h (a m)")
+    names = [f"ablation:{a}:{m}" for a in methods for m in measures]
+    objective = str(importance["objective"])
+    rows = [
+        _rows_from(flat, names, settings, seed),
+        _rows_from(importance["grad"][..., None], [f"grad_importance:{objective}"], settings, seed),
+    ]
+    grad_mean = importance["grad"].mean(0)
+    for a in methods:
+        for m in measures:
+            effect_mean = effects[:, methods.index(a), :, :, measures.index(m)].mean(0)
+            rows.append(pd.DataFrame([{
+                "layer": None, "head": None, "metric": f"spearman:grad_importance:{objective}~ablation:{a}:{m}",
+                "value": imp.spearman(grad_mean, effect_mean), "n": effects.shape[0],
+            }]))  # fmt: skip
+    return pd.concat(rows, ignore_index=True)
+
+
+def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
+    curves = importance["pruning"]  # [sentence, order, count, measure]
+    orders, counts = importance["pruning_orders"].tolist(), importance["pruning_counts"].tolist()
+    mean, low, high, n = hs.bootstrap_mean(curves, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    rows = []
+    for o, order in enumerate(orders):
+        for c, count in enumerate(counts):
+            for m, measure in enumerate(imp.OUTPUT_MEASURES):
+                rows.append({"order": order, "n_removed": count, "measure": measure, "value": mean[o, c, m],
+                             "ci_low": low[o, c, m], "ci_high": high[o, c, m], "n": int(n[o, c, m])})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _rows_from(values: np.ndarray, names: list[str], settings: Settings, seed: int) -> pd.DataFrame:
+    """``values [sentence, layer, head, metric]`` -> long rows with bootstrap CIs."""
+    mean, low, high, n = hs.bootstrap_mean(values, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    n_layers, n_heads, n_metrics = mean.shape
+    layer, head, metric = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n_metrics), indexing="ij")
+    return pd.DataFrame({
+        "layer": layer.ravel(), "head": head.ravel(), "metric": np.asarray(names)[metric.ravel()],
+        "value": mean.ravel(), "ci_low": low.ravel(), "ci_high": high.ravel(), "n": n.ravel(),
+    })  # fmt: skip
+
+
+def _tidy(results: pd.DataFrame) -> pd.DataFrame:
+    out = results.reindex(columns=RESULT_COLUMNS)
+    for col in ("layer", "head", "n"):
+        out[col] = pd.array(out[col].astype("Float64").round(), dtype="Int64")
+    for col in ("value", "ci_low", "ci_high"):
+        out[col] = out[col].astype(float)
+    return out
+
+
+def head_stats_wide(results: pd.DataFrame) -> pd.DataFrame:
+    """Wide table (one row per head: ``layer, head`` and one column per metric) of what the role rules read."""
+    wanted = [*hs.MASS_METRICS, "entropy_ratio", "top_offset", "top_offset_fraction"]
+    sel = results[results["metric"].isin(wanted) & results["head"].notna()]
+    wide = sel.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    return wide.astype({"layer": int, "head": int})
+
+
+def _distance_table(mean_distance: np.ndarray, n_layers: int, n_heads: int, n: int) -> pd.DataFrame:
+    total = n_layers * n_heads
+    a, b = np.meshgrid(np.arange(total), np.arange(total), indexing="ij")
+    return pd.DataFrame({
+        "layer_a": a.ravel() // n_heads, "head_a": a.ravel() % n_heads,
+        "layer_b": b.ravel() // n_heads, "head_b": b.ravel() % n_heads,
+        "distance": mean_distance.ravel(), "n": n,
+    })  # fmt: skip
+
+
+def _mds_table(coords: np.ndarray, n_layers: int, n_heads: int, roles: pd.DataFrame) -> pd.DataFrame:
+    primary = roles.groupby(["layer", "head"])["primary_role"].first()
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    return pd.DataFrame({
+        "layer": layer, "head": head, "x": coords[:, 0], "y": coords[:, 1],
+        "primary_role": [primary.get((int(L), int(h)), "other") for L, h in zip(layer, head, strict=True)],
+    })  # fmt: skip
+
+
+def _punctuation_ids(tokenizer: Any) -> list[int]:
+    vocab = tokenizer.get_vocab()
+    missing = [p for p in PUNCTUATION if p not in vocab]
+    if missing:
+        raise ValueError(f"the tokenizer has no single token for {missing}; punctuation masses need '.' and ','")
+    return [vocab[p] for p in PUNCTUATION]
+
+
+def _model_label(ctx: Any) -> str:
+    if ctx.options.model:
+        return str(ctx.options.model)
+    return f"bundled:{Path(str(ctx.model.source)).name or ctx.model.source}"

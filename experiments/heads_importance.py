@@ -1,0 +1,426 @@
+"""How much the model depends on each head: ablation effects, gradient importance, pruning curves.
+
+Ablations replace a head's output ``z`` (``blocks.L.attn.hook_z``, ``[batch, pos, head, d_head]``):
+
+- ``zero``: ``z_h = 0``, the head writes nothing (same as zeroing its slice of ``W_O``);
+- ``mean``: ``z_h`` = its mean over the real tokens of the evaluation sentences (keeps the head's average
+  write, removes its token-dependent information);
+- ``uniform``: the head attends uniformly to the real keys, ``z_h[q] = mean_k v_h[k]`` (identical to replacing
+  its pattern with a uniform one, without materialising patterns).
+
+Output change is measured on the final hidden states: ``hidden_cos`` (1 - cosine per real token, averaged
+over the tokens of a sentence) and ``pooled_cos`` (1 - cosine of the mean-pooled sentence embedding, the
+output of sentence-transformer checkpoints such as all-MiniLM-L6-v2). ``mlm_loss_change`` (ablated minus
+clean masked-LM loss) is added only when the model carries a masked-LM head.
+
+Many ablations run in one forward pass: the batch is replicated ``C`` times and copy ``c`` keeps heads
+according to ``keep[c, layer, head]``.
+
+Gradient importance (Michel et al. 2019) is ``E_x |dL(x)/dg_h|`` for a gate ``g_h`` multiplying ``z_h``,
+taken per example (each example gets its own gates, so one backward pass yields per-example gradients).
+``L`` is the masked-LM loss when the model has an MLM head. Otherwise, for a sentence encoder without one,
+``L = <r, u>`` with ``u`` the unit-normalised mean-pooled embedding and ``r ~ N(0, I)`` a fixed random
+direction per example (several per example): since ``E_r |<r, J>| = sqrt(2 / pi) ||J||``, the importance is
+proportional to the norm of the first-order change of the embedding's direction when the head is scaled, a
+first-order (Taylor) estimate of the ``pooled_cos`` ablation effect. The distance from the clean embedding
+itself would be useless here: it is minimal at ``g = 1``, so its gradient there is zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import einops
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+AblationMethod = Literal["zero", "mean", "uniform"]
+METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "uniform")
+OUTPUT_MEASURES = ("hidden_cos", "pooled_cos")
+MLM_MEASURE = "mlm_loss_change"
+
+
+@dataclass
+class TokenBatch:
+    """Model inputs ``[batch, pos]`` plus which tokens are special ([CLS]/[SEP]/padding)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
+    special_mask: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, batch: Any) -> TokenBatch:
+        """From anything with ``input_ids``, ``attention_mask`` and optionally ``token_type_ids`` /
+        ``special_mask`` attributes (e.g. ``experiments.corpus.Batch``)."""
+        return cls(
+            batch.input_ids,
+            batch.attention_mask,
+            getattr(batch, "token_type_ids", None),
+            getattr(batch, "special_mask", None),
+        )
+
+
+def ablation_effects(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    *,
+    methods: Sequence[AblationMethod] = METHODS,
+    copies_per_pass: int | None = None,
+    mlm_mask_prob: float = 0.15,
+    seed: int = 0,
+) -> tuple[np.ndarray, list[str]]:
+    """Effect of ablating each head alone, per sentence.
+
+    Args:
+        model: an ``Encoder`` in eval mode.
+        batches: model inputs (see ``TokenBatch.of``); sentences are numbered in iteration order.
+        methods: subset of ``zero``, ``mean``, ``uniform``.
+        copies_per_pass: ablations per forward pass (default: all heads of a layer).
+        mlm_mask_prob: share of real, non-special tokens masked for ``mlm_loss_change``.
+
+    Returns:
+        ``(effects, measures)``: ``effects [sentence, method, layer, head, measure]`` float64.
+    """
+    _check_eval(model)
+    batches = [TokenBatch.of(b) for b in batches]
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown ablation method(s) {sorted(unknown)}; use any of {METHODS}")
+    mean_z = mean_head_outputs(model, batches) if "mean" in methods else None
+    mlm = has_mlm_head(model)
+    measures = [*OUTPUT_MEASURES, *([MLM_MEASURE] if mlm else [])]
+    per_pass = copies_per_pass or n_heads
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for batch in batches:
+        effects = torch.zeros(batch.input_ids.shape[0], len(methods), n_layers, n_heads, len(measures))
+        masked = _mlm_inputs(model, batch, mlm_mask_prob, generator) if mlm else None
+        with torch.no_grad():
+            clean = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+            clean_loss = None
+            if masked is not None:
+                hidden_masked = model(masked[0], batch.attention_mask, batch.token_type_ids)
+                clean_loss = _mlm_loss(model, hidden_masked, masked[1])
+            for mi, method in enumerate(methods):
+                for layer in range(n_layers):
+                    keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
+                    for start in range(0, n_heads, per_pass):
+                        part = keep[start : start + per_pass]
+                        hidden = forward_with_heads(model, batch, part, method=method, mean_z=mean_z)
+                        hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
+                        change = output_change(clean, hidden, batch.attention_mask)
+                        for k, name in enumerate(OUTPUT_MEASURES):
+                            effects[:, mi, layer, start : start + len(part), k] = change[name].T
+                        if masked is not None:
+                            ablated = forward_with_heads(
+                                model, TokenBatch(masked[0], *_rest(batch)), part, method=method, mean_z=mean_z
+                            )
+                            loss = _mlm_loss(model, ablated, masked[1].repeat(len(part), 1))
+                            loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
+                            effects[:, mi, layer, start : start + len(part), -1] = loss - clean_loss[:, None]
+        out.append(effects.double())
+    return torch.cat(out).numpy(), measures
+
+
+def gradient_importance(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    *,
+    objective: Literal["auto", "mlm", "projection"] = "auto",
+    n_projections: int = 4,
+    mlm_mask_prob: float = 0.15,
+    seed: int = 0,
+) -> tuple[np.ndarray, str]:
+    """Per-sentence ``|dL/dg_h|`` at ``g = 1`` (Michel et al. 2019), averaged over random projections.
+
+    Args:
+        objective: ``mlm`` (needs an MLM head), ``projection`` (see the module docstring) or ``auto`` (MLM
+            when the model has a head for it, else projection).
+        n_projections: random directions per sentence for the projection objective.
+
+    Returns:
+        ``(importance [sentence, layer, head] float64, objective name)``.
+    """
+    _check_eval(model)
+    if objective == "auto":
+        objective = "mlm" if has_mlm_head(model) else "projection"
+    if objective == "mlm" and not has_mlm_head(model):
+        raise ValueError("objective='mlm' needs a model with a masked-LM head; use objective='projection'")
+    if objective not in ("mlm", "projection"):
+        raise ValueError(f"objective must be 'auto', 'mlm' or 'projection', got {objective!r}")
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    generator = torch.Generator().manual_seed(seed)
+    copies = n_projections if objective == "projection" else 1
+    out = []
+    for raw in batches:
+        batch = TokenBatch.of(raw)
+        b = batch.input_ids.shape[0]
+        labels = None
+        if objective == "mlm":
+            ids, labels = _mlm_inputs(model, batch, mlm_mask_prob, generator)
+            batch = TokenBatch(ids, *_rest(batch))
+            projections = None
+        else:
+            projections = torch.randn(copies * b, model.config.d_model, generator=generator)
+        rep = _replicate(batch, copies)
+        gates = torch.ones(copies * b, n_layers, n_heads, device=_device(model), dtype=_dtype(model))
+        gates.requires_grad_(True)
+        loss = gate_objective(model, rep, gates, projections=projections, mlm_labels=labels)
+        (grad,) = torch.autograd.grad(loss.sum(), gates)
+        grad = einops.reduce(grad.abs().double(), "(k b) l h -> b l h", "mean", k=copies)
+        out.append(grad.cpu())
+    return torch.cat(out).numpy(), objective
+
+
+def gate_objective(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    gates: torch.Tensor,
+    *,
+    projections: torch.Tensor | None = None,
+    mlm_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-example objective with head outputs scaled by gates: ``z[b, :, h] *= gates[b, layer, h]``.
+
+    Args:
+        batch: inputs ``[batch, pos]``.
+        gates: ``[batch, layer, head]`` (requires grad for importance).
+        projections: ``[batch, d_model]`` random directions -> ``L_b = <r_b, u_b>``, ``u_b`` the unit
+            mean-pooled embedding.
+        mlm_labels: ``[batch, pos]`` token ids at masked positions, -100 elsewhere -> masked-LM loss.
+
+    Returns:
+        ``[batch]``.
+    """
+    if (projections is None) == (mlm_labels is None):
+        raise ValueError("gate_objective needs exactly one of projections or mlm_labels")
+    hooks = []
+    for layer in range(model.config.n_layers):
+        g = einops.rearrange(gates[:, layer], "b h -> b 1 h 1")
+        hooks.append((f"blocks.{layer}.attn.hook_z", lambda z, hook, g=g: z * g.to(z.dtype)))
+    with model.hooks(hooks):
+        hidden = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    if mlm_labels is not None:
+        return _mlm_loss(model, hidden, mlm_labels)
+    pooled = F.normalize(mean_pool(hidden, batch.attention_mask).double(), dim=-1)
+    return (pooled * projections.to(pooled)).sum(-1)
+
+
+def pruning_curve(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    order: Sequence[tuple[int, int]],
+    counts: Sequence[int],
+) -> np.ndarray:
+    """Output change when the first ``k`` heads of ``order`` are zero-ablated together, for each ``k``.
+
+    Args:
+        order: ``(layer, head)`` pairs, removed cumulatively in this order.
+        counts: numbers of heads removed (``0 <= k <= len(order)``).
+
+    Returns:
+        ``[sentence, count, measure]`` float64 with measures ``OUTPUT_MEASURES``.
+    """
+    _check_eval(model)
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    if any(not 0 <= k <= len(order) for k in counts):
+        raise ValueError(f"counts must lie in 0..{len(order)} (the length of order), got {list(counts)}")
+    keep = torch.ones(len(counts), n_layers, n_heads)
+    for c, k in enumerate(counts):
+        for layer, head in order[:k]:
+            keep[c, layer, head] = 0.0
+    out = []
+    for raw in batches:
+        batch = TokenBatch.of(raw)
+        with torch.no_grad():
+            clean = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+            hidden = forward_with_heads(model, batch, keep, method="zero")
+        hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(counts))
+        change = output_change(clean, hidden, batch.attention_mask)
+        out.append(torch.stack([change[m].T for m in OUTPUT_MEASURES], dim=-1).double())  # [b, count, measure]
+    return torch.cat(out).numpy()
+
+
+def forward_with_heads(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    keep: torch.Tensor,
+    *,
+    method: AblationMethod = "zero",
+    mean_z: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run ``C`` copies of the batch, copy ``c`` with head ``(L, h)`` kept to degree ``keep[c, L, h]``.
+
+    ``z' = keep * z + (1 - keep) * replacement`` (replacement per ``method``; see the module docstring).
+
+    Args:
+        batch: inputs ``[batch, pos]``.
+        keep: ``[copy, layer, head]`` in [0, 1] (1 = untouched).
+        mean_z: ``[layer, head, d_head]`` for ``method="mean"`` (from ``mean_head_outputs``).
+
+    Returns:
+        Final hidden states ``[(copy batch), pos, d_model]``, copy-major.
+    """
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    if keep.ndim != 3 or tuple(keep.shape[1:]) != (n_layers, n_heads):
+        raise ValueError(f"keep must be [copy, layer, head] = [C, {n_layers}, {n_heads}], got {tuple(keep.shape)}")
+    if method not in METHODS:
+        raise ValueError(f"unknown ablation method {method!r}; use one of {METHODS}")
+    if method == "mean" and mean_z is None:
+        raise ValueError("method='mean' needs mean_z [layer, head, d_head]; compute it with mean_head_outputs")
+    copies, b = keep.shape[0], batch.input_ids.shape[0]
+    rep = _replicate(batch, copies)
+    real = rep.attention_mask.to(torch.bool)
+    hooks = []
+    values: dict[int, torch.Tensor] = {}
+    for layer in range(n_layers):
+        if bool((keep[:, layer] == 1).all()):
+            continue
+        g = einops.repeat(keep[:, layer], "c h -> (c b) 1 h 1", b=b)
+
+        def replace(z: torch.Tensor, hook: Any, g: torch.Tensor = g, layer: int = layer) -> torch.Tensor:
+            g = g.to(device=z.device, dtype=z.dtype)
+            if method == "zero":
+                return g * z
+            if method == "mean":
+                replacement = mean_z[layer].to(device=z.device, dtype=z.dtype)[None, None]
+            else:
+                w = real.to(device=z.device, dtype=z.dtype)[:, :, None, None]
+                replacement = (values[layer] * w).sum(1, keepdim=True) / w.sum(1, keepdim=True)
+            return g * z + (1 - g) * replacement
+
+        if method == "uniform":
+            hooks.append((f"blocks.{layer}.attn.hook_v", lambda v, hook, layer=layer: values.__setitem__(layer, v)))
+        hooks.append((f"blocks.{layer}.attn.hook_z", replace))
+    with model.hooks(hooks):
+        return model(rep.input_ids, rep.attention_mask, rep.token_type_ids)
+
+
+@torch.no_grad()
+def mean_head_outputs(model: torch.nn.Module, batches: Iterable[Any]) -> torch.Tensor:
+    """Mean of every head's ``z`` over all real tokens of ``batches`` -> ``[layer, head, d_head]``."""
+    total, count = None, 0
+    for raw in batches:
+        batch = TokenBatch.of(raw)
+        _, cache = model.run_with_cache(
+            batch.input_ids, batch.attention_mask, batch.token_type_ids, names_filter="blocks.*.attn.hook_z"
+        )
+        z = cache.stack("attn.hook_z").double()  # [layer, batch, pos, head, d_head]
+        real = batch.attention_mask.to(device=z.device, dtype=z.dtype)
+        s = torch.einsum("lbphd,bp->lhd", z, real)
+        total = s if total is None else total + s
+        count += int(real.sum())
+    if total is None or count == 0:
+        raise ValueError("mean_head_outputs needs at least one batch with a real token")
+    return (total / count).to(_dtype(model))
+
+
+def output_change(clean: torch.Tensor, ablated: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Cosine distances between clean and ablated outputs.
+
+    Args:
+        clean: ``[batch, pos, d_model]``; ablated: ``[copy, batch, pos, d_model]``; attention_mask ``[batch, pos]``.
+
+    Returns:
+        ``{"hidden_cos": [copy, batch], "pooled_cos": [copy, batch]}`` float64.
+    """
+    clean, ablated = clean.double(), ablated.double()
+    real = attention_mask.to(device=clean.device, dtype=clean.dtype)
+    token = 1.0 - F.cosine_similarity(ablated, clean[None], dim=-1)  # [copy, batch, pos]
+    hidden = (token * real).sum(-1) / real.sum(-1)
+    pooled_clean = mean_pool(clean, attention_mask)
+    pooled = torch.stack([mean_pool(a, attention_mask) for a in ablated])
+    return {"hidden_cos": hidden, "pooled_cos": 1.0 - F.cosine_similarity(pooled, pooled_clean[None], dim=-1)}
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real tokens: ``[batch, pos, d_model] -> [batch, d_model]``."""
+    real = attention_mask.to(device=hidden.device, dtype=hidden.dtype)[..., None]
+    return (hidden * real).sum(-2) / real.sum(-2)
+
+
+def single_head_keep(n_layers: int, n_heads: int, layer: int) -> torch.Tensor:
+    """``keep [head, layer, head]``: copy ``h`` ablates head ``h`` of ``layer`` only."""
+    keep = torch.ones(n_heads, n_layers, n_heads)
+    keep[torch.arange(n_heads), layer, torch.arange(n_heads)] = 0.0
+    return keep
+
+
+def has_mlm_head(model: torch.nn.Module) -> bool:
+    """True when the model can produce masked-LM logits (``model.mlm_head`` is set)."""
+    return getattr(model, "mlm_head", None) is not None and hasattr(model, "mlm_logits")
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of two flat arrays (average ranks for ties)."""
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(np.ravel(a), np.ravel(b)).statistic)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _check_eval(model: torch.nn.Module) -> None:
+    if model.training:
+        raise ValueError("the model is in training mode: dropout would make effects random; call model.eval()")
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _rest(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    return batch.attention_mask, batch.token_type_ids, batch.special_mask
+
+
+def _replicate(batch: TokenBatch, copies: int) -> TokenBatch:
+    def rep(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else einops.repeat(t, "b p -> (c b) p", c=copies)
+
+    return TokenBatch(
+        rep(batch.input_ids), rep(batch.attention_mask), rep(batch.token_type_ids), rep(batch.special_mask)
+    )
+
+
+def _mlm_inputs(
+    model: torch.nn.Module, batch: TokenBatch, prob: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask ``prob`` of the real non-special tokens (at least one per sentence) -> ``(masked ids, labels)``."""
+    tokenizer = getattr(model, "tokenizer", None)
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        raise ValueError("masked-LM scoring needs model.tokenizer with a mask token")
+    ids = batch.input_ids
+    candidates = batch.attention_mask.to(torch.bool)
+    if batch.special_mask is not None:
+        candidates &= ~batch.special_mask.to(torch.bool)
+    else:
+        special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+        candidates &= ~torch.isin(ids.cpu(), special).to(ids.device)
+    draw = torch.rand(ids.shape, generator=generator).to(ids.device)
+    chosen = candidates & (draw < prob)
+    # Guarantee one masked token per sentence that has a candidate: the candidate with the smallest draw.
+    first = torch.where(candidates, draw, math.inf).argmin(-1)
+    chosen[torch.arange(len(ids)), first] |= candidates[torch.arange(len(ids)), first]
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    return torch.where(chosen, torch.full_like(ids, mask_id), ids), labels
+
+
+def _mlm_loss(model: Any, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over masked positions, per example -> ``[batch]`` (0 with no masked token)."""
+    logits = model.mlm_logits(hidden).double()
+    labels = labels.to(logits.device)
+    ce = F.cross_entropy(einops.rearrange(logits, "b p v -> b v p"), labels, ignore_index=-100, reduction="none")
+    n = (labels != -100).sum(-1).clamp_min(1)
+    return ce.sum(-1) / n

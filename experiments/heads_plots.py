@@ -1,0 +1,260 @@
+"""Figures of the `heads` experiment, drawn from the saved tables only (no model).
+
+Reads ``results.parquet`` (or ``.csv``), ``roles.csv``, ``syntax.csv`` (if the corpus had gold trees),
+``distances.parquet``, ``mds.csv`` and ``pruning.csv`` from the experiment folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import io
+
+HEATMAP_METRICS = (
+    "mass_cls", "mass_sep", "mass_punct", "mass_self", "mass_prev", "mass_next",
+    "sep_to_sep", "entropy_ratio", "confidence", "mean_distance", "top_offset_fraction",
+    "norm_cls", "norm_sep", "norm_punct", "norm_prev", "norm_next",
+)  # fmt: skip
+DOT_METRICS = ("cls", "sep", "punct", "self", "prev", "next")
+
+
+def plot_all(out_dir: Path) -> list[Path]:
+    """Every figure the saved tables allow; returns the written paths (PNG and PDF)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out_dir = Path(out_dir)
+    results = _read_results(out_dir)
+    paths: list[Path] = []
+    paths += plot_heatmaps(results, out_dir)
+    paths += plot_layer_dots(results, out_dir)
+    paths += plot_offsets(results, out_dir)
+    if (out_dir / "mds.csv").is_file():
+        paths += plot_mds(pd.read_csv(out_dir / "mds.csv"), out_dir)
+    if (out_dir / "distances.parquet").is_file():
+        paths += plot_distance_clusters(pd.read_parquet(out_dir / "distances.parquet"), out_dir)
+    if (out_dir / "syntax.csv").is_file():
+        paths += plot_syntax(pd.read_csv(out_dir / "syntax.csv"), out_dir)
+    paths += plot_ablation(results, out_dir)
+    if (out_dir / "pruning.csv").is_file():
+        paths += plot_pruning(pd.read_csv(out_dir / "pruning.csv"), out_dir)
+    return paths
+
+
+def plot_heatmaps(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Layer x head heatmap of each attention statistic."""
+    import matplotlib.pyplot as plt
+
+    metrics = [m for m in HEATMAP_METRICS if m in set(results["metric"])]
+    if not metrics:
+        return []
+    cols = 4
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        grid = _grid(results, metric)
+        vmax = None if metric in ("mean_distance",) else 1.0
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.axis("off")
+    fig.suptitle("Attention statistics per head (mean over sentences)")
+    fig.tight_layout()
+    return io.save_figure(fig, out_dir / "fig_heatmaps")
+
+
+def plot_layer_dots(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Per-layer dot plots, one dot per head: attention-weight mass (filled) vs norm-weighted (hollow)."""
+    import matplotlib.pyplot as plt
+
+    present = set(results["metric"])
+    metrics = [m for m in DOT_METRICS if f"mass_{m}" in present]
+    extra = ["entropy"] if "entropy" in present else []
+    panels = metrics + extra
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2), squeeze=False)
+    rng = np.random.default_rng(0)  # jitter only
+    for ax, name in zip(axes[0], panels, strict=True):
+        if name == "entropy":
+            grid = _grid(results, "entropy")
+            layers = np.arange(grid.shape[0])
+            for layer in layers:
+                ax.scatter(layer + rng.uniform(-0.2, 0.2, grid.shape[1]), grid[layer], s=10, color="C0")
+            ref = _grid(results, "entropy_max").mean(1)
+            ax.plot(layers, ref, "k--", lw=1, label="ln n")
+            ax.set_title("entropy (nats)", fontsize=9)
+        else:
+            styles = ((f"mass_{name}", {"color": "C0"}), (f"norm_{name}", {"facecolor": "none", "edgecolor": "C3"}))
+            for metric, style in styles:
+                if metric not in present:
+                    continue
+                grid = _grid(results, metric)
+                for layer in range(grid.shape[0]):
+                    label = ("attention" if metric.startswith("mass") else "norm-weighted") if layer == 0 else None
+                    ax.scatter(layer + rng.uniform(-0.2, 0.2, grid.shape[1]), grid[layer], s=10, label=label, **style)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_title(f"mass to {name}", fontsize=9)
+        ax.set_xlabel("layer")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return io.save_figure(fig, out_dir / "fig_layer_dots")
+
+
+def plot_offsets(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Argmax-offset histogram of every head (rows) as a heatmap."""
+    import matplotlib.pyplot as plt
+
+    sel = results[results["metric"].str.startswith("argmax_offset")]
+    if sel.empty:
+        return []
+    names = list(dict.fromkeys(sel["metric"]))  # saved order: tail, -k..k, tail
+    wide = sel.pivot_table(index=["layer", "head"], columns="metric", values="value")[names]
+    fig, ax = plt.subplots(figsize=(7, max(4, 0.09 * len(wide))))
+    im = ax.imshow(wide.to_numpy(), aspect="auto", cmap="magma", vmin=0, vmax=1)
+    ax.set_xticks(range(len(names)), [n.removeprefix("argmax_offset").lstrip("=") for n in names], fontsize=7)
+    ticks = [i for i, (layer, head) in enumerate(wide.index) if head == 0]
+    ax.set_yticks(ticks, [f"L{wide.index[i][0]}" for i in ticks])
+    ax.set_xlabel("offset of the argmax key from the query")
+    ax.set_title("Where each head's strongest weight falls")
+    fig.colorbar(im, ax=ax, fraction=0.046, label="share of queries")
+    return io.save_figure(fig, out_dir / "fig_argmax_offsets")
+
+
+def plot_mds(mds: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """MDS map of the sqrt-JSD distances, coloured by layer and by primary role."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.8))
+    sc = a.scatter(mds["x"], mds["y"], c=mds["layer"], cmap="viridis", s=28)
+    fig.colorbar(sc, ax=a, label="layer")
+    a.set_title("Heads by layer")
+    for i, (role, group) in enumerate(mds.groupby("primary_role")):
+        b.scatter(group["x"], group["y"], s=28, label=role, color=f"C{i % 10}")
+    for rec in mds.to_dict("records"):
+        b.annotate(f"{rec['layer']}-{rec['head']}", (rec["x"], rec["y"]), fontsize=5, alpha=0.7)
+    b.legend(fontsize=7, loc="best")
+    b.set_title("Heads by primary role")
+    for ax in (a, b):
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("MDS of head distances (sqrt Jensen-Shannon, averaged over tokens)")
+    fig.tight_layout()
+    return io.save_figure(fig, out_dir / "fig_mds")
+
+
+def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Distance matrix reordered by average-linkage hierarchical clustering, with its dendrogram."""
+    import matplotlib.pyplot as plt
+    from scipy.cluster.hierarchy import dendrogram, linkage
+    from scipy.spatial.distance import squareform
+
+    labels = distances.drop_duplicates(["layer_a", "head_a"])[["layer_a", "head_a"]]
+    names = [f"{layer}-{head}" for layer, head in labels.itertuples(index=False)]
+    d = distances.pivot_table(index=["layer_a", "head_a"], columns=["layer_b", "head_b"], values="distance").to_numpy()
+    d = 0.5 * (d + d.T)
+    np.fill_diagonal(d, 0.0)
+    tree = linkage(squareform(d, checks=False), method="average")
+    fig = plt.figure(figsize=(9, 10))
+    ax_tree = fig.add_axes([0.1, 0.8, 0.75, 0.15])
+    order = dendrogram(tree, ax=ax_tree, no_labels=True, color_threshold=0)["leaves"]
+    ax_tree.axis("off")
+    ax = fig.add_axes([0.1, 0.05, 0.75, 0.74])
+    im = ax.imshow(d[np.ix_(order, order)], cmap="viridis_r", aspect="auto")
+    fontsize = 4 if len(names) > 40 else 7
+    ax.set_xticks(range(len(order)), [names[i] for i in order], rotation=90, fontsize=fontsize)
+    ax.set_yticks(range(len(order)), [names[i] for i in order], fontsize=fontsize)
+    fig.colorbar(im, cax=fig.add_axes([0.87, 0.05, 0.02, 0.74]), label="sqrt JSD (bits)")
+    fig.suptitle("Head distances, clustered (layer-head)")
+    return io.save_figure(fig, out_dir / "fig_distance_clusters")
+
+
+def plot_syntax(syntax: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Per relation: best head's accuracy vs the best offset baseline (held-out scores as markers)."""
+    import matplotlib.pyplot as plt
+
+    if syntax.empty:
+        return []
+    t = syntax.iloc[::-1].reset_index(drop=True)
+    y = np.arange(len(t))
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(t) + 1.5))
+    ax.barh(y + 0.2, t["accuracy"], height=0.4, label="best head (in-sample)", color="C0")
+    ax.barh(y - 0.2, t["baseline_accuracy"], height=0.4, label="best offset baseline", color="C7")
+    ax.scatter(t["heldout_accuracy"], y + 0.2, marker="|", color="k", s=60, label="best head, held-out", zorder=3)
+    labels = []
+    for rec in t.to_dict("records"):
+        where = "" if pd.isna(rec["layer"]) else f"  {int(rec['layer'])}-{int(rec['head'])} {rec['direction']}"
+        labels.append(f"{rec['relation']} (n={rec['n']}){where}")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("accuracy")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Dependency relations: best attention head vs fixed-offset baseline")
+    fig.tight_layout()
+    return io.save_figure(fig, out_dir / "fig_syntax")
+
+
+def plot_ablation(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Layer x head heatmaps of ablation effects (one per method and measure) and gradient importance."""
+    import matplotlib.pyplot as plt
+
+    metrics = sorted(m for m in set(results["metric"]) if m.startswith(("ablation:", "grad_importance:")))
+    if not metrics:
+        return []
+    cols = min(3, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 2.9 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        im = ax.imshow(_grid(results, metric), aspect="auto", cmap="inferno")
+        ax.set_title(metric, fontsize=8)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.axis("off")
+    fig.suptitle("Output change when one head is ablated (cosine distance), and gradient importance")
+    fig.tight_layout()
+    return io.save_figure(fig, out_dir / "fig_ablation")
+
+
+def plot_pruning(pruning: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Output change against the number of heads removed (zero ablation), one curve per order."""
+    import matplotlib.pyplot as plt
+
+    measures = list(dict.fromkeys(pruning["measure"]))
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.5 * len(measures), 4), squeeze=False)
+    for ax, measure in zip(axes[0], measures, strict=True):
+        for i, (order, group) in enumerate(pruning[pruning["measure"] == measure].groupby("order", sort=False)):
+            group = group.sort_values("n_removed")
+            ax.plot(group["n_removed"], group["value"], marker="o", ms=3, label=order, color=f"C{i}")
+            ax.fill_between(group["n_removed"], group["ci_low"], group["ci_high"], alpha=0.2, color=f"C{i}")
+        ax.set_xlabel("heads removed (zeroed)")
+        ax.set_ylabel(f"{measure} (1 - cosine)")
+        ax.set_title(measure)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Pruning curves")
+    fig.tight_layout()
+    return io.save_figure(fig, out_dir / "fig_pruning")
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _read_results(out_dir: Path) -> pd.DataFrame:
+    for name in ("results.parquet", "results.csv"):
+        path = out_dir / name
+        if path.is_file():
+            return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    raise FileNotFoundError(f"{out_dir} has no results.parquet or results.csv; run `bertscope run heads` first")
+
+
+def _grid(results: pd.DataFrame, metric: str) -> np.ndarray:
+    """``[layer, head]`` values of one per-head metric."""
+    sel = results[(results["metric"] == metric) & results["head"].notna()]
+    return sel.pivot_table(index="layer", columns="head", values="value").to_numpy(dtype=float)

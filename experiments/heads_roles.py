@@ -1,0 +1,126 @@
+"""Rule-based head roles with explicit thresholds.
+
+Each rule compares one aggregated statistic of a head with a threshold; a head may hold several roles. The
+output is a long table with the statistic, its value and the threshold on every row, so that the labels can
+be re-derived (or disputed) from the file alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class RoleRule:
+    role: str
+    statistic: str
+    threshold: float
+    meaning: str
+
+
+DEFAULT_RULES: tuple[RoleRule, ...] = (
+    RoleRule("syntactic", "syntax_gain", 0.10, "beats the relation's best offset baseline (-3..+3) by >= 10 points"),
+    RoleRule("[CLS]", "mass_cls", 0.5, "mean attention mass to [CLS] >= 0.5"),
+    RoleRule("[SEP]", "mass_sep", 0.5, "mean attention mass to [SEP] >= 0.5"),
+    RoleRule("punctuation", "mass_punct", 0.5, "mean attention mass to '.' and ',' >= 0.5"),
+    RoleRule("previous-token", "mass_prev", 0.5, "mean A[i, i-1] >= 0.5"),
+    RoleRule("next-token", "mass_next", 0.5, "mean A[i, i+1] >= 0.5"),
+    RoleRule("self", "mass_self", 0.5, "mean A[i, i] >= 0.5"),
+    RoleRule("positional", "top_offset_fraction", 0.9, ">= 90% of argmaxes at one offset"),
+    RoleRule("broad", "entropy_ratio", 0.8, "mean entropy >= 0.8 ln n"),
+)
+NO_ROLE = "other"
+
+
+def assign_roles(
+    head_stats: pd.DataFrame,
+    syntax: pd.DataFrame | None = None,
+    *,
+    rules: tuple[RoleRule, ...] = DEFAULT_RULES,
+    min_arcs: int = 20,
+) -> pd.DataFrame:
+    """Apply the role rules to every head.
+
+    Args:
+        head_stats: one row per head with ``layer, head`` and the statistics the rules name (``mass_*``,
+            ``entropy_ratio``, ``top_offset``, ``top_offset_fraction``).
+        syntax: optional long table from ``heads_syntax.head_relation_accuracy`` (``relation, layer, head,
+            direction, accuracy, n, baseline_accuracy``); without it no head can be syntactic.
+        min_arcs: relations with fewer arcs do not count for the syntactic rule (too noisy).
+
+    Returns:
+        Long table ``layer, head, role, statistic, value, threshold, assigned, detail, primary_role``: one row
+        per (head, rule); ``detail`` names the offset (positional) or relations (syntactic);
+        ``primary_role`` is the first assigned role in rule order (``"other"`` when none).
+    """
+    required = {"layer", "head"} | {r.statistic for r in rules if r.statistic != "syntax_gain"}
+    if "positional" in {r.role for r in rules}:
+        required.add("top_offset")
+    missing = required - set(head_stats.columns)
+    if missing:
+        raise ValueError(f"assign_roles: head_stats lacks columns {sorted(missing)}; have {list(head_stats.columns)}")
+    gains = _syntax_gains(syntax, min_arcs)
+    rows = []
+    for rec in head_stats.sort_values(["layer", "head"]).to_dict("records"):
+        key = (int(rec["layer"]), int(rec["head"]))
+        for rule in rules:
+            detail = ""
+            if rule.statistic == "syntax_gain":
+                rel_gains = gains.get(key, {})
+                value = max(rel_gains.values()) if rel_gains else np.nan
+                detail = ",".join(r for r, g in sorted(rel_gains.items(), key=lambda kv: -kv[1]) if g >= rule.threshold)
+            else:
+                value = float(rec[rule.statistic])
+                if rule.role == "positional":
+                    detail = f"offset {int(rec['top_offset']):+d}"
+            assigned = bool(np.isfinite(value) and value >= rule.threshold)
+            rows.append(
+                {
+                    "layer": key[0],
+                    "head": key[1],
+                    "role": rule.role,
+                    "statistic": rule.statistic,
+                    "value": value,
+                    "threshold": rule.threshold,
+                    "assigned": assigned,
+                    "detail": detail if assigned else "",
+                    "meaning": rule.meaning,
+                }
+            )
+    table = pd.DataFrame(rows)
+    primary = (
+        table[table["assigned"]].groupby(["layer", "head"], sort=False)["role"].first().rename("primary_role")
+    )
+    table = table.join(primary, on=["layer", "head"])
+    table["primary_role"] = table["primary_role"].fillna(NO_ROLE)
+    return table
+
+
+def role_summary(roles: pd.DataFrame) -> pd.DataFrame:
+    """One row per head: ``layer, head, primary_role, roles`` (assigned roles with details, ``;``-joined)."""
+
+    def describe(group: pd.DataFrame) -> str:
+        got = group[group["assigned"]]
+        return "; ".join(f"{r} ({d})" if d else r for r, d in zip(got["role"], got["detail"], strict=True)) or NO_ROLE
+
+    out = roles.groupby(["layer", "head"], sort=True).apply(describe, include_groups=False).rename("roles")
+    primary = roles.groupby(["layer", "head"], sort=True)["primary_role"].first()
+    return pd.concat([primary, out], axis=1).reset_index()
+
+
+def _syntax_gains(syntax: pd.DataFrame | None, min_arcs: int) -> dict[tuple[int, int], dict[str, float]]:
+    """``{(layer, head): {relation: best-direction accuracy - baseline}}`` over relations with enough arcs."""
+    if syntax is None or syntax.empty:
+        return {}
+    from experiments.heads_syntax import ALL_RELATIONS
+
+    s = syntax[(syntax["n"] >= min_arcs) & (syntax["relation"] != ALL_RELATIONS)]
+    best = s.groupby(["layer", "head", "relation"])[["accuracy", "baseline_accuracy"]].max().reset_index()
+    best["gain"] = best["accuracy"] - best["baseline_accuracy"]
+    out: dict[tuple[int, int], dict[str, float]] = {}
+    for rec in best.to_dict("records"):
+        out.setdefault((int(rec["layer"]), int(rec["head"])), {})[rec["relation"]] = float(rec["gain"])
+    return out

@@ -1,0 +1,305 @@
+"""`bertscope report OUT`: one self-contained HTML page over everything a run wrote to ``OUT``.
+
+For each experiment folder (``OUT/<dir>/manifest.json``): status and provenance (model, corpus, device,
+seed, times, git), the notes the experiment recorded, every figure (PNG embedded as base64 by default, so
+the page opens offline on its own; the PDF linked relatively), the key tables as HTML, and the full
+manifest. Capture folders (``index.json``) are listed with their hooks and shards. No scripts, no
+network: the page is plain HTML with inline CSS.
+
+>>> build_report(Path("results"))      # -> results/index.html
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments import io
+from experiments.common import EXPERIMENTS, MANIFEST, RESULTS, STEPS
+
+INDEX_HTML = "index.html"
+MAX_TABLE_ROWS = 60
+RESULTS_PREVIEW_ROWS = 25
+
+
+def build_report(out: str | Path, *, embed_figures: bool = True, title: str = "bertscope results") -> Path:
+    """Write ``out/index.html`` from the manifests, tables and figures under ``out``; returns its path.
+
+    Raises ``FileNotFoundError`` if ``out`` is not a folder, ``ValueError`` if it holds no results.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out} is not a folder; run `bertscope run all --out {out}` first")
+    experiments = _experiment_dirs(out)
+    captures = sorted(p.parent for p in out.glob("*/index.json") if _is_capture(p))
+    if not experiments and not captures:
+        raise ValueError(f"{out} holds no experiment results (no */{MANIFEST}); run `bertscope run all` first")
+    body = [_overview(out, experiments)]
+    body += [_experiment_section(out, d, embed_figures) for d in experiments]
+    body += [_capture_section(out, d) for d in captures]
+    generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    page = _PAGE.format(
+        title=html.escape(title),
+        css=_CSS,
+        generated=html.escape(generated),
+        toc=_toc(experiments, captures),
+        body="\n".join(body),
+    )
+    return io.write_text(out / INDEX_HTML, page)
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+def _overview(out: Path, experiments: list[Path]) -> str:
+    rows = []
+    for d in experiments:
+        m = _manifest(d)
+        rows.append(
+            {
+                "experiment": f'<a href="#{_anchor(d)}">{html.escape(m.get("experiment", d.name))}</a>',
+                "status": _badge(m.get("status", "unknown")),
+                "seconds": _fmt_number(m.get("seconds")),
+                "model": html.escape(_short_source(m.get("model", {}).get("source", "?"))),
+                "corpus": html.escape(str(m.get("corpus", {}).get("name", "?"))),
+                "sentences": _fmt_number(m.get("corpus", {}).get("n_sentences")),
+                "device": html.escape(str(m.get("device", {}).get("device", "?"))),
+                "finished": html.escape(str(m.get("finished_at") or "-")),
+            }
+        )
+    missing = [name for name in EXPERIMENTS
+               if not any(_manifest(d).get("experiment") == name for d in experiments)]  # fmt: skip
+    note = ""
+    if missing:
+        note = f'<p class="muted">Not in this folder: {html.escape(", ".join(missing))}.</p>'
+    table = _html_rows(rows) if rows else "<p>No experiments.</p>"
+    return f'<section id="overview"><h2>Overview</h2>{table}{note}</section>'
+
+
+def _experiment_section(out: Path, d: Path, embed: bool) -> str:
+    m = _manifest(d)
+    name = m.get("experiment", d.name)
+    parts = [f'<section id="{_anchor(d)}"><h2>{html.escape(name)} {_badge(m.get("status", "unknown"))}</h2>']
+    parts.append(_provenance(m))
+    if m.get("error"):
+        parts.append(f'<details open><summary>error</summary><pre>{html.escape(str(m["error"]))}</pre></details>')
+    if m.get("notes"):
+        notes = [{"note": html.escape(str(k)), "value": html.escape(_compact(v))} for k, v in m["notes"].items()]
+        parts.append("<h3>Notes</h3>" + _html_rows(notes))
+    figures = _figures(d, m)
+    if figures:
+        parts.append("<h3>Figures</h3>")
+        parts += [_figure(out, png, embed) for png in figures]
+    parts.append(_tables(out, d, m))
+    manifest_text = html.escape(json.dumps(m, indent=2))
+    parts.append(f"<details><summary>manifest.json</summary><pre>{manifest_text}</pre></details>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _provenance(m: dict[str, Any]) -> str:
+    model, corpus, device = m.get("model", {}), m.get("corpus", {}), m.get("device", {})
+    git = m.get("git") or {}
+    facts = {
+        "model": f'{model.get("source", "?")}  (sha256 {str(model.get("weights_sha256", "?"))[:16]}…, '
+        f'{_fmt_number(model.get("n_parameters"))} parameters)',
+        "corpus": f'{corpus.get("name", "?")}: {corpus.get("source", "?")}  (sha256 '
+        f'{str(corpus.get("sha256", "?"))[:16]}…, {_fmt_number(corpus.get("n_sentences"))} sentences)',
+        "device / dtype / seed": f'{device.get("device", "?")}'
+        + (f' ({device["gpu"]})' if device.get("gpu") else "")
+        + f' / {m.get("dtype", "?")} / {m.get("seed", "?")}',
+        "time": f'{m.get("started_at", "?")} → {m.get("finished_at") or "?"}  ({_fmt_number(m.get("seconds"))} s)',
+        "code": (f'git {git["commit"][:12]}' + (" (dirty)" if git.get("dirty") else "")) if git else "no git commit",
+        "command": m.get("command", ""),
+    }
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items())
+    return f'<table class="facts">{rows}</table>'
+
+
+def _figures(d: Path, m: dict[str, Any]) -> list[Path]:
+    listed = [d / f for f in m.get("figures") or [] if str(f).endswith(".png")]
+    found = sorted(p for p in d.glob("*.png") if p not in listed)
+    return [p for p in listed if p.is_file()] + found
+
+
+def _figure(out: Path, png: Path, embed: bool) -> str:
+    rel = png.relative_to(out).as_posix()
+    if embed:
+        src = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+    else:
+        src = html.escape(rel)
+    pdf = png.with_suffix(".pdf")
+    link = f' · <a href="{html.escape(pdf.relative_to(out).as_posix())}">PDF</a>' if pdf.is_file() else ""
+    return (
+        f'<figure><img src="{src}" alt="{html.escape(png.stem)}">'
+        f"<figcaption>{html.escape(rel)}{link}</figcaption></figure>"
+    )
+
+
+def _tables(out: Path, d: Path, m: dict[str, Any]) -> str:
+    parts = []
+    for name in m.get("summary_tables") or []:
+        path = _table_path(d, name)
+        if path is None:
+            parts.append(f'<p class="muted">summary table {html.escape(name)} not found</p>')
+            continue
+        parts.append(_table_block(out, path, MAX_TABLE_ROWS))
+    results = _table_path(d, RESULTS)
+    if results is not None:
+        parts.append(_table_block(out, results, RESULTS_PREVIEW_ROWS, heading="results (main long table)"))
+    return ("<h3>Tables</h3>" + "\n".join(parts)) if parts else ""
+
+
+def _table_block(out: Path, path: Path, max_rows: int, heading: str | None = None) -> str:
+    df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    csv = path.with_suffix(".csv")
+    link_target = csv if csv.is_file() else path
+    shown = df.head(max_rows)
+    more = (
+        f'<p class="muted">first {max_rows} of {len(df)} rows; full table: '
+        f'<a href="{html.escape(link_target.relative_to(out).as_posix())}">{html.escape(link_target.name)}</a></p>'
+        if len(df) > max_rows
+        else f'<p class="muted">{len(df)} rows · <a href="{html.escape(link_target.relative_to(out).as_posix())}">'
+        f"{html.escape(link_target.name)}</a></p>"
+    )
+    table = shown.to_html(index=False, escape=True, float_format=_fmt_float, border=0, classes="data", na_rep="")
+    return f"<h4>{html.escape(heading or path.stem)}</h4>{table}{more}"
+
+
+def _capture_section(out: Path, d: Path) -> str:
+    index = io.read_json(d / "index.json")
+    hooks = [{"hook": html.escape(n), "row shape": html.escape(str(h.get("row_shape"))),
+              "dtype": html.escape(str(h.get("dtype")))} for n, h in index.get("hooks", {}).items()]  # fmt: skip
+    summary = (
+        f'{index.get("n_rows", "?")} rows from {index.get("n_sentences", "?")} sentences in '
+        f'{len(index.get("shards", []))} shards ({index.get("n_truncated", 0)} sentences truncated)'
+    )
+    return (
+        f'<section id="{_anchor(d)}"><h2>capture: {html.escape(d.relative_to(out).as_posix())}</h2>'
+        f"<p>{html.escape(summary)}</p>{_html_rows(hooks)}"
+        f"<details><summary>index.json</summary><pre>{html.escape(json.dumps(index, indent=2))}</pre></details>"
+        "</section>"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _experiment_dirs(out: Path) -> list[Path]:
+    dirs = [p.parent for p in out.glob(f"*/{MANIFEST}")]
+    order = {name: i for i, name in enumerate(EXPERIMENTS)}
+    return sorted(dirs, key=lambda d: (order.get(_manifest(d).get("experiment"), len(order)), d.name))
+
+
+def _manifest(d: Path) -> dict[str, Any]:
+    try:
+        return io.read_json(d / MANIFEST)
+    except (OSError, ValueError) as e:
+        return {"experiment": d.name, "status": "unreadable manifest", "error": str(e)}
+
+
+def _is_capture(path: Path) -> bool:
+    try:
+        return str(io.read_json(path).get("format", "")).startswith("bertscope-capture")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _table_path(d: Path, name: str) -> Path | None:
+    base = d / name
+    candidates = [base] if base.suffix in (".csv", ".parquet") else []
+    candidates += [base.with_name(base.name + ".parquet"), base.with_name(base.name + ".csv")]
+    for p in candidates:
+        if p.is_file() and STEPS not in p.relative_to(d).parts:
+            return p
+    return None
+
+
+def _html_rows(rows: list[dict[str, str]]) -> str:
+    """A table from already-escaped cell strings."""
+    if not rows:
+        return ""
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _toc(experiments: list[Path], captures: list[Path]) -> str:
+    links = ['<a href="#overview">overview</a>']
+    links += [f'<a href="#{_anchor(d)}">{html.escape(_manifest(d).get("experiment", d.name))}</a>' for d in experiments]
+    links += [f'<a href="#{_anchor(d)}">capture {html.escape(d.name)}</a>' for d in captures]
+    return " · ".join(links)
+
+
+def _anchor(d: Path) -> str:
+    return "x-" + "".join(c if c.isalnum() else "-" for c in d.name)
+
+
+def _badge(status: str) -> str:
+    kind = {"complete": "ok", "running": "warn", "interrupted": "warn"}.get(status, "bad")
+    return f'<span class="badge {kind}">{html.escape(status)}</span>'
+
+
+def _short_source(source: str) -> str:
+    return source if len(source) <= 48 else "…" + source[-47:]
+
+
+def _fmt_number(x: Any) -> str:
+    if x is None:
+        return "?"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:,.1f}"
+    return str(x)
+
+
+def _fmt_float(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _compact(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v)
+    return text if len(text) <= 300 else text[:297] + "…"
+
+
+_CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 1em 2em; color: #1b1b1b; }
+h1 { margin-bottom: .2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+nav { margin: .5em 0 1.5em; } .muted { color: #666; font-size: 90%; }
+table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
+table.data th, table.data td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+table.data th { background: #f3f3f3; } table.data td:first-child { text-align: left; }
+table.facts th { text-align: left; padding: 2px 12px 2px 0; color: #444; font-weight: 600; vertical-align: top; }
+table.facts td { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 12px; }
+pre { background: #f7f7f7; padding: .8em; overflow: auto; max-height: 40em; font-size: 12px; }
+.badge { font-size: 12px; padding: 1px 8px; border-radius: 8px; vertical-align: middle; }
+.ok { background: #d7f5dd; color: #13621f; } .warn { background: #fff1c2; color: #7a5a00; }
+.bad { background: #fbd5d5; color: #8a1111; }
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{css}</style>
+</head>
+<body>
+<h1>{title}</h1>
+<p class="muted">generated {generated} by <code>bertscope report</code></p>
+<nav>{toc}</nav>
+{body}
+</body>
+</html>
+"""

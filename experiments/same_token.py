@@ -1,0 +1,393 @@
+"""Experiment ``same-token``: does attention favour identical tokens, raw and learned?
+
+The tutorials claim that plain scaled dot-product attention with Q = K = V = the embeddings puts very large
+weight on identical tokens, and that learned projections exist to escape this. This experiment measures:
+
+1. **raw attention** ``softmax(X X^T / sqrt(d_model))`` with X = the word embeddings alone
+   (``embed.hook_word``), the embedding output (``embed.hook_out``) and every layer's
+   ``blocks.L.hook_resid_post``: self mass, duplicate mass, argmax-is-self-or-copy rate, logit gap;
+2. **every learned head** from ``blocks.L.attn.hook_pattern``: self, duplicate (both directions and
+   earlier-only), previous/next mass and the special-token lines, against uniform and offset-matched nulls,
+   plain and norm-weighted (Kobayashi et al. 2020: ``||A[i, j] f_h(x_j)||`` with ``f_h(x) = (x W_V[h] +
+   b_V[h]) W_O[h]``, i.e. ``hook_v`` times ``W_O[h]``; the head's share of the value bias is included, the
+   output bias ``b_O`` is not, since it is shared by all heads and every row of A sums to 1);
+3. on the chosen corpus (natural repetition) and on ``repeated-random`` (random tokens repeated at offset m);
+4. a context-free **weight view**: for a seeded sample of vocabulary tokens, how often a head's
+   ``(x W_Q + b_Q)(x W_K + b_K)^T`` ranks a token's own key first (x = the embedding output of the token
+   alone with the position embedding replaced by its mean; exact input for layer 0 of a post-LN model,
+   a direct-path approximation for later layers).
+
+Metric definitions and nulls: :mod:`experiments.same_token_metrics`. Tables: ``results`` (long: model,
+corpus, source ``raw|head``, site, layer, head, weighting, metric, value, ci_low, ci_high, null, null_kind,
+ratio, ...; raw rows have ``head = -1`` and ``layer = -1`` for the embedding sites, else the layer whose
+``hook_resid_post`` was used) and ``example_maps`` (attention maps of a repeated sentence for the figures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+import torch
+from einops import rearrange
+
+from experiments.same_token_metrics import (
+    Positions,
+    Tallies,
+    attention_masses,
+    logit_metrics,
+    norm_weighted,
+    raw_attention,
+    summarize,
+    tally,
+)
+from experiments.same_token_plots import plot
+
+NAME = "same-token"
+DIRNAME = "same_token"
+SUMMARY_TABLES = ["summary"]
+__all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "run", "plot", "measure", "weight_view", "example_maps"]
+
+MAX_SENTENCES = 200  # per corpus, when --max-sentences is not given (keeps the default run under a minute)
+N_BOOT = 1000
+VOCAB_SAMPLE = 2000
+EXAMPLE_MAX_TOKENS = 40
+RANDOM_CORPUS = "repeated-random"
+
+
+def run(ctx: Any) -> pd.DataFrame:
+    """The framework entry point: measure every source on both corpora plus the weight view; write
+    ``example_maps`` and ``summary``; return the long results table."""
+    from experiments.common import load_corpus_spec
+
+    model, options = ctx.model, ctx.options
+    cap = options.max_sentences or MAX_SENTENCES
+    corpora = [ctx.corpus if options.max_sentences else ctx.corpus[:cap]]
+    if ctx.corpus.name != RANDOM_CORPUS:
+        corpora.append(load_corpus_spec(RANDOM_CORPUS, model.tokenizer, cap, ctx.seed))
+    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
+    ctx.note("n_boot", N_BOOT)
+    ctx.note("vocab_sample", VOCAB_SAMPLE)
+    ctx.note("repeated_random_meta", dict(corpora[-1].meta) if corpora[-1].name == RANDOM_CORPUS else None)
+
+    tables, encodings = [], {}
+    for corpus in corpora:
+        encoded = encodings[corpus.name] = ctx.encode(corpus)
+        tables.append(
+            ctx.step(
+                f"measure_{corpus.name}",
+                lambda corpus=corpus, encoded=encoded: measure(
+                    model,
+                    encoded,
+                    corpus=corpus.name,
+                    n_boot=N_BOOT,
+                    seed=ctx.seed,
+                    progress=lambda it, n, c=corpus.name: ctx.progress(it, f"{c}", total=n),
+                ),
+            )
+        )
+    tables.append(ctx.step("weights", lambda: weight_view(model, n_tokens=VOCAB_SAMPLE, seed=ctx.seed)))
+    results = pd.concat(tables, ignore_index=True)
+    results.insert(0, "model", str(model.source))
+
+    maps = ctx.step("example_maps", lambda: example_maps(model, corpora, results, max_tokens=EXAMPLE_MAX_TOKENS))
+    ctx.write_table(maps, "example_maps")
+    ctx.write_table(summary_table(results), "summary")
+    return results
+
+
+def measure(
+    model: Any,
+    encoded: Iterable[Any],
+    *,
+    corpus: str,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+) -> pd.DataFrame:
+    """Raw attention at every site and every learned head (plain and norm-weighted) on one encoded corpus.
+
+    encoded: the batches of ``corpus.encode`` (each with input_ids, attention_mask, token_type_ids,
+    special_mask [batch, pos]). Returns the long table for this corpus (no ``model`` column).
+    """
+    batches = list(encoded)
+    if not batches:
+        raise ValueError(f"corpus {corpus!r} encoded to no batches; give it at least one sentence")
+    cfg = model.config
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    tok = model.tokenizer
+    special_ids = {"cls": tok.cls_token_id, "sep": tok.sep_token_id}
+    raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
+    names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
+    # ||v W_O[h]||^2 = v (W_O[h] W_O[h]^T) v^T: a [d_head, d_head] Gram matrix per head instead of d_model.
+    grams = [torch.einsum("hdm,hem->hde", b.attn.W_O, b.attn.W_O).float() for b in model.blocks]
+    max_length = max(b.input_ids.shape[1] for b in batches)
+    device = model.device
+
+    raw_parts: dict[str, list[Tallies]] = {site: [] for site in raw_sites}
+    head_parts: dict[str, list[Tallies]] = {"attention": [], "norm": []}
+    iterator = progress(batches, len(batches)) if progress is not None else batches
+    with torch.no_grad():
+        for batch in iterator:
+            ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+            _, cache = model.run_with_cache(
+                ids, attention_mask=mask, token_type_ids=batch.token_type_ids.to(device), names_filter=names
+            )
+            pos = Positions.from_batch(ids, mask, batch.special_mask.to(device), special_ids)
+            for site in raw_sites:
+                logits, pattern = raw_attention(cache[site].float(), mask)
+                per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
+                raw_parts[site].append(tally(per_query, pattern[:, None], pos, max_length))
+            pattern = rearrange(
+                torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)]).float(),
+                "layer b h q k -> b (layer h) q k",
+            )
+            norms = torch.stack(
+                [
+                    torch.einsum("bphd,hde,bphe->bhp", v, g, v).clamp(min=0).sqrt()
+                    for v, g in ((cache[f"blocks.{i}.attn.hook_v"].float(), grams[i]) for i in range(n_layers))
+                ]
+            )
+            norms = rearrange(norms, "layer b h k -> b (layer h) k")
+            head_parts["attention"].append(tally(attention_masses(pattern, pos), pattern, pos, max_length))
+            weighted = norm_weighted(pattern, norms)
+            head_parts["norm"].append(tally(attention_masses(weighted, pos), weighted, pos, max_length))
+
+    frames = []
+    for site, parts in raw_parts.items():
+        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed)
+        layer = int(site.split(".")[1]) if site.startswith("blocks.") else -1
+        frames.append(_label(t, source="raw", site=site, layer=layer, head=-1, weighting="attention"))
+    for weighting, parts in head_parts.items():
+        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed)
+        layer, head = t["head"] // n_heads, t["head"] % n_heads
+        site = "blocks." + layer.astype(str) + ".attn.hook_pattern"
+        frames.append(_label(t, source="head", site=site, layer=layer, head=head, weighting=weighting))
+    out = pd.concat(frames, ignore_index=True)
+    out.insert(0, "corpus", corpus)
+    return out
+
+
+def weight_view(
+    model: Any,
+    *,
+    n_tokens: int = VOCAB_SAMPLE,
+    seed: int = 0,
+    n_boot: int = N_BOOT,
+    token_ids: list[int] | None = None,
+) -> pd.DataFrame:
+    """Context-free self-preference: for a seeded sample of ``n_tokens`` vocabulary tokens (specials and
+    ``[unused*]`` excluded; or exactly ``token_ids``), does a token's query score its own key above every
+    other sampled key?
+
+    Metrics per head (source ``head``, site ``blocks.L.attn.W_QK``): ``qk_self_top1`` (share of tokens whose
+    own key scores highest; null ``1/n_tokens``) and ``qk_self_percentile`` (share of other keys scoring
+    below the own key; null 0.5); the same for raw attention ``x x^T`` on the word embeddings and on the
+    embedding output (source ``raw``). Bootstrap CIs over the sampled tokens. Corpus ``vocab-sample``.
+    """
+    if token_ids is None:
+        tok = model.tokenizer
+        special = set(tok.all_special_ids)
+        vocab = tok.get_vocab().items()
+        candidates = sorted(i for t, i in vocab if i not in special and not t.startswith("[unused"))
+        if len(candidates) < n_tokens:
+            raise ValueError(f"the vocabulary has {len(candidates)} ordinary tokens; ask for n_tokens <= that")
+        pick = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed))[:n_tokens]
+        token_ids = torch.tensor(candidates)[pick.sort().values].tolist()
+    n_tokens = len(token_ids)
+    if n_tokens < 2 or len(set(token_ids)) != n_tokens:
+        raise ValueError(f"token_ids must hold at least 2 distinct ids; got {n_tokens}, {len(set(token_ids))} distinct")
+    ids = torch.tensor(token_ids)[:, None].to(model.device)  # each token alone: [n_tokens, 1]
+    mean_pos = model.W_pos[1 : min(model.config.max_positions, 128)].mean(0)
+
+    def mean_position(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        return mean_pos.to(x.dtype).expand_as(x)
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            ids,
+            names_filter=["embed.hook_word", "embed.hook_out"],
+            fwd_hooks=[("embed.hook_pos", mean_position)],
+            stop_at_layer=0,
+        )
+        word, x = cache["embed.hook_word"][:, 0].float(), cache["embed.hook_out"][:, 0].float()
+        per_token = {("raw", "embed.hook_word", -1, -1): _self_preference(word, word)}
+        per_token[("raw", "embed.hook_out", -1, -1)] = _self_preference(x, x)
+        for layer, block in enumerate(model.blocks):
+            attn = block.attn
+            q = torch.einsum("nm,hmd->hnd", x, attn.W_Q.float()) + attn.b_Q.float()[:, None]
+            k = torch.einsum("nm,hmd->hnd", x, attn.W_K.float()) + attn.b_K.float()[:, None]
+            for head in range(model.config.n_heads):
+                per_token[("head", f"blocks.{layer}.attn.W_QK", layer, head)] = _self_preference(q[head], k[head])
+
+    rows = []
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(0, n_tokens, (n_boot, n_tokens), generator=generator)
+    for (source, site, layer, head), (top1, percentile) in per_token.items():
+        for metric, values, null in (("qk_self_top1", top1, 1 / n_tokens), ("qk_self_percentile", percentile, 0.5)):
+            boot = values[draws].mean(-1)
+            value = float(values.mean())
+            rows.append(
+                {
+                    "corpus": "vocab-sample",
+                    "source": source,
+                    "site": site,
+                    "layer": layer,
+                    "head": head,
+                    "weighting": "weights",
+                    "metric": metric,
+                    "value": value,
+                    "ci_low": float(boot.quantile(0.025)),
+                    "ci_high": float(boot.quantile(0.975)),
+                    "null": null,
+                    "null_kind": "uniform",
+                    "ratio": value / null,
+                    "ratio_ci_low": float(boot.quantile(0.025)) / null,
+                    "ratio_ci_high": float(boot.quantile(0.975)) / null,
+                    "null_uniform": null,
+                    "ratio_uniform": value / null,
+                    "n_queries": n_tokens,
+                    "n_sentences": 0,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_tokens: int = 40) -> pd.DataFrame:
+    """Attention maps of one repeated sentence per corpus, for the figures.
+
+    The sentence is the one with the most repeated tokens among those of at most ``max_tokens`` tokens.
+    Panels: raw attention on the word embeddings, the embedding output and the last layer; the three heads
+    with the largest duplicate ratio on that corpus and the head with the largest self ratio. Long table:
+    corpus, sentence_id, panel, source, site, layer, head, query, key, query_token, key_token, weight.
+    """
+    from experiments.corpus import Corpus, encode
+
+    tok = model.tokenizer
+    n_layers = model.config.n_layers
+    frames = []
+    for corpus in corpora:
+        sentence, ids = _most_repetitive(corpus, tok, max_tokens)
+        if sentence is None:
+            continue
+        batch = next(iter(encode(Corpus(corpus.name, corpus.source, [sentence]), tok, max_length=max_tokens + 2)))
+        panels = _example_panels(results[results.corpus == corpus.name], n_layers)
+        names = [p["site"] for p in panels]
+        with torch.no_grad():
+            _, cache = model.run_with_cache(
+                batch.input_ids.to(model.device),
+                attention_mask=batch.attention_mask.to(model.device),
+                token_type_ids=batch.token_type_ids.to(model.device),
+                names_filter=sorted(set(names)),
+            )
+        tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
+        n = len(tokens)
+        for panel in panels:
+            if panel["source"] == "raw":
+                _, pattern = raw_attention(cache[panel["site"]].float(), batch.attention_mask.to(model.device))
+                grid = pattern[0]
+            else:
+                grid = cache[panel["site"]][0, panel["head"]].float()
+            q, k = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "corpus": corpus.name,
+                        "sentence_id": sentence.id,
+                        **panel,
+                        "query": q.reshape(-1).numpy(),
+                        "key": k.reshape(-1).numpy(),
+                        "query_token": [tokens[i] for i in q.reshape(-1).tolist()],
+                        "key_token": [tokens[j] for j in k.reshape(-1).tolist()],
+                        "weight": grid.cpu().reshape(-1).numpy(),
+                    }
+                )
+            )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def summary_table(results: pd.DataFrame) -> pd.DataFrame:
+    """The headline numbers: raw self/duplicate mass per site and corpus; for learned heads the median
+    and max over heads of self and duplicate mass, and the five largest duplicate ratios."""
+    keep = ["self", "duplicate", "argmax_self_or_copy", "logit_gap", "qk_self_top1"]
+    raw = results[(results.source == "raw") & results.metric.isin(keep)]
+    raw = raw[["corpus", "site", "metric", "value", "ci_low", "ci_high", "ratio"]].assign(stat="raw")
+    heads = results[(results.source == "head") & results.metric.isin(keep)]
+    spread = (
+        heads.groupby(["corpus", "weighting", "metric"])["value"]
+        .describe(percentiles=[0.5])[["min", "50%", "max"]]
+        .reset_index()
+        .melt(id_vars=["corpus", "weighting", "metric"], var_name="stat", value_name="value")
+        .assign(stat=lambda d: "heads " + d["stat"].replace({"50%": "median"}))
+    )
+    dup = heads[heads.metric == "duplicate"].dropna(subset=["ratio"])
+    top = (
+        dup.sort_values("ratio", ascending=False)
+        .groupby(["corpus", "weighting"])
+        .head(5)[["corpus", "weighting", "metric", "layer", "head", "value", "ratio", "ratio_ci_low", "null"]]
+        .assign(stat="top duplicate ratio")
+    )
+    return pd.concat([raw, spread, top], ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _label(t: pd.DataFrame, **columns: Any) -> pd.DataFrame:
+    """Put the identifying columns first, in the results' order."""
+    t = t.drop(columns="head")
+    ident = pd.DataFrame({k: v for k, v in columns.items()}, index=t.index)
+    return pd.concat([ident, t], axis=1)
+
+
+def _self_preference(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [token, d]: per token, whether its own key scores highest (ties count) and the share of
+    other keys scoring strictly below it -> (top1 [token], percentile [token]) as float64."""
+    scores = (q @ k.T).double()
+    own = scores.diagonal()[:, None]
+    others = ~torch.eye(len(q), dtype=torch.bool, device=q.device)
+    above = ((scores > own) & others).sum(-1)
+    below = ((scores < own) & others).sum(-1)
+    return (above == 0).double().cpu(), (below.double() / (len(q) - 1)).cpu()
+
+
+def _most_repetitive(corpus: Any, tok: Any, max_tokens: int) -> tuple[Any, list[int]]:
+    best, best_ids, best_count = None, [], 0
+    for sentence in corpus:
+        ids = tok(list(sentence.words), is_split_into_words=True, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_tokens:
+            continue
+        repeats = len(ids) - len(set(ids))
+        if repeats > best_count:
+            best, best_ids, best_count = sentence, ids, repeats
+    return best, best_ids
+
+
+def _example_panels(results: pd.DataFrame, n_layers: int) -> list[dict[str, Any]]:
+    panels = [
+        {"panel": "raw: word embeddings", "source": "raw", "site": "embed.hook_word", "layer": -1, "head": -1},
+        {"panel": "raw: embedding output", "source": "raw", "site": "embed.hook_out", "layer": -1, "head": -1},
+        {
+            "panel": f"raw: layer {n_layers - 1} output",
+            "source": "raw",
+            "site": f"blocks.{n_layers - 1}.hook_resid_post",
+            "layer": n_layers - 1,
+            "head": -1,
+        },
+    ]
+    heads = results[(results.source == "head") & (results.weighting == "attention")]
+    for metric, n in (("duplicate", 3), ("self", 1)):
+        rows = heads[heads.metric == metric]
+        rows = rows.assign(key=rows["ratio"].fillna(rows["ratio_uniform"])).sort_values("key", ascending=False)
+        for r in rows.head(n).itertuples():
+            panels.append(
+                {
+                    "panel": f"L{r.layer}H{r.head}: {metric} ratio {r.key:.1f}",
+                    "source": "head",
+                    "site": f"blocks.{r.layer}.attn.hook_pattern",
+                    "layer": int(r.layer),
+                    "head": int(r.head),
+                }
+            )
+    return panels

@@ -1,0 +1,171 @@
+"""Figures of the same-token experiment, drawn from the saved tables only (``results`` and ``example_maps``).
+
+- ``heatmaps_<corpus>``: layer x head maps of self mass, duplicate mass and the duplicate observed/null
+  ratios (primary and uniform), plain attention and norm-weighted;
+- ``raw_vs_learned``: raw attention on each layer's input against the spread of that layer's heads;
+- ``weights_self_preference``: the context-free W_QK self-preference per head;
+- ``example_maps_<corpus>``: attention maps of one repeated sentence (raw and the top heads).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import io
+
+
+def plot(out_dir: Path) -> list[Path]:
+    """Redraw every figure from ``out_dir/results.parquet`` (and ``example_maps.parquet`` if present)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out_dir = Path(out_dir)
+    results = pd.read_parquet(out_dir / "results.parquet")
+    paths: list[Path] = []
+    heads = results[results.source == "head"]
+    for corpus in sorted(heads.loc[heads.weighting != "weights", "corpus"].unique()):
+        paths += io.save_figure(heatmaps(results, corpus), out_dir / f"heatmaps_{_slug(corpus)}")
+    paths += io.save_figure(raw_vs_learned(results), out_dir / "raw_vs_learned")
+    if (results.weighting == "weights").any():
+        paths += io.save_figure(weight_heatmaps(results), out_dir / "weights_self_preference")
+    maps_path = out_dir / "example_maps.parquet"
+    if maps_path.is_file():
+        maps = pd.read_parquet(maps_path)
+        for corpus in sorted(maps.corpus.unique()) if len(maps) else []:
+            figure = example_figure(maps[maps.corpus == corpus])
+            paths += io.save_figure(figure, out_dir / f"example_maps_{_slug(corpus)}")
+    return paths
+
+
+def heatmaps(results: pd.DataFrame, corpus: str):  # noqa: ANN201 - matplotlib Figure
+    """Rows: attention / norm-weighted; columns: self, duplicate, duplicate/primary null, duplicate/uniform."""
+    import matplotlib.pyplot as plt
+
+    heads = results[(results.source == "head") & (results.corpus == corpus)]
+    weightings = [w for w in ("attention", "norm") if (heads.weighting == w).any()]
+    panels = [
+        ("self", "value", "self mass"),
+        ("duplicate", "value", "duplicate mass"),
+        ("duplicate", "ratio", "duplicate / {kind} null"),
+        ("duplicate", "ratio_uniform", "duplicate / uniform null"),
+    ]
+    fig, axes = plt.subplots(len(weightings), len(panels), figsize=(4.2 * len(panels), 3.4 * len(weightings)),
+                             squeeze=False, constrained_layout=True)
+    for r, weighting in enumerate(weightings):
+        for c, (metric, column, title) in enumerate(panels):
+            rows = heads[(heads.weighting == weighting) & (heads.metric == metric)]
+            grid = rows.pivot(index="layer", columns="head", values=column).sort_index()
+            ax = axes[r, c]
+            if column.startswith("ratio"):
+                data = np.log2(grid.to_numpy(dtype=float))
+                span = np.nanmax(np.abs(data)) if np.isfinite(data).any() else 1.0
+                im = ax.imshow(data, cmap="RdBu_r", vmin=-span, vmax=span, aspect="auto")
+                fig.colorbar(im, ax=ax, label="log2 ratio")
+                kind = rows.null_kind.iloc[0] if len(rows) else ""
+                title = title.format(kind=kind)
+            else:
+                im = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", vmin=0, aspect="auto")
+                fig.colorbar(im, ax=ax)
+            ax.set_title(f"{title}\n({weighting})", fontsize=9)
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_xticks(range(grid.shape[1]))
+            ax.set_yticks(range(grid.shape[0]), grid.index)
+    n = heads.n_sentences.max() if len(heads) else 0
+    fig.suptitle(f"same-token attention per head, corpus {corpus} ({n} sentences)")
+    return fig
+
+
+def raw_vs_learned(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
+    """Self and duplicate mass: raw softmax(X X^T / sqrt(d)) on the input of layer L against the 12 heads of
+    layer L (dots; plain attention weights), per corpus. The word embeddings alone sit at the far left."""
+    import matplotlib.pyplot as plt
+
+    data = results[results.weighting != "weights"]
+    corpora = sorted(data.corpus.unique())
+    metrics = ["self", "duplicate"]
+    fig, axes = plt.subplots(len(metrics), len(corpora), figsize=(5.5 * len(corpora), 7), squeeze=False,
+                             constrained_layout=True)
+    n_layers = int(data.loc[data.source == "head", "layer"].max()) + 1 if (data.source == "head").any() else 0
+    # x = 0: word embeddings; x = L + 1: input of layer L (embedding output for L = 0, else resid_post L - 1)
+    raw_x = {"embed.hook_word": 0, "embed.hook_out": 1}
+    raw_x.update({f"blocks.{i}.hook_resid_post": i + 2 for i in range(n_layers)})
+    labels = ["word emb", *(f"in L{i}" for i in range(n_layers)), f"out L{n_layers - 1}"]
+    for c, corpus in enumerate(corpora):
+        for r, metric in enumerate(metrics):
+            ax = axes[r, c]
+            raw = data[(data.source == "raw") & (data.corpus == corpus) & (data.metric == metric)]
+            raw = raw.assign(x=raw.site.map(raw_x)).dropna(subset=["x"]).sort_values("x")
+            ax.errorbar(raw.x, raw.value, yerr=[raw.value - raw.ci_low, raw.ci_high - raw.value], fmt="o-",
+                        color="black", label="raw X X^T attention", zorder=3)
+            heads = data[(data.source == "head") & (data.corpus == corpus) & (data.metric == metric)
+                         & (data.weighting == "attention")]
+            jitter = (heads["head"] - heads["head"].mean()) / (4 * max(heads["head"].max(), 1))
+            ax.scatter(heads.layer + 1 + jitter, heads.value, s=12, alpha=0.6, color="tab:blue",
+                       label="learned heads of layer L")
+            null = heads.groupby("layer")["null_uniform"].mean()
+            ax.plot(null.index + 1, null.values, "--", color="gray", label="uniform null")
+            ax.set_xticks(range(len(labels)), labels, rotation=45)
+            ax.set_ylim(0, 1)
+            ax.set_ylabel(f"{metric} mass")
+            ax.set_title(f"{metric} mass, corpus {corpus}", fontsize=10)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle("raw dot-product attention vs learned heads")
+    return fig
+
+
+def weight_heatmaps(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
+    """Per head, share of sampled tokens whose own key scores highest under W_QK, and the mean percentile."""
+    import matplotlib.pyplot as plt
+
+    data = results[results.weighting == "weights"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    for ax, metric in zip(axes, ("qk_self_top1", "qk_self_percentile"), strict=True):
+        rows = data[(data.source == "head") & (data.metric == metric)]
+        grid = rows.pivot(index="layer", columns="head", values="value").sort_index()
+        im = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        fig.colorbar(im, ax=ax)
+        raw = data[(data.source == "raw") & (data.metric == metric)].set_index("site")["value"]
+        raw_text = ", ".join(f"{s.split('.')[-1]} {v:.2f}" for s, v in raw.items())
+        ax.set_title(f"{metric} (null {rows.null.iloc[0]:.3g})\nraw x x^T: {raw_text}", fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]), grid.index)
+    n = int(data.n_queries.max())
+    fig.suptitle(f"context-free self-preference of W_QK over {n} sampled vocabulary tokens")
+    return fig
+
+
+def example_figure(maps: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
+    """One panel per saved attention map of the example sentence."""
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(maps.panel))
+    cols = min(4, len(panels))
+    rows = int(np.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.6 * rows), squeeze=False, constrained_layout=True)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        m = maps[maps.panel == panel]
+        grid = m.pivot(index="query", columns="key", values="weight").sort_index()
+        tokens = m.drop_duplicates("key").sort_values("key").key_token.tolist()
+        ax.imshow(grid.to_numpy(dtype=float), cmap="magma", vmin=0, aspect="equal")
+        ax.set_title(panel, fontsize=9)
+        ticks = range(0, len(tokens), max(1, len(tokens) // 20))
+        ax.set_xticks(list(ticks), [tokens[i] for i in ticks], rotation=90, fontsize=6)
+        ax.set_yticks(list(ticks), [tokens[i] for i in ticks], fontsize=6)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"attention on a repeated sentence ({maps.corpus.iloc[0]}: {maps.sentence_id.iloc[0]})")
+    return fig
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")

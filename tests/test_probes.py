@@ -1,0 +1,379 @@
+"""Known-answer tests for probes/: the estimator, grouped evaluation, controls, MDL and bad input.
+
+Every dataset is planted: labels that a linear map must recover, labels independent of X, leakage that only
+a token split can exploit, controls that only memorisation can learn.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import spearmanr
+from sklearn.base import clone, is_classifier, is_regressor
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.metrics import f1_score, mean_absolute_error, r2_score
+from sklearn.model_selection import GridSearchCV, GroupKFold, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from probes import (
+    LinearProbe,
+    control_labels,
+    evaluate,
+    grouped_cross_val_predict,
+    grouped_folds,
+    mdl_probe,
+    selectivity,
+)
+from probes.metrics import GroupScorer, bootstrap_counts, chance_baseline
+
+BACKENDS = ["sklearn", "torch"]
+
+
+def grouped_data(seed: int, n_groups: int = 120, per_group: int = 8, d: int = 16):
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(n_groups), per_group)
+    X = rng.normal(size=(n_groups * per_group, d))
+    return rng, X, groups
+
+
+def planted_classes(rng: np.random.Generator, X: np.ndarray, n_classes: int, noise: float) -> np.ndarray:
+    W = rng.normal(size=(n_classes, X.shape[1]))
+    return np.argmax(X @ W.T + noise * rng.gumbel(size=(len(X), n_classes)), axis=1)
+
+
+def row(table: pd.DataFrame, metric: str, labels: str = "task") -> pd.Series:
+    hit = table[(table.metric == metric) & (table.labels == labels)]
+    assert len(hit) == 1, (metric, labels)
+    return hit.iloc[0]
+
+
+# -- estimator ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linearly_separable_labels_reach_099(backend):
+    rng, X, groups = grouped_data(0)
+    scores = X @ rng.normal(size=(16, 4))
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    keep = top2[:, 1] - top2[:, 0] > 0.5  # separable with a margin: drop rows near a class boundary
+    X, groups, y = X[keep], groups[keep], np.argmax(scores[keep], axis=1)
+    table = evaluate(X, y, groups, alphas=0.01, n_folds=3, n_boot=100, backend=backend)
+    acc = row(table, "accuracy")
+    assert acc.value >= 0.99
+    assert acc.value > acc.baseline_majority + 0.5
+
+
+@pytest.mark.parametrize("n_classes", [2, 5])
+def test_backends_agree_on_classification(n_classes):
+    rng, X, _ = grouped_data(1, n_groups=300, per_group=6, d=20)
+    X = X * rng.uniform(0.2, 5.0, size=20) + rng.normal(size=20) * 3  # unequal scales and offsets
+    y = planted_classes(rng, X, n_classes, noise=2.0)
+    train, test = slice(0, 1200), slice(1200, None)
+    fits = {b: LinearProbe(alpha=3.0, backend=b).fit(X[train], y[train]) for b in BACKENDS}
+    acc = {b: fits[b].score(X[test], y[test]) for b in BACKENDS}
+    assert abs(acc["sklearn"] - acc["torch"]) <= 0.01
+    assert acc["sklearn"] > 1.5 / n_classes  # the task is learnable, so agreement is not trivial
+    p_sk, p_t = fits["sklearn"].predict_proba(X[test]), fits["torch"].predict_proba(X[test])
+    assert p_sk.shape == p_t.shape == (600, n_classes)
+    assert np.abs(p_sk - p_t).max() < 0.02
+    assert fits["torch"].coef_.shape == fits["sklearn"].coef_.shape == (1 if n_classes == 2 else n_classes, 20)
+
+
+def test_backends_agree_on_regression():
+    rng, X, _ = grouped_data(2, n_groups=200, per_group=5, d=12)
+    y = X @ rng.normal(size=12) + rng.normal(size=len(X)) * 2.0
+    for alpha in (0.0, 10.0, 1000.0):
+        sk = LinearProbe("regression", alpha=alpha).fit(X[:700], y[:700])
+        tt = LinearProbe("regression", alpha=alpha, backend="torch").fit(X[:700], y[:700])
+        assert abs(sk.score(X[700:], y[700:]) - tt.score(X[700:], y[700:])) < 0.01
+        np.testing.assert_allclose(tt.coef_, sk.coef_, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_alpha_is_inverse_of_sklearn_C(backend):
+    rng, X, _ = grouped_data(3, n_groups=100, per_group=5, d=10)
+    X = X * rng.uniform(0.5, 3.0, size=10) + 2.0
+    y = planted_classes(rng, X, 3, noise=1.0)
+    reference = make_pipeline(StandardScaler(), LogisticRegression(C=1 / 5.0, tol=1e-8, max_iter=5000)).fit(X, y)
+    probe = LinearProbe(alpha=5.0, backend=backend, tol=1e-6).fit(X, y)
+    np.testing.assert_allclose(probe.decision_function(X), reference.decision_function(X), atol=2e-3)
+    ridge = make_pipeline(StandardScaler(), Ridge(alpha=5.0)).fit(X, X[:, 0] + y)
+    rprobe = LinearProbe("regression", alpha=5.0, backend=backend).fit(X, X[:, 0] + y)
+    np.testing.assert_allclose(rprobe.predict(X), ridge.predict(X), atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_coef_is_in_input_space_and_tensor_input(backend):
+    rng, X, _ = grouped_data(4, n_groups=60, per_group=5, d=8)
+    X = X * 4.0 + 1.0
+    y = np.array(["noun", "verb", "adj"])[planted_classes(rng, X, 3, noise=1.0)]
+    probe = LinearProbe(alpha=1.0, backend=backend).fit(X, y)
+    np.testing.assert_allclose(probe.decision_function(X), X @ probe.coef_.T + probe.intercept_, atol=1e-4)
+    assert set(probe.predict(X)) <= set(probe.classes_)
+    np.testing.assert_allclose(probe.predict_proba(X).sum(1), 1.0, atol=1e-9)
+    if backend == "torch":
+        from_tensor = LinearProbe(alpha=1.0, backend="torch").fit(torch.from_numpy(X).float(), y)
+        np.testing.assert_allclose(from_tensor.coef_, probe.coef_, atol=1e-5)
+
+
+def test_works_with_sklearn_model_selection():
+    rng, X, groups = grouped_data(5, n_groups=60, per_group=5, d=8)
+    y = planted_classes(rng, X, 3, noise=0.5)
+    assert is_classifier(LinearProbe()) and is_regressor(LinearProbe("regression"))
+    scores = cross_val_score(LinearProbe(alpha=1.0), X, y, groups=groups, cv=GroupKFold(3))
+    assert scores.min() > 0.7
+    search = GridSearchCV(LinearProbe(), {"alpha": [0.1, 1e6]}, cv=GroupKFold(3)).fit(X, y, groups=groups)
+    assert search.best_params_["alpha"] == 0.1  # alpha = 1e6 shrinks the probe to the majority class
+    twin = clone(LinearProbe(alpha=2.0, backend="torch"))
+    assert twin.get_params()["alpha"] == 2.0 and not hasattr(twin, "coef_")
+
+
+def test_warm_start_reaches_the_same_optimum():
+    rng, X, _ = grouped_data(6, n_groups=100, per_group=5, d=10)
+    y = planted_classes(rng, X, 4, noise=1.0)
+    cold = LinearProbe(alpha=1.0, backend="torch", tol=1e-6).fit(X, y)
+    warm = LinearProbe(alpha=100.0, backend="torch", tol=1e-6, warm_start=True).fit(X, y)
+    warm.set_params(alpha=1.0).fit(X, y)
+    np.testing.assert_allclose(warm.predict_proba(X), cold.predict_proba(X), atol=1e-3)
+
+
+# -- evaluation -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_labels_independent_of_X_stay_at_chance(backend):
+    rng, X, groups = grouped_data(7, n_groups=200, per_group=6)
+    y = rng.integers(0, 4, size=len(X))
+    table = evaluate(X, y, groups, alphas=1.0, n_boot=500, backend=backend)
+    acc = row(table, "accuracy")
+    assert acc.ci_low <= acc.baseline_chance <= acc.ci_high
+    assert abs(acc.value - 0.25) < 0.04 and abs(acc.baseline_chance - 0.25) < 0.01
+    f1 = row(table, "macro_f1")
+    assert f1.ci_low <= f1.baseline_chance <= f1.ci_high
+
+
+def test_interval_covers_chance_in_most_random_datasets():
+    covered = []
+    for seed in range(20):
+        rng, X, groups = grouped_data(100 + seed, n_groups=80, per_group=5, d=6)
+        y = rng.integers(0, 3, size=len(X))
+        acc = row(evaluate(X, y, groups, alphas=10.0, n_folds=4, n_boot=300, seed=seed), "accuracy")
+        covered.append(acc.ci_low <= acc.baseline_chance <= acc.ci_high)
+    assert sum(covered) >= 16  # nominal 95%; fails with probability < 1% if the intervals are honest
+
+
+def test_token_split_leaks_but_grouped_split_does_not():
+    # Each group (sentence) is one random point plus tiny noise, with one random label for the whole group:
+    # a test row's near-duplicates sit in the training split only when the split ignores groups.
+    rng = np.random.default_rng(8)
+    n_groups, per_group, d = 40, 10, 64
+    centers = rng.normal(size=(n_groups, d))
+    groups = np.repeat(np.arange(n_groups), per_group)
+    X = centers[groups] + 0.01 * rng.normal(size=(n_groups * per_group, d))
+    y = rng.integers(0, 2, size=n_groups)[groups]
+    token = row(evaluate(X, y, np.arange(len(X)), alphas=0.01, n_boot=200), "accuracy")
+    grouped = row(evaluate(X, y, groups, alphas=0.01, n_boot=200), "accuracy")
+    assert token.value >= 0.95
+    assert grouped.ci_low <= grouped.baseline_chance <= grouped.ci_high
+    assert grouped.value < 0.7
+
+
+def test_fixed_seed_gives_identical_results():
+    rng, X, groups = grouped_data(9, n_groups=60, per_group=5)
+    y = planted_classes(rng, X, 3, noise=3.0)
+    ctrl = control_labels(rng.integers(0, 30, size=len(X)), y, seed=0)
+    runs = [evaluate(X, y, groups, alphas=[0.1, 10.0], n_boot=200, seed=3, control=ctrl) for _ in range(2)]
+    pd.testing.assert_frame_equal(runs[0], runs[1])
+    other = evaluate(X, y, groups, alphas=[0.1, 10.0], n_boot=200, seed=4, control=ctrl)
+    assert not np.allclose(other.ci_low, runs[0].ci_low)  # the seed really drives folds and resamples
+    assert mdl_probe(X, y, groups, seed=3)["online_codelength"] == mdl_probe(X, y, groups, seed=3)["online_codelength"]
+
+
+def test_metrics_and_bootstrap_match_direct_computation():
+    rng = np.random.default_rng(10)
+    n, n_groups = 900, 90
+    g = rng.integers(0, n_groups, size=n)
+    y = rng.integers(0, 8, size=n)
+    p = np.where(rng.random(n) < 0.6, y, rng.integers(0, 9, size=n))
+    names = ["accuracy", "macro_f1", "accuracy_within_1", "mae", "spearman", "r2"]
+    scorer = GroupScorer(y, p, g, n_groups, names)
+    point = scorer.point()
+    assert point["accuracy"] == pytest.approx(np.mean(y == p))
+    assert point["macro_f1"] == pytest.approx(f1_score(y, p, average="macro"))
+    assert point["accuracy_within_1"] == pytest.approx(np.mean(np.abs(y - p) <= 1))
+    assert point["mae"] == pytest.approx(mean_absolute_error(y, p))
+    assert point["spearman"] == pytest.approx(spearmanr(y, p).statistic)
+    assert point["r2"] == pytest.approx(r2_score(y, p))
+    counts = next(bootstrap_counts(n_groups, 3, seed=0))
+    replicates = scorer(counts)
+    for b in range(3):
+        rows = np.concatenate([np.flatnonzero(g == k) for k in np.repeat(np.arange(n_groups), counts[b])])
+        assert replicates["macro_f1"][b] == pytest.approx(f1_score(y[rows], p[rows], average="macro"))
+        assert replicates["spearman"][b] == pytest.approx(spearmanr(y[rows], p[rows]).statistic)
+        assert replicates["r2"][b] == pytest.approx(r2_score(y[rows], p[rows]))
+
+
+def test_chance_baselines_equal_the_average_over_all_pairs():
+    y = np.random.default_rng(11).integers(0, 6, size=300) ** 2 % 7  # skewed, with gaps
+    diff = y[:, None] - y[None, :]  # every (truth, independent draw) pair
+    assert chance_baseline("accuracy", y) == pytest.approx(np.mean(diff == 0))
+    assert chance_baseline("accuracy_within_2", y) == pytest.approx(np.mean(np.abs(diff) <= 2))
+    assert chance_baseline("mae", y) == pytest.approx(np.mean(np.abs(diff)))
+    assert chance_baseline("r2", y) == pytest.approx(1 - np.mean(diff**2) / np.var(y))
+
+
+def test_regression_and_ordinal_metrics():
+    rng = np.random.default_rng(12)
+    lengths = rng.integers(5, 15, size=80)
+    groups = np.repeat(np.arange(80), lengths)
+    position = np.concatenate([np.arange(k) for k in lengths])
+    X = np.c_[position + 0.3 * rng.normal(size=len(position)), rng.normal(size=(len(position), 5))]
+    reg = evaluate(X, position, groups, task="regression", within_k=1, n_boot=200)
+    assert row(reg, "r2").value > 0.95 and row(reg, "r2").baseline_chance == -1.0
+    assert row(reg, "accuracy_within_1").value > 0.95
+    assert row(reg, "spearman").value > row(reg, "spearman").ci_low > 0.9
+    assert reg.alpha_by_fold.iloc[0].count(";") == 4
+    cls = evaluate(X, position, groups, within_k=[1, 2], alphas=0.1, n_boot=200)
+    assert list(cls.metric) == ["accuracy", "macro_f1", "accuracy_within_1", "accuracy_within_2", "mae", "spearman"]
+    assert row(cls, "accuracy_within_2").value >= row(cls, "accuracy_within_1").value >= row(cls, "accuracy").value
+    assert row(cls, "mae").value < row(cls, "mae").baseline_majority
+
+
+def test_inner_cv_picks_the_alpha_the_data_call_for():
+    rng, X, groups = grouped_data(13, n_groups=60, per_group=5, d=40)
+    noise_only = rng.normal(size=len(X))
+    clean = X @ rng.normal(size=40) + 0.01 * rng.normal(size=len(X))
+    grid = [0.01, 1.0, 100.0, 1e5]
+    for y, expected in ((noise_only, 1e5), (clean, 0.01)):
+        cv = grouped_cross_val_predict(X, y, groups, task="regression", alphas=grid)
+        assert set(cv.alpha_by_fold) == {expected}
+
+
+def test_grouped_folds_keep_groups_whole_and_balanced():
+    rng = np.random.default_rng(14)
+    group_idx = rng.integers(0, 50, size=1000)
+    fold = grouped_folds(group_idx, 50, 5, rng)
+    for gr in range(50):
+        assert len(set(fold[group_idx == gr])) == 1
+    sizes = np.bincount(fold)
+    assert sizes.max() - sizes.min() <= np.bincount(group_idx).max()
+
+
+# -- controls and selectivity ---------------------------------------------------------------------------------
+
+
+def test_control_labels_are_a_fixed_function_of_word_type():
+    rng = np.random.default_rng(15)
+    types = rng.integers(0, 400, size=5000).astype(str)
+    y = rng.choice(["DET", "NOUN", "VERB"], p=[0.6, 0.3, 0.1], size=5000)
+    ctrl = control_labels(types, y, seed=0)
+    for t in np.unique(types)[:50]:
+        assert len(set(ctrl[types == t])) == 1
+    perm = rng.permutation(5000)
+    assert np.array_equal(control_labels(types[perm], y[perm], seed=0), ctrl[perm])  # row order is irrelevant
+    assert not np.array_equal(control_labels(types, y, seed=1), ctrl)
+    per_type = pd.Series(ctrl).groupby(types).first().value_counts(normalize=True)
+    assert per_type["DET"] == pytest.approx(0.6, abs=0.08) and per_type["VERB"] == pytest.approx(0.1, abs=0.05)
+
+
+def test_selectivity_separates_structure_from_memorisation():
+    rng = np.random.default_rng(16)
+    n_groups, per_group, n_types = 150, 8, 40
+    groups = np.repeat(np.arange(n_groups), per_group)
+    types = rng.integers(0, n_types, size=len(groups))
+    y = rng.integers(0, 3, size=len(groups))
+    type_vectors = rng.normal(size=(n_types, 12))
+    label_vectors = rng.normal(size=(3, 12))
+    # features carry word identity AND the label: the task is learnable, the control only by memorising types
+    X = np.c_[type_vectors[types], 3 * label_vectors[y]] + 0.1 * rng.normal(size=(len(groups), 24))
+    table = selectivity(X, y, types, groups, alphas=0.1, n_boot=300)
+    task, control, sel = (row(table, "accuracy", k) for k in ("task", "control", "selectivity"))
+    assert task.value > 0.95 and control.value > 0.8  # identity is linearly memorisable here
+    assert sel.value == pytest.approx(task.value - control.value)
+    assert sel.ci_low <= sel.value <= sel.ci_high
+    # without word identity in the features the control falls to chance and selectivity is large
+    table2 = selectivity(X[:, 12:], y, types, groups, alphas=0.1, n_boot=300)
+    control2 = row(table2, "accuracy", "control")
+    assert control2.ci_low <= control2.baseline_chance + 0.05
+    assert row(table2, "accuracy", "selectivity").ci_low > sel.ci_high
+
+
+# -- MDL ------------------------------------------------------------------------------------------------------
+
+
+def test_mdl_compression_learnable_vs_random():
+    rng, X, groups = grouped_data(17, n_groups=300, per_group=8)
+    y = planted_classes(rng, X, 4, noise=0.5)
+    random_labels = rng.integers(0, 4, size=len(X))
+    result = mdl_probe(X, y, groups, alpha=10.0, control=random_labels)
+    assert result["compression"] > 1.5
+    assert 0.9 < result["control"]["compression"] < 1.05
+    assert result["uniform_codelength"] == pytest.approx(len(X) * 2.0)  # log2(4) bits per label
+    blocks = result["blocks"]
+    assert blocks.start.iloc[0] == 0 and blocks.end.iloc[-1] == len(X)
+    assert blocks.bits.sum() == pytest.approx(result["online_codelength"])
+    sizes = (blocks.end - blocks.start).to_numpy()
+    assert sizes[-1] == len(X) // 2 and sizes[-2] == len(X) // 4  # doubling blocks
+    assert np.all(blocks.end.to_numpy() % 8 == 0)  # boundaries fall between groups (8 rows each)
+    assert set(result["table"].labels) == {"task", "control"}
+
+
+def test_mdl_regression_and_torch_backend():
+    rng, X, groups = grouped_data(18, n_groups=150, per_group=6, d=8)
+    y = np.rint(X @ rng.normal(size=8) * 3)
+    learn = mdl_probe(X, y, groups, task="regression")
+    noise = mdl_probe(X, rng.permutation(y), groups, task="regression")
+    assert learn["compression"] > 1.5 > noise["compression"]
+    t = mdl_probe(X, (y > 0).astype(int), groups, backend="torch")
+    s = mdl_probe(X, (y > 0).astype(int), groups, backend="sklearn")
+    assert t["online_codelength"] == pytest.approx(s["online_codelength"], rel=0.02)
+
+
+# -- bad input ------------------------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_clear_errors():
+    rng, X, groups = grouped_data(19, n_groups=10, per_group=4, d=3)
+    y = rng.integers(0, 2, size=len(X))
+    with pytest.raises(ValueError, match="y has 39 entries but X has 40 rows"):
+        LinearProbe().fit(X, y[:-1])
+    with pytest.raises(ValueError, match="groups has 39 entries"):
+        evaluate(X, y, groups[:-1])
+    with pytest.raises(ValueError, match="control has 39 entries"):
+        evaluate(X, y, groups, control=y[:-1], alphas=1.0)
+    for bad in (np.nan, np.inf):
+        Xbad = X.copy()
+        Xbad[5, 1] = bad
+        with pytest.raises(ValueError, match=r"non-finite values .*\[row, column\] = \[5, 1\]"):
+            evaluate(Xbad, y, groups)
+        with pytest.raises(ValueError, match="non-finite"):
+            LinearProbe(backend="torch").fit(torch.from_numpy(Xbad), y)
+    with pytest.raises(ValueError, match="single class"):
+        LinearProbe().fit(X, np.zeros(len(X)))
+    with pytest.raises(ValueError, match="single class"):
+        evaluate(X, np.full(len(X), "NOUN"), groups)
+    with pytest.raises(ValueError, match="only 10 distinct groups but n_folds=20"):
+        evaluate(X, y, groups, n_folds=20)
+    with pytest.raises(ValueError, match="needs numeric"):
+        evaluate(X, np.array(["a", "b"])[y], groups, within_k=1, alphas=1.0)
+    with pytest.raises(ValueError, match="task must be one of"):
+        LinearProbe(task="ranking").fit(X, y)
+    with pytest.raises(ValueError, match="alpha must be finite and > 0"):
+        LinearProbe(alpha=0.0).fit(X, y)
+    with pytest.raises(ValueError, match="contains NaN"):
+        evaluate(X, np.where(y > 0, np.nan, 1.0), groups, task="regression")
+
+
+def test_single_class_in_a_training_split_is_named():
+    X = np.random.default_rng(20).normal(size=(12, 3))
+    groups = np.repeat(np.arange(4), 3)
+    y = np.array([0] * 9 + [1] * 3)  # the rare class lives in one group only
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="single class .*training split of outer fold"):
+            evaluate(X, y, groups, n_folds=4, alphas=1.0)
