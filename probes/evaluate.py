@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from scipy import sparse
 
 from ._checks import (
     as_numeric_labels,
@@ -181,8 +182,8 @@ def grouped_cross_val_predict(
 ) -> CrossValPredictions:
     """Out-of-fold predictions [n] from grouped K-fold CV with a nested grouped CV for alpha.
 
-    Arguments as in `evaluate`. Folds are balanced in rows (largest groups first, each to the lightest fold,
-    groups shuffled by `seed`). Raises if a training split holds a single class.
+    Arguments as in `evaluate`. Folds keep groups whole and are stratified by label (`grouped_folds`), in an
+    order shuffled by `seed`. Raises if a training split holds a single class.
     """
     check_task(task)
     check_backend(backend)
@@ -205,7 +206,7 @@ def grouped_cross_val_predict(
     if backend == "torch":
         X = _to_tensor(X, torch.device(device) if device is not None else torch.device("cpu"))
     rng = np.random.default_rng([seed, 0])
-    fold = grouped_folds(group_idx, n_groups, n_folds, rng)
+    fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, task))
 
     def new_probe() -> LinearProbe:
         return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
@@ -251,20 +252,51 @@ def grouped_cross_val_predict(
     )  # fmt: skip
 
 
-def grouped_folds(group_idx: np.ndarray, n_groups: int, n_folds: int, rng: np.random.Generator) -> np.ndarray:
-    """Fold [n] of each row: whole groups per fold, folds balanced in rows, group order shuffled by rng."""
+def grouped_folds(
+    group_idx: np.ndarray,
+    n_groups: int,
+    n_folds: int,
+    rng: np.random.Generator,
+    strata: np.ndarray | None = None,
+) -> np.ndarray:
+    """Fold [n] of each row: whole groups per fold, stratified by label, balanced in rows.
+
+    group_idx: [n] in 0..n_groups-1; strata: [n] small ints (class index, or target quantile bin), None = one
+    stratum. Groups are visited largest first (ties in an order shuffled by rng) and each goes to the fold
+    where its labels are currently rarest (fewest rows on ties). Stratifying matters: with unstratified
+    folds the training split's label mix is anti-correlated with the test split's, which biases scores of
+    unlearnable labels away from chance.
+    """
     if n_groups < n_folds:
         raise ValueError(f"only {n_groups} distinct groups for {n_folds} folds; pass fewer folds or more groups")
-    sizes = np.bincount(group_idx, minlength=n_groups)
+    strata = np.zeros_like(group_idx) if strata is None else np.asarray(strata).reshape(-1)
+    n_strata = int(strata.max()) + 1
+    per_group = sparse.csr_matrix(
+        (np.ones(len(group_idx)), (group_idx, strata)), shape=(n_groups, n_strata)
+    )  # [group, stratum] row counts
+    sizes = np.asarray(per_group.sum(1)).reshape(-1)
     shuffled = rng.permutation(n_groups)
     order = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
-    load = np.zeros(n_folds, dtype=np.int64)
+    fold_counts = np.zeros((n_strata, n_folds))  # [stratum, fold]
+    load = np.zeros(n_folds)
     fold_of_group = np.empty(n_groups, dtype=np.int64)
+    indptr, cols, vals = per_group.indptr, per_group.indices, per_group.data
     for g in order:
-        f = int(np.argmin(load))
+        c, v = cols[indptr[g] : indptr[g + 1]], vals[indptr[g] : indptr[g + 1]]
+        overlap = v @ fold_counts[c]  # [fold]: how much of this group's labels each fold already holds
+        f = int(np.lexsort((np.arange(n_folds), load, overlap))[0])
         fold_of_group[g] = f
+        fold_counts[c, f] += v
         load[f] += sizes[g]
     return fold_of_group[group_idx]
+
+
+def strata_of(y: np.ndarray, task: str, n_bins: int = 10) -> np.ndarray:
+    """Stratum [n] of each row: class index (classification) or quantile bin of the target (regression)."""
+    if task == "classification":
+        return np.unique(y, return_inverse=True)[1].reshape(-1)
+    edges = np.quantile(y, np.linspace(0, 1, n_bins + 1)[1:-1])
+    return np.searchsorted(edges, y, side="right")
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -289,7 +321,7 @@ def _choose_alpha(
             f"only {n_local} groups{where} for inner_folds={inner_folds}; pass fewer inner folds, "
             "more groups, or a single alpha"
         )
-    inner = grouped_folds(local.reshape(-1), n_local, inner_folds, rng)
+    inner = grouped_folds(local.reshape(-1), n_local, inner_folds, rng, strata_of(y, task))
     path = sorted(grid, reverse=True)
     correct = np.zeros(len(path))
     sse = np.zeros(len(path))
