@@ -207,27 +207,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"experiment {args.experiment!r} is not installed yet (module {EXPERIMENTS[args.experiment]} not found)"
         )
     inputs = prepare_inputs(options) if modules else None  # bad input stops here, before any output
-    if missing:
-        _say(options, f"bertscope: not installed yet, skipped: {', '.join(missing)}")
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
 
     results = []
     if inputs is not None:
-        for name, module in modules.items():
-            _say(options, f"bertscope: running {name} -> {options.out / module.DIRNAME}")
-            result = run_experiment(module, options, inputs)
+        def on_start(name: str, out_dir: Path) -> None:
+            _say(options, f"bertscope: running {name} -> {out_dir}")
+
+        for module in modules.values():
+            result = run_experiment(module, options, inputs, on_start=on_start)
             if result.status == "failed":
-                print(f"bertscope: {name} failed:\n{result.error}", file=sys.stderr)
+                print(f"bertscope: {result.name} failed:\n{result.error}", file=sys.stderr)
             results.append(result)
 
     print(_summary(results, missing, broken))
+    print(f"results: {options.out}/")
     if not args.no_report and (options.out.is_dir() and any(options.out.glob("*/manifest.json"))):
         from experiments.report import build_report
 
         page = build_report(options.out)
-        print(f"report:  {page}  (open in a browser)")
-    print(f"results: {options.out}/")
+        print(f"report:  {page}  (open it in a browser)")
     failed = broken or any(r.status == "failed" for r in results)
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -316,7 +316,11 @@ def _summary(results: list[Any], missing: list[str], broken: dict[str, str]) -> 
     lines = []
     for r in results:
         took = "" if r.status == "skipped" else f" in {r.seconds:.1f} s"
-        why = " (already complete with the same settings; --force recomputes)" if r.status == "skipped" else ""
+        why = ""
+        if r.status == "skipped":
+            why = " (already complete with the same settings; --force recomputes)"
+            if r.code_changed:
+                why = " (complete with the same settings, but its code changed since: --force recomputes)"
         lines.append(f"  {r.name:<12} {r.status}{took}{why}  -> {r.out_dir}/")
     lines += [f"  {name:<12} not installed" for name in missing]
     lines += [f"  {name:<12} import failed" for name in broken]

@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -125,18 +125,25 @@ class RunResult:
     out_dir: Path
     seconds: float = 0.0
     error: str | None = None
+    code_changed: bool = False  # skipped, but the experiment's source changed since (see code_sha256)
 
 
 # ------------------------------------------------------------------------------------- public entry points
 
 
-def run_experiment(module: ModuleType, options: RunOptions, inputs: Inputs | None = None) -> RunResult:
+def run_experiment(
+    module: ModuleType,
+    options: RunOptions,
+    inputs: Inputs | None = None,
+    on_start: Callable[[str, Path], None] | None = None,
+) -> RunResult:
     """Run one experiment module into ``options.out / module.DIRNAME`` (or skip it if already complete).
 
     Writes ``results.parquet`` + ``results.csv`` from the table ``module.run`` returns, then calls
     ``module.plot(out_dir)``, then ``manifest.json`` with status ``complete``. An exception inside the
     experiment is recorded (status ``failed``, with the traceback) and returned, so ``run all`` can go on;
-    ``KeyboardInterrupt`` is recorded as ``interrupted`` and re-raised.
+    ``KeyboardInterrupt`` is recorded as ``interrupted`` and re-raised. ``on_start(name, out_dir)`` is called
+    when the experiment really starts (not when it is skipped).
     """
     check_experiment_module(module)
     inputs = inputs if inputs is not None else prepare_inputs(options)
@@ -144,13 +151,17 @@ def run_experiment(module: ModuleType, options: RunOptions, inputs: Inputs | Non
     fingerprint = run_fingerprint(module.NAME, options, inputs)
     previous = read_manifest(out_dir)
     if not options.force and is_complete(out_dir, fingerprint, previous):
-        return RunResult(module.NAME, "skipped", out_dir)
+        changed = (previous or {}).get("code_sha256") not in (None, code_sha256(module))
+        return RunResult(module.NAME, "skipped", out_dir, code_changed=changed)
 
+    if on_start is not None:
+        on_start(module.NAME, out_dir)
     io.remove_partials(out_dir)
     _clear_previous_outputs(out_dir, previous)
     ctx = Context(module.NAME, options, inputs, out_dir, fingerprint)
     manifest = ctx._manifest_base()
     manifest["summary_tables"] = list(getattr(module, "SUMMARY_TABLES", []))
+    manifest["code_sha256"] = code_sha256(module)
     io.write_json(out_dir / MANIFEST, {**manifest, "status": "running"})
     t0 = time.perf_counter()
     status, error = "failed", None
@@ -214,6 +225,19 @@ def load_experiment(name: str) -> ModuleType | None:
         raise
     check_experiment_module(module)
     return module
+
+
+def code_sha256(module: ModuleType) -> str | None:
+    """sha256 over the experiment's source files (its module and siblings named ``<module>_*.py``), so a
+    skipped rerun can say the code changed since; ``None`` for modules without a file."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    path = Path(file)
+    h = hashlib.sha256()
+    for f in sorted({path, *path.parent.glob(f"{path.stem}_*.py")}):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 def check_experiment_module(module: ModuleType) -> None:
@@ -293,21 +317,19 @@ class Context:
         self._prepare_steps()
 
     # -- progress and logging
-    def progress(self, iterable: Iterable[T], desc: str, total: int | None = None) -> Iterator[T]:
-        """Wrap a long loop in a tqdm bar (on stderr), silent with ``--quiet``."""
+    def progress(self, iterable: Iterable[T], desc: str, total: int | None = None) -> Iterable[T]:
+        """Wrap a long loop in a tqdm bar (on stderr), silent with ``--quiet``. Returns the tqdm object."""
         from tqdm.auto import tqdm
 
-        return iter(
-            tqdm(
-                iterable,
-                desc=f"{self.name}: {desc}",
-                total=total,
-                disable=self.options.quiet,
-                leave=False,
-                dynamic_ncols=True,
-                mininterval=0.5,
-                file=sys.stderr,
-            )
+        return tqdm(
+            iterable,
+            desc=f"{self.name}: {desc}",
+            total=total,
+            disable=self.options.quiet,
+            leave=False,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            file=sys.stderr,
         )
 
     def log(self, msg: str) -> None:

@@ -48,7 +48,8 @@ SCALARS = (*hs.SCALAR_METRICS, *hs.NORM_METRICS)  # per-sentence statistics, in 
 class Settings:
     """Defaults of a run (recorded in the manifest's notes)."""
 
-    max_sentences: int = 400  # attention statistics, syntax and distances
+    max_sentences: int = 400  # attention statistics and syntax
+    distance_sentences: int = 128  # head-by-head distances (cost grows with heads^2 * length^2)
     importance_sentences: int = 32  # ablation (3 methods x every head), gradients, pruning
     importance_batch: int = 16  # sentences per forward pass of the ablation runs (replicated x n_heads)
     methods: tuple[str, ...] = imp.METHODS
@@ -56,7 +57,7 @@ class Settings:
     ci: float = 0.95
     offset_bins: int = 8  # argmax-offset histogram reported for -8..8 (plus the two tails)
     syntax_min_arcs: int = 10  # relations with fewer arcs are left out of syntax.csv
-    role_min_arcs: int = 20  # ... and do not count for the syntactic role
+    role_min_arcs: int = 50  # relations with fewer arcs do not count for the syntactic role (noise)
     n_projections: int = 4  # random directions per sentence for gradient importance without an MLM head
     pruning_points: int = 12  # points on each pruning curve (plus k = 0)
 
@@ -71,6 +72,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     importance_corpus = ctx.corpus[: settings.importance_sentences]
     ctx.note("settings", asdict(settings))
     ctx.note("n_sentences", len(corpus))
+    ctx.note("n_distance_sentences", min(len(corpus), settings.distance_sentences))
     ctx.note("n_importance_sentences", len(importance_corpus))
     ctx.note(
         "queries",
@@ -98,8 +100,11 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 
     importance = ctx.step_arrays("importance", lambda: _importance_pass(ctx, importance_corpus, settings))
     objective = str(importance["objective"])
-    ctx.note("gradient_objective", objective)
+    ctx.note("ablation_methods", {m: imp.METHOD_DESCRIPTIONS[m] for m in settings.methods})
+    ctx.note("gradient_objective", {objective: imp.OBJECTIVE_DESCRIPTIONS[objective]})
     ctx.note("mlm_head", imp.has_mlm_head(model))
+    if not imp.has_mlm_head(model):
+        ctx.log("the model has no masked-LM head: no mlm_loss_change; gradient importance uses a projection objective")
     frames.append(_importance_rows(importance, settings, ctx.seed))
 
     results = pd.concat(frames, ignore_index=True)
@@ -143,7 +148,8 @@ def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.n
     n = len(corpus)
     scalars = np.full((n, n_layers, n_heads, len(SCALARS)), np.nan)
     offsets = np.zeros((n, n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32)
-    distances = np.zeros((n, n_layers * n_heads, n_layers * n_heads), dtype=np.float32)
+    n_distance = min(n, settings.distance_sentences)  # the first sentences of the corpus
+    distances = np.zeros((n_distance, n_layers * n_heads, n_layers * n_heads), dtype=np.float32)
     arc_parts: list[syn.ArcHits] = []
     skipped_syntax = 0
     encoded = ctx.encode(corpus)
@@ -167,10 +173,11 @@ def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.n
                 scalars[idx, layer, :, k] = stats.scalars[name].numpy()
             offsets[idx, layer] = stats.offset_fraction.numpy()
         for b, si in enumerate(idx.tolist()):
-            real = mask[b].bool()
-            sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
-            flat = einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
-            distances[si] = sim.head_distances(flat).numpy()
+            if si < n_distance:
+                real = mask[b].bool()
+                sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
+                flat = einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
+                distances[si] = sim.head_distances(flat).numpy()
             sentence = corpus[si]
             if sentence.heads is None:
                 continue
@@ -381,6 +388,10 @@ def _punctuation_ids(tokenizer: Any) -> list[int]:
 
 
 def _model_label(ctx: Any) -> str:
+    """``--model`` as given, or ``bundled:<package>`` for the bundled checkpoint (its source is a folder path)."""
     if ctx.options.model:
         return str(ctx.options.model)
-    return f"bundled:{Path(str(ctx.model.source)).name or ctx.model.source}"
+    source = str(ctx.model.source)
+    if source.startswith("bundled:"):
+        return "bundled:" + Path(source.removeprefix("bundled:")).parent.name
+    return source

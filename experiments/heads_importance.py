@@ -14,7 +14,8 @@ output of sentence-transformer checkpoints such as all-MiniLM-L6-v2). ``mlm_loss
 clean masked-LM loss) is added only when the model carries a masked-LM head.
 
 Many ablations run in one forward pass: the batch is replicated ``C`` times and copy ``c`` keeps heads
-according to ``keep[c, layer, head]``.
+according to ``keep[c, layer, head]``; single-head ablations start from the clean residual stream at the
+ablated layer, since earlier blocks are unchanged.
 
 Gradient importance (Michel et al. 2019) is ``E_x |dL(x)/dg_h|`` for a gate ``g_h`` multiplying ``z_h``,
 taken per example (each example gets its own gates, so one backward pass yields per-example gradients).
@@ -40,6 +41,18 @@ import torch.nn.functional as F
 
 AblationMethod = Literal["zero", "mean", "uniform"]
 METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "uniform")
+METHOD_DESCRIPTIONS = {
+    "zero": "z_h = 0 at every position (the head writes nothing; same as zeroing its W_O slice)",
+    "mean": "z_h = its mean over the real tokens of the evaluation sentences",
+    "uniform": "the head attends uniformly to the real keys: z_h[q] = mean_k v_h[k]",
+}
+OBJECTIVE_DESCRIPTIONS = {
+    "mlm": "masked-LM loss (15% of word pieces masked, seeded)",
+    "projection": (
+        "no MLM head: L = <r, u> with u the unit mean-pooled embedding and r ~ N(0, I) fixed per sentence "
+        "and projection; E|dL/dg_h| is proportional to the norm of the first-order change of u"
+    ),
+}
 OUTPUT_MEASURES = ("hidden_cos", "pooled_cos")
 MLM_MEASURE = "mlm_loss_change"
 
@@ -100,30 +113,32 @@ def ablation_effects(
     out = []
     for batch in batches:
         effects = torch.zeros(batch.input_ids.shape[0], len(methods), n_layers, n_heads, len(measures))
-        masked = _mlm_inputs(model, batch, mlm_mask_prob, generator) if mlm else None
+        runs = [(batch, None)]  # (inputs, MLM labels): the clean text, plus a masked copy for the MLM loss
+        if mlm:
+            ids, labels = _mlm_inputs(model, batch, mlm_mask_prob, generator)
+            runs.append((TokenBatch(ids, *_rest(batch)), labels))
         with torch.no_grad():
-            clean = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-            clean_loss = None
-            if masked is not None:
-                hidden_masked = model(masked[0], batch.attention_mask, batch.token_type_ids)
-                clean_loss = _mlm_loss(model, hidden_masked, masked[1])
-            for mi, method in enumerate(methods):
-                for layer in range(n_layers):
-                    keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
-                    for start in range(0, n_heads, per_pass):
-                        part = keep[start : start + per_pass]
-                        hidden = forward_with_heads(model, batch, part, method=method, mean_z=mean_z)
-                        hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
-                        change = output_change(clean, hidden, batch.attention_mask)
-                        for k, name in enumerate(OUTPUT_MEASURES):
-                            effects[:, mi, layer, start : start + len(part), k] = change[name].T
-                        if masked is not None:
-                            ablated = forward_with_heads(
-                                model, TokenBatch(masked[0], *_rest(batch)), part, method=method, mean_z=mean_z
+            for inputs, labels in runs:
+                clean, resid = _clean_run(model, inputs)
+                clean_loss = _mlm_loss(model, clean, labels) if labels is not None else None
+                for mi, method in enumerate(methods):
+                    for layer in range(n_layers):
+                        keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
+                        for first in range(0, n_heads, per_pass):
+                            part = keep[first : first + per_pass]
+                            hidden = forward_with_heads(
+                                model, inputs, part, method=method, mean_z=mean_z, start=(layer, resid[layer])
                             )
-                            loss = _mlm_loss(model, ablated, masked[1].repeat(len(part), 1))
-                            loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
-                            effects[:, mi, layer, start : start + len(part), -1] = loss - clean_loss[:, None]
+                            heads = slice(first, first + len(part))
+                            if labels is None:
+                                hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
+                                change = output_change(clean, hidden, inputs.attention_mask)
+                                for k, name in enumerate(OUTPUT_MEASURES):
+                                    effects[:, mi, layer, heads, k] = change[name].T
+                            else:
+                                loss = _mlm_loss(model, hidden, labels.repeat(len(part), 1))
+                                loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
+                                effects[:, mi, layer, heads, -1] = loss - clean_loss[:, None]
         out.append(effects.double())
     return torch.cat(out).numpy(), measures
 
@@ -254,6 +269,7 @@ def forward_with_heads(
     *,
     method: AblationMethod = "zero",
     mean_z: torch.Tensor | None = None,
+    start: tuple[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run ``C`` copies of the batch, copy ``c`` with head ``(L, h)`` kept to degree ``keep[c, L, h]``.
 
@@ -263,6 +279,9 @@ def forward_with_heads(
         batch: inputs ``[batch, pos]``.
         keep: ``[copy, layer, head]`` in [0, 1] (1 = untouched).
         mean_z: ``[layer, head, d_head]`` for ``method="mean"`` (from ``mean_head_outputs``).
+        start: ``(L, resid_pre)`` with ``resid_pre [batch, pos, d_model]`` the clean ``blocks.L.hook_resid_pre``:
+            skip the embeddings and blocks before ``L`` (they are unchanged when only heads of layers >= L
+            are touched).
 
     Returns:
         Final hidden states ``[(copy batch), pos, d_model]``, copy-major.
@@ -274,12 +293,15 @@ def forward_with_heads(
         raise ValueError(f"unknown ablation method {method!r}; use one of {METHODS}")
     if method == "mean" and mean_z is None:
         raise ValueError("method='mean' needs mean_z [layer, head, d_head]; compute it with mean_head_outputs")
+    first_layer = 0 if start is None else start[0]
+    if start is not None and bool((keep[:, :first_layer] != 1).any()):
+        raise ValueError(f"start at layer {first_layer} but keep touches heads of earlier layers")
     copies, b = keep.shape[0], batch.input_ids.shape[0]
     rep = _replicate(batch, copies)
     real = rep.attention_mask.to(torch.bool)
     hooks = []
     values: dict[int, torch.Tensor] = {}
-    for layer in range(n_layers):
+    for layer in range(first_layer, n_layers):
         if bool((keep[:, layer] == 1).all()):
             continue
         g = einops.repeat(keep[:, layer], "c h -> (c b) 1 h 1", b=b)
@@ -299,7 +321,26 @@ def forward_with_heads(
             hooks.append((f"blocks.{layer}.attn.hook_v", lambda v, hook, layer=layer: values.__setitem__(layer, v)))
         hooks.append((f"blocks.{layer}.attn.hook_z", replace))
     with model.hooks(hooks):
-        return model(rep.input_ids, rep.attention_mask, rep.token_type_ids)
+        if start is None:
+            return model(rep.input_ids, rep.attention_mask, rep.token_type_ids)
+        resid = einops.repeat(start[1], "b p m -> (c b) p m", c=copies)
+        return run_from_layer(model, resid, rep.attention_mask, first_layer)
+
+
+def run_from_layer(
+    model: torch.nn.Module, resid_pre: torch.Tensor, attention_mask: torch.Tensor, layer: int
+) -> torch.Tensor:
+    """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]`` -> last hidden state.
+
+    Uses ``model.blocks[L](x, keep)`` with ``keep [batch, 1, 1, key]`` bool, as ``Encoder.forward`` does; hooks
+    inside the blocks fire as usual. ``ablation_effects`` checks once per batch that this reproduces the model.
+    """
+    keep = einops.rearrange(attention_mask.to(device=resid_pre.device, dtype=torch.bool), "b k -> b 1 1 k")
+    x = resid_pre
+    for block in model.blocks[layer:]:
+        x = block(x, keep)
+    ln_final = getattr(model, "ln_final", None)
+    return ln_final(x) if ln_final is not None else x
 
 
 @torch.no_grad()
@@ -365,6 +406,23 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+
+
+def _clean_run(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Clean last hidden state and every layer's ``hook_resid_pre``; checks ``run_from_layer`` against it."""
+    clean, cache = model.run_with_cache(
+        batch.input_ids, batch.attention_mask, batch.token_type_ids, names_filter="blocks.*.hook_resid_pre"
+    )
+    resid = [cache[f"blocks.{layer}.hook_resid_pre"] for layer in range(model.config.n_layers)]
+    last = len(resid) - 1
+    again = run_from_layer(model, resid[last], batch.attention_mask, last)
+    real = batch.attention_mask.to(device=clean.device, dtype=torch.bool)
+    if not torch.allclose(again[real], clean[real], atol=1e-4, rtol=1e-3):
+        raise RuntimeError(
+            "run_from_layer no longer reproduces the model's forward pass (has Block.forward(x, keep) changed?); "
+            "ablation effects would be wrong"
+        )
+    return clean, resid
 
 
 def _check_eval(model: torch.nn.Module) -> None:

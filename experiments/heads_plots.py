@@ -19,33 +19,34 @@ HEATMAP_METRICS = (
     "norm_cls", "norm_sep", "norm_punct", "norm_prev", "norm_next",
 )  # fmt: skip
 DOT_METRICS = ("cls", "sep", "punct", "self", "prev", "next")
+FORMATS = tuple(io.FIGURE_FORMATS)
+Formats = tuple[str, ...]
 
 
-def plot_all(out_dir: Path) -> list[Path]:
-    """Every figure the saved tables allow; returns the written paths (PNG and PDF)."""
+def plot_all(out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
+    """Every figure the saved tables allow; returns the written paths (``formats``: PNG and PDF by default)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     out_dir = Path(out_dir)
     results = _read_results(out_dir)
+    tables = {
+        "mds": (out_dir / "mds.csv", pd.read_csv, plot_mds),
+        "distances": (out_dir / "distances.parquet", pd.read_parquet, plot_distance_clusters),
+        "syntax": (out_dir / "syntax.csv", pd.read_csv, plot_syntax),
+        "pruning": (out_dir / "pruning.csv", pd.read_csv, plot_pruning),
+    }
     paths: list[Path] = []
-    paths += plot_heatmaps(results, out_dir)
-    paths += plot_layer_dots(results, out_dir)
-    paths += plot_offsets(results, out_dir)
-    if (out_dir / "mds.csv").is_file():
-        paths += plot_mds(pd.read_csv(out_dir / "mds.csv"), out_dir)
-    if (out_dir / "distances.parquet").is_file():
-        paths += plot_distance_clusters(pd.read_parquet(out_dir / "distances.parquet"), out_dir)
-    if (out_dir / "syntax.csv").is_file():
-        paths += plot_syntax(pd.read_csv(out_dir / "syntax.csv"), out_dir)
-    paths += plot_ablation(results, out_dir)
-    if (out_dir / "pruning.csv").is_file():
-        paths += plot_pruning(pd.read_csv(out_dir / "pruning.csv"), out_dir)
+    for fn in (plot_heatmaps, plot_layer_dots, plot_offsets, plot_ablation):
+        paths += fn(results, out_dir, formats)
+    for path, read, fn in tables.values():
+        if path.is_file():
+            paths += fn(read(path), out_dir, formats)
     return paths
 
 
-def plot_heatmaps(results: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Layer x head heatmap of each attention statistic."""
+def plot_heatmaps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
+    """Layer x head heatmap of each attention statistic (shared 0..1 colour scale; distance in tokens)."""
     import matplotlib.pyplot as plt
 
     metrics = [m for m in HEATMAP_METRICS if m in set(results["metric"])]
@@ -53,23 +54,30 @@ def plot_heatmaps(results: pd.DataFrame, out_dir: Path) -> list[Path]:
         return []
     cols = 4
     rows = -(-len(metrics) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.3 * rows), squeeze=False, sharex=True, sharey=True)
+    shared = None
     for ax, metric in zip(axes.flat, metrics, strict=False):
         grid = _grid(results, metric)
-        vmax = None if metric in ("mean_distance",) else 1.0
-        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax)
-        ax.set_title(metric, fontsize=9)
+        if metric == "mean_distance":
+            im = ax.imshow(grid, aspect="auto", cmap="cividis")
+            fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+        else:
+            shared = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(metric + (" (tokens)" if metric == "mean_distance" else ""), fontsize=9)
+        _integer_ticks(ax, grid.shape)
+    for ax in axes[-1]:
         ax.set_xlabel("head")
+    for ax in axes[:, 0]:
         ax.set_ylabel("layer")
-        fig.colorbar(im, ax=ax, fraction=0.046)
     for ax in list(axes.flat)[len(metrics) :]:
         ax.axis("off")
+    if shared is not None:
+        fig.colorbar(shared, ax=axes, fraction=0.02, pad=0.02, label="mass / share")
     fig.suptitle("Attention statistics per head (mean over sentences)")
-    fig.tight_layout()
-    return io.save_figure(fig, out_dir / "fig_heatmaps")
+    return io.save_figure(fig, out_dir / "fig_heatmaps", formats=formats)
 
 
-def plot_layer_dots(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_layer_dots(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """Per-layer dot plots, one dot per head: attention-weight mass (filled) vs norm-weighted (hollow)."""
     import matplotlib.pyplot as plt
 
@@ -104,10 +112,10 @@ def plot_layer_dots(results: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xlabel("layer")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    return io.save_figure(fig, out_dir / "fig_layer_dots")
+    return io.save_figure(fig, out_dir / "fig_layer_dots", formats=formats)
 
 
-def plot_offsets(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_offsets(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """Argmax-offset histogram of every head (rows) as a heatmap."""
     import matplotlib.pyplot as plt
 
@@ -124,10 +132,10 @@ def plot_offsets(results: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.set_xlabel("offset of the argmax key from the query")
     ax.set_title("Where each head's strongest weight falls")
     fig.colorbar(im, ax=ax, fraction=0.046, label="share of queries")
-    return io.save_figure(fig, out_dir / "fig_argmax_offsets")
+    return io.save_figure(fig, out_dir / "fig_argmax_offsets", formats=formats)
 
 
-def plot_mds(mds: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_mds(mds: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """MDS map of the sqrt-JSD distances, coloured by layer and by primary role."""
     import matplotlib.pyplot as plt
 
@@ -146,10 +154,10 @@ def plot_mds(mds: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_yticks([])
     fig.suptitle("MDS of head distances (sqrt Jensen-Shannon, averaged over tokens)")
     fig.tight_layout()
-    return io.save_figure(fig, out_dir / "fig_mds")
+    return io.save_figure(fig, out_dir / "fig_mds", formats=formats)
 
 
-def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """Distance matrix reordered by average-linkage hierarchical clustering, with its dendrogram."""
     import matplotlib.pyplot as plt
     from scipy.cluster.hierarchy import dendrogram, linkage
@@ -172,10 +180,10 @@ def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path) -> list[Path]
     ax.set_yticks(range(len(order)), [names[i] for i in order], fontsize=fontsize)
     fig.colorbar(im, cax=fig.add_axes([0.87, 0.05, 0.02, 0.74]), label="sqrt JSD (bits)")
     fig.suptitle("Head distances, clustered (layer-head)")
-    return io.save_figure(fig, out_dir / "fig_distance_clusters")
+    return io.save_figure(fig, out_dir / "fig_distance_clusters", formats=formats)
 
 
-def plot_syntax(syntax: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_syntax(syntax: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """Per relation: best head's accuracy vs the best offset baseline (held-out scores as markers)."""
     import matplotlib.pyplot as plt
 
@@ -194,24 +202,27 @@ def plot_syntax(syntax: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(0, 1)
     ax.set_xlabel("accuracy")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3)
     ax.set_title("Dependency relations: best attention head vs fixed-offset baseline")
     fig.tight_layout()
-    return io.save_figure(fig, out_dir / "fig_syntax")
+    return io.save_figure(fig, out_dir / "fig_syntax", formats=formats)
 
 
-def plot_ablation(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_ablation(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """Layer x head heatmaps of ablation effects (one per method and measure) and gradient importance."""
     import matplotlib.pyplot as plt
 
-    metrics = sorted(m for m in set(results["metric"]) if m.startswith(("ablation:", "grad_importance:")))
+    names = list(dict.fromkeys(results["metric"]))  # saved order: method by method, then gradients
+    metrics = [m for m in names if m.startswith(("ablation:", "grad_importance:"))]
     if not metrics:
         return []
-    cols = min(3, len(metrics))
+    cols = max(1, len({m.rsplit(":", 1)[-1] for m in metrics if m.startswith("ablation:")}))  # one per measure
     rows = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 2.9 * rows), squeeze=False)
     for ax, metric in zip(axes.flat, metrics, strict=False):
-        im = ax.imshow(_grid(results, metric), aspect="auto", cmap="inferno")
+        grid = _grid(results, metric)
+        im = ax.imshow(grid, aspect="auto", cmap="inferno")
+        _integer_ticks(ax, grid.shape)
         ax.set_title(metric, fontsize=8)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
@@ -220,10 +231,10 @@ def plot_ablation(results: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.axis("off")
     fig.suptitle("Output change when one head is ablated (cosine distance), and gradient importance")
     fig.tight_layout()
-    return io.save_figure(fig, out_dir / "fig_ablation")
+    return io.save_figure(fig, out_dir / "fig_ablation", formats=formats)
 
 
-def plot_pruning(pruning: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_pruning(pruning: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     """Output change against the number of heads removed (zero ablation), one curve per order."""
     import matplotlib.pyplot as plt
 
@@ -240,7 +251,7 @@ def plot_pruning(pruning: pd.DataFrame, out_dir: Path) -> list[Path]:
     axes[0][0].legend(fontsize=7)
     fig.suptitle("Pruning curves")
     fig.tight_layout()
-    return io.save_figure(fig, out_dir / "fig_pruning")
+    return io.save_figure(fig, out_dir / "fig_pruning", formats=formats)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -252,6 +263,12 @@ def _read_results(out_dir: Path) -> pd.DataFrame:
         if path.is_file():
             return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     raise FileNotFoundError(f"{out_dir} has no results.parquet or results.csv; run `bertscope run heads` first")
+
+
+def _integer_ticks(ax: object, shape: tuple[int, int]) -> None:
+    """Integer layer (y) and head (x) ticks on a ``[layer, head]`` image."""
+    ax.set_xticks(range(0, shape[1], max(1, shape[1] // 6)))
+    ax.set_yticks(range(0, shape[0], max(1, shape[0] // 6)))
 
 
 def _grid(results: pd.DataFrame, metric: str) -> np.ndarray:

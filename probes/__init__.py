@@ -9,7 +9,14 @@
 
 from .controls import control_labels, selectivity
 from .estimator import LinearProbe
-from .evaluate import DEFAULT_ALPHAS, CrossValPredictions, evaluate, grouped_cross_val_predict, grouped_folds
+from .evaluate import (
+    DEFAULT_ALPHAS,
+    CrossValPredictions,
+    evaluate,
+    grouped_cross_val_predict,
+    grouped_folds,
+    strata_of,
+)
 from .mdl import mdl_probe
 
 __all__ = [
@@ -22,4 +29,5 @@ __all__ = [
     "grouped_folds",
     "mdl_probe",
     "selectivity",
+    "strata_of",
 ]

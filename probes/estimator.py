@@ -110,6 +110,8 @@ class LinearProbe(BaseEstimator):
         if self.task == "classification":
             classes, y_idx = check_classes(y)
         previous = self._previous_solution() if self.warm_start else None
+        if previous is not None and previous[0].shape[1] != d:
+            previous = None
         if self.task == "classification":
             if previous is not None and not np.array_equal(previous[2], classes):
                 previous = None

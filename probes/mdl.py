@@ -95,13 +95,13 @@ def mdl_probe(
         Xo = X[order]
     probe = LinearProbe(task=task, alpha=alpha, standardize=standardize, backend=backend, device=device,
                         max_iter=max_iter, seed=seed, tol=tol, warm_start=True)  # fmt: skip
-    result = _codelength(Xo, y[order], bounds, probe, task, epsilon, precision)
+    result = _codelength(Xo, y[order], bounds, probe, task, epsilon, precision, name="y")
     result["order"] = order
     labelled = {"task": result}
     if control is not None:
         yc = check_target(control, n, task, name="control")
         control_probe = probe.__class__(**probe.get_params())
-        result["control"] = _codelength(Xo, yc[order], bounds, control_probe, task, epsilon, precision)
+        result["control"] = _codelength(Xo, yc[order], bounds, control_probe, task, epsilon, precision, name="control")
         result["control"]["order"] = order
         labelled["control"] = result["control"]
     metrics = ["online_codelength", "uniform_codelength", "prior_codelength", "compression", "prior_compression"]
@@ -119,12 +119,20 @@ def _block_bounds(n: int, n_blocks: int, ends: np.ndarray) -> np.ndarray:
 
 
 def _codelength(
-    X: Any, y: np.ndarray, bounds: np.ndarray, probe: LinearProbe, task: str, epsilon: float, precision: float | None
+    X: Any,
+    y: np.ndarray,
+    bounds: np.ndarray,
+    probe: LinearProbe,
+    task: str,
+    epsilon: float,
+    precision: float | None,
+    *,
+    name: str,
 ) -> dict[str, Any]:
     """Prequential codelength of y [n] (rows already in transmission order) cut at `bounds`."""
     centers = None
     if task == "classification":
-        classes, codes = check_classes(y)
+        classes, codes = check_classes(y, name=name)
         alphabet = len(classes)
     else:
         precision = _default_precision(y) if precision is None else float(precision)
@@ -134,7 +142,7 @@ def _codelength(
         centers = y.min() + codes * precision
         alphabet = int(codes.max()) + 1
         if alphabet < 2:
-            raise ValueError("y spans a single bin: there is nothing to code; check the target or precision")
+            raise ValueError(f"{name} spans a single bin: there is nothing to code; check the target or precision")
     per_row = np.log2(alphabet)
 
     def mixed_bits(p: np.ndarray) -> float:

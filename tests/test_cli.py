@@ -12,6 +12,7 @@ import types
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -73,6 +74,8 @@ class FakeExperiment:
     def run(self, ctx: common.Context) -> pd.DataFrame:
         self.runs += 1
         sums = ctx.step("row_sums", lambda: self._row_sums(ctx))
+        lengths = ctx.step_arrays("lengths", lambda: self._lengths(ctx))
+        assert lengths["n_words"].tolist() == [len(s.words) for s in ctx.corpus]
         if self.interrupt_after_step:
             raise KeyboardInterrupt
         if self.fail:
@@ -81,6 +84,10 @@ class FakeExperiment:
         per_layer = sums.groupby("layer", as_index=False)["value"].mean()
         ctx.write_table(per_layer, "per_layer")
         return sums
+
+    def _lengths(self, ctx: common.Context) -> dict[str, np.ndarray]:
+        self.step_computations += 1
+        return {"n_words": np.array([len(s.words) for s in ctx.corpus])}
 
     def _row_sums(self, ctx: common.Context) -> pd.DataFrame:
         self.step_computations += 1
@@ -163,6 +170,7 @@ def test_run_all_writes_results_figures_manifest_and_report(
     out = tmp_path / "results"
     code, stdout, err = bertscope(capsys, *run_args(tiny_model_dir, out, "--seed", "3"))
     assert code == 0, err
+    assert err == ""  # --quiet: no progress bars, no log lines
     assert "ghost        not installed" in stdout  # says which experiments are missing
     d = out / "fake"
 
@@ -208,17 +216,24 @@ def test_rerun_skips_finished_work_unless_forced_or_changed(
     capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
 ) -> None:
     out = tmp_path / "results"
+    source = tmp_path / "fake_exp.py"
+    source.write_text("# version 1\n")
+    fake.module.__file__ = str(source)
     assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
     results = out / "fake" / "results.parquet"
     stamp = results.stat().st_mtime_ns
     assert fake.runs == 1
 
     code, stdout, _ = bertscope(capsys, *run_args(tiny_model_dir, out))
-    assert code == 0 and fake.runs == 1 and "skipped" in stdout
+    assert code == 0 and fake.runs == 1 and "skipped (already complete" in stdout
     assert results.stat().st_mtime_ns == stamp
 
+    source.write_text("# version 2\n")  # same settings, edited code: still skipped, but said so
+    code, stdout, _ = bertscope(capsys, *run_args(tiny_model_dir, out))
+    assert code == 0 and fake.runs == 1 and "its code changed since" in stdout
+
     assert bertscope(capsys, *run_args(tiny_model_dir, out, "--force"))[0] == 0
-    assert fake.runs == 2 and fake.step_computations == 2  # --force also discards cached steps
+    assert fake.runs == 2 and fake.step_computations == 4  # --force also discards cached steps
 
     assert bertscope(capsys, *run_args(tiny_model_dir, out, "--seed", "1"))[0] == 0
     assert fake.runs == 3  # a different seed is a different run
@@ -234,11 +249,12 @@ def test_interrupted_run_keeps_no_results_and_resumes_from_its_steps(
     d = out / "fake"
     assert json.loads((d / "manifest.json").read_text())["status"] == "interrupted"
     assert not (d / "results.parquet").exists() and not list(out.rglob("*.partial"))
-    assert (d / "steps" / "row_sums.parquet").is_file() and fake.step_computations == 1
+    assert (d / "steps" / "row_sums.parquet").is_file() and (d / "steps" / "lengths.npz").is_file()
+    assert fake.step_computations == 2
 
     fake.interrupt_after_step = False
     assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
-    assert fake.step_computations == 1  # the finished step was reused, not recomputed
+    assert fake.step_computations == 2  # the finished steps were reused, not recomputed
     assert json.loads((d / "manifest.json").read_text())["status"] == "complete"
 
 
@@ -261,7 +277,9 @@ def test_report_command_and_linked_figures(
     capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
 ) -> None:
     out = tmp_path / "results"
-    assert bertscope(capsys, *run_args(tiny_model_dir, out, "--no-report"))[0] == 0
+    args = [a for a in run_args(tiny_model_dir, out, "--no-report") if a != "--quiet"]
+    code, _, err = bertscope(capsys, *args)
+    assert code == 0 and "fake: batches" in err  # progress bars without --quiet
     assert not (out / "index.html").exists()
     code, stdout, _ = bertscope(capsys, "report", out, "--link-figures")
     assert code == 0 and str(out / "index.html") in stdout

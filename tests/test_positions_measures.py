@@ -106,7 +106,7 @@ def test_pair_features_are_concat_and_difference():
 def test_table_pairs_never_share_a_position_between_groups():
     pairs, groups = table_pairs(128, 5, 2000, seed=0)
     owner: dict[int, int] = {}
-    for i, j, g in zip(pairs.i, pairs.j, groups):
+    for i, j, g in zip(pairs.i, pairs.j, groups, strict=True):
         for p in (int(i), int(j)):
             assert owner.setdefault(p, int(g)) == g
     assert len(np.unique(groups)) == 5

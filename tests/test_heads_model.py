@@ -1,0 +1,251 @@
+"""Known-answer tests for head importance and the `heads` experiment on tiny random encoders."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import hooks
+import models
+from experiments import corpus as corpus_mod
+from experiments import heads, heads_plots
+from experiments import heads_importance as imp
+from experiments import heads_syntax as syn
+from experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config: models.EncoderConfig, tokenizer) -> models.Encoder:
+    """Tiny random encoder (2 layers x 4 heads) whose attention outputs are large enough to matter."""
+    model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(10.0)
+            block.attn.out.weight.mul_(10.0)
+    return model
+
+
+def toy_batch(n: int = 3, pos: int = 9, seed: int = 0) -> imp.TokenBatch:
+    """Random tokens framed by [CLS] ... [SEP], right-padded to different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 5000, (n, pos), generator=g)
+    mask = torch.ones(n, pos, dtype=torch.long)
+    for b in range(n):
+        length = pos - 2 * b
+        ids[b, 0], ids[b, length - 1] = 101, 102
+        ids[b, length:], mask[b, length:] = 0, 0
+    special = (ids == 101) | (ids == 102)
+    return imp.TokenBatch(ids, mask, torch.zeros_like(ids), special)
+
+
+def without_heads(model: models.Encoder, heads_to_zero: list[tuple[int, int]]) -> models.Encoder:
+    """A copy of ``model`` with the given heads' slices of W_O set to zero."""
+    dead = copy.deepcopy(model)
+    d = model.config.d_head
+    with torch.no_grad():
+        for layer, head in heads_to_zero:
+            dead.blocks[layer].attn.out.weight[:, head * d : (head + 1) * d] = 0.0
+    return dead
+
+
+def real_rows(x: torch.Tensor, batch: imp.TokenBatch) -> torch.Tensor:
+    return x[batch.attention_mask.bool()]
+
+
+# ---------------------------------------------------------------------------------------------- ablation
+
+
+def test_zero_ablation_through_hooks_equals_zeroing_the_W_O_slice(tiny):
+    batch = toy_batch()
+    keep = torch.ones(2, 2, 4)
+    keep[0, 1, 2] = 0.0
+    keep[1, 0, 1] = keep[1, 1, 3] = 0.0
+    with torch.no_grad():
+        ablated = imp.forward_with_heads(tiny, batch, keep).reshape(2, 3, 9, -1)
+        clean = tiny(batch.input_ids, batch.attention_mask)
+        for c, dead_heads in enumerate([[(1, 2)], [(0, 1), (1, 3)]]):
+            expected = without_heads(tiny, dead_heads)(batch.input_ids, batch.attention_mask)
+            torch.testing.assert_close(real_rows(ablated[c], batch), real_rows(expected, batch), atol=1e-5, rtol=1e-4)
+            assert (real_rows(ablated[c], batch) - real_rows(clean, batch)).abs().max() > 1e-2  # not a no-op
+
+
+@pytest.mark.parametrize("method", imp.METHODS)
+def test_ablation_matches_hooks_ablate_heads_and_runs_from_the_ablated_layer(tiny, method):
+    batch = toy_batch()
+    mean_z = imp.mean_head_outputs(tiny, [batch])
+    reference = hooks.mean_z(tiny, batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    torch.testing.assert_close(mean_z, torch.stack([reference[0], reference[1]]), atol=1e-6, rtol=1e-5)
+    keep = imp.single_head_keep(2, 4, layer=1)[2:3]  # ablate head (1, 2)
+    with torch.no_grad():
+        ours = imp.forward_with_heads(tiny, batch, keep, method=method, mean_z=mean_z)
+        _, cache = tiny.run_with_cache(batch.input_ids, batch.attention_mask, names_filter="blocks.1.hook_resid_pre")
+        started = imp.forward_with_heads(
+            tiny, batch, keep, method=method, mean_z=mean_z, start=(1, cache["blocks.1.hook_resid_pre"])
+        )
+        lead = tiny.run_with_hooks(
+            batch.input_ids,
+            batch.attention_mask,
+            fwd_hooks=hooks.ablate_heads(
+                tiny, {1: [2]}, method, reference=reference, attention_mask=batch.attention_mask
+            ),
+        )
+    torch.testing.assert_close(real_rows(ours, batch), real_rows(lead, batch), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(real_rows(started, batch), real_rows(ours, batch), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="earlier layers"):
+        imp.forward_with_heads(tiny, batch, imp.single_head_keep(2, 4, 0), start=(1, cache["blocks.1.hook_resid_pre"]))
+
+
+def test_a_dead_head_has_no_effect_and_no_gradient(tiny):
+    model = without_heads(tiny, [(1, 0), (0, 3)])
+    batches = [toy_batch(seed=0), toy_batch(n=2, seed=1)]
+    effects, measures = imp.ablation_effects(model, batches, copies_per_pass=3)
+    assert measures == list(imp.OUTPUT_MEASURES)
+    assert effects.shape == (5, 3, 2, 4, 2)
+    np.testing.assert_allclose(effects[:, :, 1, 0], 0.0, atol=1e-6)
+    np.testing.assert_allclose(effects[:, :, 0, 3], 0.0, atol=1e-6)
+    assert (effects[:, 0, 1, 1:] > 1e-4).all()  # live heads do matter
+    grad, objective = imp.gradient_importance(model, batches)
+    assert objective == "projection" and grad.shape == (5, 2, 4)
+    assert (grad[:, 1, 0] == 0).all() and (grad[:, 0, 3] == 0).all()
+    assert (grad.mean(0)[1, 1:] > 0).all()
+
+
+def test_gradient_importance_ranks_a_planted_critical_head_first(tiny):
+    model = copy.deepcopy(tiny)
+    d = model.config.d_head
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.out.weight.mul_(0.2)
+        model.blocks[0].attn.out.weight[:, 2 * d : 3 * d] *= 25.0  # head (0, 2) writes 25x more than the rest
+    batches = [toy_batch(seed=s) for s in range(2)]
+    grad, _ = imp.gradient_importance(model, batches, n_projections=8)
+    assert np.unravel_index(grad.mean(0).argmax(), grad.shape[1:]) == (0, 2)
+    effects, _ = imp.ablation_effects(model, batches, methods=("zero",))
+    pooled = effects[:, 0, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")].mean(0)
+    assert np.unravel_index(pooled.argmax(), pooled.shape) == (0, 2)
+
+
+def test_per_example_gradients_match_finite_differences(tiny):
+    model = copy.deepcopy(tiny).double()
+    batch = toy_batch(n=3)
+    seed = 5
+    grad_importance, _ = imp.gradient_importance(model, [batch], n_projections=1, seed=seed)
+    projections = torch.randn(3, model.config.d_model, generator=torch.Generator().manual_seed(seed))
+    gates = torch.ones(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    loss = imp.gate_objective(model, batch, gates, projections=projections)
+    (grad,) = torch.autograd.grad(loss.sum(), gates)
+    np.testing.assert_allclose(grad_importance, grad.abs().numpy(), rtol=1e-10, atol=1e-14)
+    eps = 1e-5
+    finite = torch.zeros(3, 2, 4, dtype=torch.float64)
+    with torch.no_grad():
+        for layer in range(2):
+            for head in range(4):
+                up, down = torch.ones(3, 2, 4, dtype=torch.float64), torch.ones(3, 2, 4, dtype=torch.float64)
+                up[:, layer, head] += eps
+                down[:, layer, head] -= eps
+                diff = imp.gate_objective(model, batch, up, projections=projections) - imp.gate_objective(
+                    model, batch, down, projections=projections
+                )
+                finite[:, layer, head] = diff / (2 * eps)
+    torch.testing.assert_close(grad, finite, rtol=1e-5, atol=1e-9)
+    assert np.corrcoef(grad.abs().ravel(), finite.abs().ravel())[0, 1] > 0.999
+
+
+def test_mlm_loss_is_used_when_the_model_has_an_mlm_head(tiny_config, tokenizer):
+    torch.manual_seed(0)
+    model = models.Encoder(tiny_config, mlm_head=True).eval()
+    model.tokenizer = tokenizer
+    model = without_heads(model, [(1, 1)])
+    batches = [toy_batch(seed=0)]
+    effects, measures = imp.ablation_effects(model, batches, methods=("zero",))
+    assert measures[-1] == imp.MLM_MEASURE
+    np.testing.assert_allclose(effects[:, 0, 1, 1, -1], 0.0, atol=1e-9)  # dead head: same masked-LM loss
+    assert np.abs(effects[:, 0, 0, :, -1]).max() > 0
+    grad, objective = imp.gradient_importance(model, batches)
+    assert objective == "mlm" and (grad[:, 1, 1] == 0).all() and grad.mean() > 0
+    with pytest.raises(ValueError, match="masked-LM head"):
+        imp.gradient_importance(models.random_encoder(tiny_config), batches, objective="mlm")
+
+
+def test_pruning_curve_starts_at_zero_and_dead_heads_cost_nothing(tiny):
+    model = without_heads(tiny, [(0, 0), (1, 3)])
+    order = [(0, 0), (1, 3), (0, 1), (1, 0)]
+    curve = imp.pruning_curve(model, [toy_batch()], order, counts=[0, 1, 2, 4])
+    assert curve.shape == (3, 4, 2)
+    np.testing.assert_allclose(curve[:, :3], 0.0, atol=1e-6)
+    assert (curve[:, 3] > 1e-4).all()
+    with pytest.raises(ValueError, match="counts"):
+        imp.pruning_curve(model, [toy_batch()], order, counts=[5])
+
+
+def test_training_mode_is_refused(tiny_config):
+    model = models.random_encoder(tiny_config).train()
+    with pytest.raises(ValueError, match="eval"):
+        imp.ablation_effects(model, [toy_batch()])
+
+
+# ----------------------------------------------------------------------------- syntax through word pieces
+
+
+def test_token_level_pointer_head_is_perfect_on_word_level_maps(tokenizer):
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=12)
+    encoded = corpus_mod.encode(corpus, tokenizer, batch_size=12)
+    batch = encoded.batches[0]
+    assert (batch.word_ids.max(-1).values + 1 < batch.attention_mask.sum(-1) - 2).any(), "want split words"
+    parts = []
+    for b, si in enumerate(batch.sentence_index):
+        sentence, wids = corpus[si], batch.word_ids[b]
+        pos = len(wids)
+        pattern = torch.zeros(1, 1, pos, pos)
+        pattern[..., :, 0] = 1.0  # everything that is not a word piece rests on [CLS]
+        for q in range(pos):
+            w = int(wids[q])
+            if w >= 0 and sentence.heads[w] > 0:
+                first_piece = int(torch.nonzero(wids == sentence.heads[w] - 1)[0, 0])
+                pattern[0, 0, q] = 0.0
+                pattern[0, 0, q, first_piece] = 1.0
+        maps = corpus_mod.word_attention(pattern, wids)
+        parts.append(syn.sentence_arc_hits(maps, sentence.heads, sentence.deprels, si))
+    table = syn.syntax_table(syn.ArcHits.concat(parts)).set_index("relation")
+    assert (table["accuracy"] == 1.0).all()
+    assert (table.drop(index=[syn.ALL_RELATIONS, syn.PER_RELATION])["direction"] == "dep->head").all()
+
+
+# ------------------------------------------------------------------------------------------- end to end
+
+
+def test_experiment_writes_every_table_and_figure(tiny, tmp_path):
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=12)
+    inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
+    options = RunOptions(out=tmp_path, quiet=True)
+    result = run_experiment(heads, options, inputs)
+    assert result.status == "complete", result.error
+    out = tmp_path / "heads"
+    results = pd.read_parquet(out / "results.parquet")
+    assert list(results.columns) == heads.RESULT_COLUMNS
+    per_head = results[results["head"].notna()]
+    assert per_head.groupby("metric").size().eq(8).all()  # every per-head metric for all 2 x 4 heads
+    for metric in ("mass_cls", "norm_sep", "entropy", "ablation:uniform:pooled_cos", "grad_importance:projection"):
+        assert metric in set(results["metric"])
+    masses = per_head[per_head["metric"].str.startswith("argmax_offset")].groupby(["layer", "head"])["value"].sum()
+    np.testing.assert_allclose(masses, 1.0)
+    assert ((per_head["ci_low"] <= per_head["value"] + 1e-12) | per_head["ci_low"].isna()).all()
+    roles = pd.read_csv(out / "roles.csv")
+    assert {"threshold", "statistic", "value", "assigned"} <= set(roles.columns)
+    syntax = pd.read_csv(out / "syntax.csv")
+    assert syntax["relation"].iloc[-2:].tolist() == [syn.ALL_RELATIONS, syn.PER_RELATION]
+    distances = pd.read_parquet(out / "distances.parquet")
+    assert len(distances) == 8 * 8
+    assert (distances.query("layer_a == layer_b and head_a == head_b")["distance"] == 0).all()
+    pruning = pd.read_csv(out / "pruning.csv")
+    assert (pruning.query("n_removed == 0")["value"].abs() < 1e-6).all()
+    figures = sorted(p.name for p in out.glob("fig_*.png"))
+    assert len(figures) == 8
+    for p in out.glob("fig_*"):
+        p.unlink()
+    redrawn = heads_plots.plot_all(out, formats=("png",))  # from the saved tables alone
+    assert sorted(p.name for p in redrawn) == figures
