@@ -88,7 +88,11 @@ def run_fit(args: argparse.Namespace) -> pd.DataFrame:
         })  # fmt: skip
     table = pd.DataFrame(rows)
     if len(proba) == 2:
-        table["max_proba_diff_vs_other"] = float(np.abs(proba["sklearn"] - proba["torch"]).max())
+        diff = np.abs(proba["sklearn"] - proba["torch"])
+        table["proba_diff_max"] = round(float(diff.max()), 4)
+        table["proba_diff_mean"] = float(f"{diff.mean():.2g}")
+        agree = np.argmax(proba["sklearn"], axis=1) == np.argmax(proba["torch"], axis=1)
+        table["same_prediction"] = round(float(agree.mean()), 4)
     return table
 
 

@@ -90,6 +90,8 @@ def capture(
         warnings.simplefilter("always")
         encoded = corpus_mod.encode(corpus, model.tokenizer, max_length=max_length, batch_size=batch_size)
     batches = list(encoded)
+    if not batches:
+        raise CaptureError(f"corpus {corpus.name!r} has no sentences to capture")
     key_width = max(int(b.attention_mask.shape[1]) for b in batches)
     device = next(model.parameters()).device
     specs = _hook_specs(model, names, batches[0], key_width, device)
@@ -98,8 +100,11 @@ def capture(
 
     _prepare_folder(out_dir, fingerprint, force)
     index_path = out_dir / INDEX
-    if index_path.is_file():  # same fingerprint, complete
-        return io.read_json(index_path)
+    if index_path.is_file():  # same fingerprint: complete, unless shards were deleted since
+        index = io.read_json(index_path)
+        if all((out_dir / s["file"]).is_file() for s in index["shards"]):
+            return index
+        index_path.unlink()
     done = {s.number for s in plan if _shard_is_done(out_dir / s.file, fingerprint, s.number)}
     writer = _ShardWriter(out_dir, plan, specs, fingerprint, done)
     stop_at = _last_layer_needed(names)

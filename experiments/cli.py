@@ -297,6 +297,8 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a file, not a folder; choose another --out")
     return RunOptions(
         model=args.model,
         corpus=args.corpus,

@@ -11,8 +11,9 @@ measures and writes, under ``OUT/heads/``:
   syntax accuracy (``syntax:<relation>:<direction>``), ablation effects (``ablation:<method>:<measure>``),
   gradient importance (``grad_importance:<objective>``, Michel et al. 2019), the within/between-layer
   distance ratio, and the rank correlation between gradient importance and ablation effect.
-- ``roles.csv`` (rule, statistic, value, threshold per head), ``syntax.csv`` (best head per relation against
-  the best offset baseline), ``distances.parquet`` (sqrt-JSD between heads), ``mds.csv``, ``pruning.csv``.
+- ``roles.csv`` (rule, statistic, value, threshold, assigned: one row per head and rule), ``roles_by_head.csv``
+  (one line per head), ``syntax.csv`` (best head per relation against the best offset baseline),
+  ``distances.parquet`` (sqrt-JSD between heads), ``mds.csv`` (2-D map), ``pruning.csv`` (pruning curves).
 - figures (``heads_plots``), redrawn from those tables by ``plot(out_dir)``.
 
 Sentences are weighted equally; CIs are percentile bootstraps over sentences. Defaults keep a run on the
@@ -38,7 +39,7 @@ from experiments.heads_roles import assign_roles, role_summary
 
 NAME = "heads"
 DIRNAME = "heads"
-SUMMARY_TABLES = ["roles.csv", "syntax.csv", "pruning.csv"]
+SUMMARY_TABLES = ["roles_by_head.csv", "syntax.csv", "pruning.csv"]
 RESULT_COLUMNS = ["model", "corpus", "layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
 PUNCTUATION = (".", ",")
 SCALARS = (*hs.SCALAR_METRICS, *hs.NORM_METRICS)  # per-sentence statistics, in array order
@@ -123,6 +124,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.write_table(_mds_table(coords, n_layers, n_heads, roles), "mds", formats=("csv",))
     ctx.write_table(_pruning_table(importance, settings, ctx.seed), "pruning", formats=("csv",))
     summary = role_summary(roles)
+    ctx.write_table(summary, "roles_by_head", formats=("csv",))
     ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
     return results
 
@@ -132,6 +134,47 @@ def plot(out_dir: Path) -> list[Path]:
     from experiments import heads_plots
 
     return heads_plots.plot_all(Path(out_dir))
+
+
+def attention_table(scalars: np.ndarray, offsets: np.ndarray, settings: Settings, seed: int = 0) -> pd.DataFrame:
+    """Long rows ``layer, head, metric, value, ci_low, ci_high, n`` from per-sentence statistics.
+
+    Args:
+        scalars: ``[sentence, layer, head, metric]`` in the order ``SCALARS``.
+        offsets: ``[sentence, layer, head, 2 * max_offset + 1]`` argmax-offset fractions.
+    """
+    offsets = offsets.astype(np.float64)
+    n_layers, n_heads = scalars.shape[1:3]
+    rows = [_rows_from(scalars, list(SCALARS), settings, seed)]
+    max_offset = (offsets.shape[-1] - 1) // 2
+    k = settings.offset_bins
+    if max_offset <= k:  # short sentences: pad so that the reported bins and both tails exist
+        offsets = np.pad(offsets, [(0, 0)] * 3 + [(k + 1 - max_offset,) * 2])
+        max_offset = k + 1
+    centre = offsets[..., max_offset - k : max_offset + k + 1]
+    below = offsets[..., : max_offset - k].sum(-1, keepdims=True)
+    above = offsets[..., max_offset + k + 1 :].sum(-1, keepdims=True)
+    hist = np.concatenate([below, centre, above], axis=-1)
+    names = [f"argmax_offset<{-k}", *(f"argmax_offset={o}" for o in range(-k, k + 1)), f"argmax_offset>{k}"]
+    rows.append(_rows_from(hist, names, settings, seed))
+    # Most frequent argmax offset (over all offsets, not only the reported bins) and its share.
+    top_bin = offsets.mean(0).argmax(-1)  # [layer, head]
+    index = np.broadcast_to(top_bin[None, ..., None], (len(offsets), n_layers, n_heads, 1))
+    share = np.take_along_axis(offsets, index, -1)
+    rows.append(_rows_from(share, ["top_offset_fraction"], settings, seed))
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    rows.append(pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "metric": "top_offset",
+                              "value": (top_bin - max_offset).ravel().astype(float), "n": len(offsets)}))  # fmt: skip
+    return pd.concat(rows, ignore_index=True)
+
+
+def head_stats_wide(results: pd.DataFrame) -> pd.DataFrame:
+    """Wide table (one row per head: ``layer, head`` and one column per metric) of what the role rules read."""
+    wanted = [*hs.MASS_METRICS, "entropy_ratio", "top_offset", "top_offset_fraction"]
+    sel = results[results["metric"].isin(wanted) & results["head"].notna()]
+    wide = sel.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    return wide.astype({"layer": int, "head": int})
 
 
 # ------------------------------------------------------------------------------------------- model passes
@@ -144,7 +187,8 @@ def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.n
     model, tokenizer = ctx.model, ctx.model.tokenizer
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     punct_ids = _punctuation_ids(tokenizer)
-    max_offset = ctx.options.max_length
+    encoded = ctx.encode(corpus)
+    max_offset = max(b.input_ids.shape[1] for b in encoded.batches) - 1  # no argmax can lie further away
     n = len(corpus)
     scalars = np.full((n, n_layers, n_heads, len(SCALARS)), np.nan)
     offsets = np.zeros((n, n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32)
@@ -152,7 +196,6 @@ def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.n
     distances = np.zeros((n_distance, n_layers * n_heads, n_layers * n_heads), dtype=np.float32)
     arc_parts: list[syn.ArcHits] = []
     skipped_syntax = 0
-    encoded = ctx.encode(corpus)
     names = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"]
     for batch in ctx.progress(encoded.batches, desc="attention statistics", total=len(encoded.batches)):
         with torch.no_grad():
@@ -243,34 +286,6 @@ def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.
 
 # ------------------------------------------------------------------------------------------ table builders
 
-def attention_table(scalars: np.ndarray, offsets: np.ndarray, settings: Settings, seed: int = 0) -> pd.DataFrame:
-    """Long rows ``layer, head, metric, value, ci_low, ci_high, n`` from per-sentence statistics.
-
-    Args:
-        scalars: ``[sentence, layer, head, metric]`` in the order ``SCALARS``.
-        offsets: ``[sentence, layer, head, 2 * max_offset + 1]`` argmax-offset fractions.
-    """
-    offsets = offsets.astype(np.float64)
-    n_layers, n_heads = scalars.shape[1:3]
-    rows = [_rows_from(scalars, list(SCALARS), settings, seed)]
-    max_offset = (offsets.shape[-1] - 1) // 2
-    k = settings.offset_bins
-    centre = offsets[..., max_offset - k : max_offset + k + 1]
-    below = offsets[..., : max_offset - k].sum(-1, keepdims=True)
-    above = offsets[..., max_offset + k + 1 :].sum(-1, keepdims=True)
-    hist = np.concatenate([below, centre, above], axis=-1)
-    names = [f"argmax_offset<{-k}", *(f"argmax_offset={o}" for o in range(-k, k + 1)), f"argmax_offset>{k}"]
-    rows.append(_rows_from(hist, names, settings, seed))
-    # Most frequent argmax offset (over all offsets, not only the reported bins) and its share.
-    top_bin = offsets.mean(0).argmax(-1)  # [layer, head]
-    index = np.broadcast_to(top_bin[None, ..., None], (len(offsets), n_layers, n_heads, 1))
-    share = np.take_along_axis(offsets, index, -1)
-    rows.append(_rows_from(share, ["top_offset_fraction"], settings, seed))
-    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-    rows.append(pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "metric": "top_offset",
-                              "value": (top_bin - max_offset).ravel().astype(float), "n": len(offsets)}))  # fmt: skip
-    return pd.concat(rows, ignore_index=True)
-
 
 def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
     """Within/between-layer distance ratio, overall and per layer, bootstrapped over sentences."""
@@ -349,15 +364,6 @@ def _tidy(results: pd.DataFrame) -> pd.DataFrame:
     for col in ("value", "ci_low", "ci_high"):
         out[col] = out[col].astype(float)
     return out
-
-
-def head_stats_wide(results: pd.DataFrame) -> pd.DataFrame:
-    """Wide table (one row per head: ``layer, head`` and one column per metric) of what the role rules read."""
-    wanted = [*hs.MASS_METRICS, "entropy_ratio", "top_offset", "top_offset_fraction"]
-    sel = results[results["metric"].isin(wanted) & results["head"].notna()]
-    wide = sel.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    return wide.astype({"layer": int, "head": int})
 
 
 def _distance_table(mean_distance: np.ndarray, n_layers: int, n_heads: int, n: int) -> pd.DataFrame:

@@ -23,11 +23,12 @@ FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 
 
-def plot_all(out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
-    """Every figure the saved tables allow; returns the written paths (``formats``: PNG and PDF by default)."""
+def plot_all(out_dir: Path, formats: Formats | None = None) -> list[Path]:
+    """Every figure the saved tables allow; returns the written paths (``formats``: ``FORMATS`` by default)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    formats = tuple(formats or FORMATS)
     out_dir = Path(out_dir)
     results = _read_results(out_dir)
     tables = {

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from experiments.positions_data import (
     CLS,
@@ -97,9 +98,10 @@ class Settings:
     table_pairs: int = 3000  # pairs of position-table rows for the Wang & Chen relative probe
     mdl: bool = True  # MDL codelengths per layer (absolute position and its control)
     mdl_blocks: int = 8  # doublings of the online code
-    sublayer_controls: bool = True  # shuffled / random-weights controls at every site, not only the residual
+    sublayer_controls: bool = False  # shuffled / random-weights probes at the sublayer sites too
     heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
     batch_size: int = 32
+    blas_threads: int | None = 1  # BLAS threads while probing (None: leave as is)
 
     def __post_init__(self) -> None:
         if self.window_len < 4:
@@ -152,21 +154,27 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         "W_pos": _numpy(model.W_pos),
         "W_pos_random": _numpy(random_model.W_pos),
     }
+    ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
     ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
 
-    parts = [
-        ctx.step("absolute_windows", lambda: design.absolute_windows(acts)),
-        ctx.step("absolute_sentences", lambda: design.absolute_sentences(acts)),
-        ctx.step("specials", lambda: design.specials(acts)),
-        ctx.step("relative_pairs", lambda: design.relative_pairs(acts)),
-        ctx.step("probe_free", lambda: design.probe_free(acts, tables)),
-        ctx.step("position_table", lambda: design.position_table(tables["W_pos"])),
-    ]
+    steps = {
+        "absolute_windows": lambda: design.absolute_windows(acts),
+        "absolute_sentences": lambda: design.absolute_sentences(acts),
+        "specials": lambda: design.specials(acts),
+        "relative_pairs": lambda: design.relative_pairs(acts),
+        "probe_free": lambda: design.probe_free(acts, tables),
+        "position_table": lambda: design.position_table(tables["W_pos"]),
+    }
     if settings.mdl:
-        parts.append(ctx.step("mdl", lambda: design.mdl(acts)))
-    results = pd.concat(parts, ignore_index=True)[COLUMNS]
+        steps["mdl"] = lambda: design.mdl(acts)
+    steps["confusion"] = lambda: design.confusion(acts)
+    # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
+    with threadpool_limits(limits=settings.blas_threads):
+        parts = {name: _timed_step(ctx, name, fn) for name, fn in steps.items()}
+    confusion = parts.pop("confusion")
+    results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
 
-    ctx.write_table(ctx.step("confusion", lambda: design.confusion(acts)), "confusion")
+    ctx.write_table(confusion, "confusion")
     pca, cosine = position_table_views(tables["W_pos"])
     ctx.write_table(pca, "position_table_pca")
     ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
@@ -458,11 +466,12 @@ class _Design:
         sel = real.kind == CONTENT
         y, groups = real.pos[sel] - 1, real.group[sel]
         control = self._control_labels(real.token[sel], y)
+        alpha = self.alpha("abs_class", real.feats[self.reference][sel], y, groups, "classification")
         rows = []
         for site in self.ctx.progress(self.residual, "MDL"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
-                res = mdl_probe(real.feats[site][sel], y, groups, seed=self.ctx.seed, alpha=self._alphas["abs_class"],
+                res = mdl_probe(real.feats[site][sel], y, groups, seed=self.ctx.seed, alpha=alpha,
                                 control=control, n_blocks=self.s.mdl_blocks)  # fmt: skip
             for control_name, d in (("none", res), ("control_task", res["control"])):
                 for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):
@@ -477,12 +486,12 @@ class _Design:
         real = acts[("windows", "none")]
         sel = real.kind == CONTENT
         y, groups = real.pos[sel] - 1, real.group[sel]
+        alpha = self.alpha("abs_class", real.feats[self.reference][sel], y, groups, "classification")
         chosen = self.s.heatmap_sites or (self.residual[1], self.reference, self.residual[-1])
         parts = []
         for site in chosen:
-            pred = grouped_oof_predict(real.feats[site][sel], y, groups, task="classification",
-                                       alpha=self._alphas["abs_class"], n_folds=self.s.n_folds,
-                                       seed=self.ctx.seed)  # fmt: skip
+            pred = grouped_oof_predict(real.feats[site][sel], y, groups, task="classification", alpha=alpha,
+                                       n_folds=self.s.n_folds, seed=self.ctx.seed)  # fmt: skip
             counts = pd.crosstab(y, pred).stack().rename("count").reset_index()
             counts.columns = ["true", "pred", "count"]
             layer, component = site_layer(site)
@@ -555,6 +564,15 @@ class _Design:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _timed_step(ctx: Any, name: str, fn: Any) -> pd.DataFrame:
+    t0 = time.perf_counter()
+    out = ctx.step(name, fn)
+    seconds = round(time.perf_counter() - t0, 1)
+    ctx.note(f"seconds_{name}", seconds)
+    ctx.log(f"{name}: {len(out)} rows in {seconds}s")
+    return out
 
 
 def _tag(res: pd.DataFrame, **columns: str) -> pd.DataFrame:

@@ -68,7 +68,7 @@ def _overview(out: Path, experiments: list[Path]) -> str:
                 "seconds": _fmt_number(m.get("seconds")),
                 "model": html.escape(_short_source(m.get("model", {}).get("source", "?"))),
                 "corpus": html.escape(str(m.get("corpus", {}).get("name", "?"))),
-                "sentences": _fmt_number(m.get("corpus", {}).get("n_sentences")),
+                "corpus size": _fmt_number(m.get("corpus", {}).get("n_sentences")),
                 "device": html.escape(str(m.get("device", {}).get("device", "?"))),
                 "finished": html.escape(str(m.get("finished_at") or "-")),
             }

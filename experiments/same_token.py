@@ -33,6 +33,7 @@ import torch
 from einops import rearrange
 
 from experiments.same_token_metrics import (
+    DUPLICATE_METRICS,
     Positions,
     Tallies,
     attention_masses,
@@ -54,6 +55,15 @@ N_BOOT = 1000
 VOCAB_SAMPLE = 2000
 EXAMPLE_MAX_TOKENS = 40
 RANDOM_CORPUS = "repeated-random"
+CONVENTIONS = {
+    "raw rows": "source=raw, head=-1; layer=-1 for embed.hook_word/embed.hook_out, else the layer of hook_resid_post",
+    "raw attention": "softmax(X X^T / sqrt(d_model)) over real tokens; copies with identical X tie exactly",
+    "norm weighting": "||A[i,j] (x_j W_V[h] + b_V[h]) W_O[h]|| renormalised per query; b_O excluded (shared)",
+    "duplicates": "other content positions with the same token id; [CLS]/[SEP]/padding excluded",
+    "null": "offset-matched for duplicate metrics where defined, else uniform (see null_kind)",
+    "ci": "95% percentile bootstrap over sentences (tokens for the weight view)",
+    "weight view": "x = LN(word + type 0 + mean position) of each token alone; biases b_Q, b_K included",
+}
 
 
 def run(ctx: Any) -> pd.DataFrame:
@@ -70,10 +80,10 @@ def run(ctx: Any) -> pd.DataFrame:
     ctx.note("n_boot", N_BOOT)
     ctx.note("vocab_sample", VOCAB_SAMPLE)
     ctx.note("repeated_random_meta", dict(corpora[-1].meta) if corpora[-1].name == RANDOM_CORPUS else None)
-
-    tables, encodings = [], {}
+    ctx.note("conventions", CONVENTIONS)
+    tables = []
     for corpus in corpora:
-        encoded = encodings[corpus.name] = ctx.encode(corpus)
+        encoded = ctx.encode(corpus)
         tables.append(
             ctx.step(
                 f"measure_{corpus.name}",
@@ -87,12 +97,18 @@ def run(ctx: Any) -> pd.DataFrame:
                 ),
             )
         )
-    tables.append(ctx.step("weights", lambda: weight_view(model, n_tokens=VOCAB_SAMPLE, seed=ctx.seed)))
+    tables.append(ctx.step("weights", lambda: weight_view(model, n_tokens=VOCAB_SAMPLE, seed=ctx.seed, n_boot=N_BOOT)))
     results = pd.concat(tables, ignore_index=True)
     results.insert(0, "model", str(model.source))
 
+    fallback = results[results.metric.isin(DUPLICATE_METRICS) & (results.null_kind == "uniform")]
+    for corpus in sorted(fallback.corpus.unique()):
+        ctx.log(
+            f"{corpus}: some copies sit at offsets where every content pair is a copy, so the offset-matched "
+            "null is undefined there (null_offset = NaN); null/ratio use the uniform null (null_kind)"
+        )
     maps = ctx.step("example_maps", lambda: example_maps(model, corpora, results, max_tokens=EXAMPLE_MAX_TOKENS))
-    ctx.write_table(maps, "example_maps")
+    ctx.write_table(maps, "example_maps", formats=("parquet",))
     ctx.write_table(summary_table(results), "summary")
     return results
 
@@ -121,7 +137,7 @@ def measure(
     raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
     names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
     # ||v W_O[h]||^2 = v (W_O[h] W_O[h]^T) v^T: a [d_head, d_head] Gram matrix per head instead of d_model.
-    grams = [torch.einsum("hdm,hem->hde", b.attn.W_O, b.attn.W_O).float() for b in model.blocks]
+    grams = [torch.einsum("hdm,hem->hde", b.attn.W_O.float(), b.attn.W_O.float()) for b in model.blocks]
     max_length = max(b.input_ids.shape[1] for b in batches)
     device = model.device
 
@@ -146,7 +162,8 @@ def measure(
             norms = torch.stack(
                 [
                     torch.einsum("bphd,hde,bphe->bhp", v, g, v).clamp(min=0).sqrt()
-                    for v, g in ((cache[f"blocks.{i}.attn.hook_v"].float(), grams[i]) for i in range(n_layers))
+                    for i, g in enumerate(grams)
+                    for v in [cache[f"blocks.{i}.attn.hook_v"].float()]
                 ]
             )
             norms = rearrange(norms, "layer b h k -> b (layer h) k")
@@ -268,7 +285,7 @@ def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_t
     n_layers = model.config.n_layers
     frames = []
     for corpus in corpora:
-        sentence, ids = _most_repetitive(corpus, tok, max_tokens)
+        sentence = _most_repetitive(corpus, tok, max_tokens)
         if sentence is None:
             continue
         batch = next(iter(encode(Corpus(corpus.name, corpus.source, [sentence]), tok, max_length=max_tokens + 2)))
@@ -337,7 +354,7 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
 def _label(t: pd.DataFrame, **columns: Any) -> pd.DataFrame:
     """Put the identifying columns first, in the results' order."""
     t = t.drop(columns="head")
-    ident = pd.DataFrame({k: v for k, v in columns.items()}, index=t.index)
+    ident = pd.DataFrame(columns, index=t.index)
     return pd.concat([ident, t], axis=1)
 
 
@@ -352,16 +369,15 @@ def _self_preference(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
     return (above == 0).double().cpu(), (below.double() / (len(q) - 1)).cpu()
 
 
-def _most_repetitive(corpus: Any, tok: Any, max_tokens: int) -> tuple[Any, list[int]]:
-    best, best_ids, best_count = None, [], 0
+def _most_repetitive(corpus: Any, tok: Any, max_tokens: int) -> Any:
+    """The sentence of at most ``max_tokens`` word pieces with the most repeated pieces (None if none)."""
+    best, best_count = None, 0
     for sentence in corpus:
         ids = tok(list(sentence.words), is_split_into_words=True, add_special_tokens=False)["input_ids"]
-        if len(ids) > max_tokens:
-            continue
         repeats = len(ids) - len(set(ids))
-        if repeats > best_count:
-            best, best_ids, best_count = sentence, ids, repeats
-    return best, best_ids
+        if len(ids) <= max_tokens and repeats > best_count:
+            best, best_count = sentence, repeats
+    return best
 
 
 def _example_panels(results: pd.DataFrame, n_layers: int) -> list[dict[str, Any]]:
@@ -378,12 +394,11 @@ def _example_panels(results: pd.DataFrame, n_layers: int) -> list[dict[str, Any]
     ]
     heads = results[(results.source == "head") & (results.weighting == "attention")]
     for metric, n in (("duplicate", 3), ("self", 1)):
-        rows = heads[heads.metric == metric]
-        rows = rows.assign(key=rows["ratio"].fillna(rows["ratio_uniform"])).sort_values("key", ascending=False)
+        rows = heads[heads.metric == metric].sort_values("ratio", ascending=False)
         for r in rows.head(n).itertuples():
             panels.append(
                 {
-                    "panel": f"L{r.layer}H{r.head}: {metric} ratio {r.key:.1f}",
+                    "panel": f"L{r.layer}H{r.head}: {metric} / {r.null_kind} null = {r.ratio:.1f}",
                     "source": "head",
                     "site": f"blocks.{r.layer}.attn.hook_pattern",
                     "layer": int(r.layer),

@@ -17,6 +17,8 @@ import pandas as pd
 
 from experiments import io
 
+MAX_LOG2_RATIO = 6.0
+
 
 def plot(out_dir: Path) -> list[Path]:
     """Redraw every figure from ``out_dir/results.parquet`` (and ``example_maps.parquet`` if present)."""
@@ -54,17 +56,20 @@ def heatmaps(results: pd.DataFrame, corpus: str):  # noqa: ANN201 - matplotlib F
         ("duplicate", "ratio_uniform", "duplicate / uniform null"),
     ]
     fig, axes = plt.subplots(len(weightings), len(panels), figsize=(4.2 * len(panels), 3.4 * len(weightings)),
-                             squeeze=False, constrained_layout=True)
+                             squeeze=False)
     for r, weighting in enumerate(weightings):
         for c, (metric, column, title) in enumerate(panels):
             rows = heads[(heads.weighting == weighting) & (heads.metric == metric)]
             grid = rows.pivot(index="layer", columns="head", values=column).sort_index()
             ax = axes[r, c]
             if column.startswith("ratio"):
-                data = np.log2(grid.to_numpy(dtype=float))
-                span = np.nanmax(np.abs(data)) if np.isfinite(data).any() else 1.0
-                im = ax.imshow(data, cmap="RdBu_r", vmin=-span, vmax=span, aspect="auto")
-                fig.colorbar(im, ax=ax, label="log2 ratio")
+                with np.errstate(divide="ignore"):
+                    data = np.log2(grid.to_numpy(dtype=float))
+                finite = np.abs(data[np.isfinite(data)])
+                # a head with ~0 mass has log2 ratio -> -inf: clip the scale at 64x either way
+                span = min(float(finite.max()), MAX_LOG2_RATIO) if finite.size else 1.0
+                im = ax.imshow(np.clip(data, -span, span), cmap="RdBu_r", vmin=-span, vmax=span, aspect="auto")
+                fig.colorbar(im, ax=ax, label=f"log2 ratio (clipped at ±{span:.3g})")
                 kind = rows.null_kind.iloc[0] if len(rows) else ""
                 title = title.format(kind=kind)
             else:
@@ -77,6 +82,7 @@ def heatmaps(results: pd.DataFrame, corpus: str):  # noqa: ANN201 - matplotlib F
             ax.set_yticks(range(grid.shape[0]), grid.index)
     n = heads.n_sentences.max() if len(heads) else 0
     fig.suptitle(f"same-token attention per head, corpus {corpus} ({n} sentences)")
+    fig.subplots_adjust(left=0.04, right=0.97, top=0.86, bottom=0.09, wspace=0.3, hspace=0.5)
     return fig
 
 
@@ -88,8 +94,7 @@ def raw_vs_learned(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
     data = results[results.weighting != "weights"]
     corpora = sorted(data.corpus.unique())
     metrics = ["self", "duplicate"]
-    fig, axes = plt.subplots(len(metrics), len(corpora), figsize=(5.5 * len(corpora), 7), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(len(metrics), len(corpora), figsize=(5.5 * len(corpora), 7), squeeze=False)
     n_layers = int(data.loc[data.source == "head", "layer"].max()) + 1 if (data.source == "head").any() else 0
     # x = 0: word embeddings; x = L + 1: input of layer L (embedding output for L = 0, else resid_post L - 1)
     raw_x = {"embed.hook_word": 0, "embed.hook_out": 1}
@@ -116,6 +121,7 @@ def raw_vs_learned(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
             if r == 0 and c == 0:
                 ax.legend(fontsize=8)
     fig.suptitle("raw dot-product attention vs learned heads")
+    fig.subplots_adjust(left=0.08, right=0.97, top=0.91, bottom=0.1, wspace=0.2, hspace=0.45)
     return fig
 
 
@@ -124,7 +130,7 @@ def weight_heatmaps(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
     import matplotlib.pyplot as plt
 
     data = results[results.weighting == "weights"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, metric in zip(axes, ("qk_self_top1", "qk_self_percentile"), strict=True):
         rows = data[(data.source == "head") & (data.metric == metric)]
         grid = rows.pivot(index="layer", columns="head", values="value").sort_index()
@@ -139,6 +145,7 @@ def weight_heatmaps(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
         ax.set_yticks(range(grid.shape[0]), grid.index)
     n = int(data.n_queries.max())
     fig.suptitle(f"context-free self-preference of W_QK over {n} sampled vocabulary tokens")
+    fig.subplots_adjust(left=0.06, right=0.97, top=0.76, bottom=0.13, wspace=0.25)
     return fig
 
 
@@ -149,7 +156,7 @@ def example_figure(maps: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
     panels = list(dict.fromkeys(maps.panel))
     cols = min(4, len(panels))
     rows = int(np.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.6 * rows), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.6 * rows), squeeze=False)
     for ax, panel in zip(axes.flat, panels, strict=False):
         m = maps[maps.panel == panel]
         grid = m.pivot(index="query", columns="key", values="weight").sort_index()
@@ -164,6 +171,7 @@ def example_figure(maps: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"attention on a repeated sentence ({maps.corpus.iloc[0]}: {maps.sentence_id.iloc[0]})")
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.93, bottom=0.1, wspace=0.35, hspace=0.35)
     return fig
 
 

@@ -27,7 +27,7 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def check_features(X: Any, *, name: str = "X") -> np.ndarray | torch.Tensor:
+def check_features(X: Any, *, name: str = "X", min_rows: int = 2) -> np.ndarray | torch.Tensor:
     """Return X as a 2-D finite float array (numpy) or tensor (kept on its device).
 
     X: [n, d]. Integer inputs are converted to float32; float64 numpy input is kept as float64.
@@ -53,8 +53,8 @@ def check_features(X: Any, *, name: str = "X") -> np.ndarray | torch.Tensor:
         if bad.any():
             rows, cols = np.nonzero(bad)
             _raise_non_finite(name, [int(rows[0]), int(cols[0])], int(bad.sum()))
-    if arr.shape[0] < 2:
-        raise ValueError(f"{name} has {arr.shape[0]} rows; a probe needs at least 2 samples")
+    if arr.shape[0] < min_rows:
+        raise ValueError(f"{name} has {arr.shape[0]} rows; at least {min_rows} needed")
     if arr.shape[1] < 1:
         raise ValueError(f"{name} has no feature columns")
     return arr

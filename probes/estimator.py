@@ -127,7 +127,7 @@ class LinearProbe(BaseEstimator):
     def decision_function(self, X: Any) -> np.ndarray:
         """Linear scores: [n] for regression and binary classification, [n, K] for K > 2 classes."""
         self._check_fitted()
-        X = check_features(X)
+        X = check_features(X, min_rows=1)
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features but the probe was fit on {self.n_features_in_}")
         if self.backend == "torch":
@@ -161,7 +161,7 @@ class LinearProbe(BaseEstimator):
         """Accuracy (classification) or R^2 (regression), as scikit-learn's mixins define them."""
         from sklearn.metrics import accuracy_score, r2_score
 
-        y_true = check_target(y, check_features(X).shape[0], self.task)
+        y_true = check_target(y, check_features(X, min_rows=1).shape[0], self.task)
         metric = accuracy_score if self.task == "classification" else r2_score
         return float(metric(y_true, self.predict(X), sample_weight=sample_weight))
 

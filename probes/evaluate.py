@@ -46,8 +46,8 @@ DEFAULT_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
 
 COLUMNS = [
     "labels", "metric", "value", "ci_low", "ci_high", "baseline_majority", "baseline_chance",
-    "n_train", "n_test", "n_groups", "alpha", "alpha_by_fold", "n_folds", "n_boot", "ci_level", "task",
-    "backend",
+    "n_train", "n_test", "n_groups", "alpha", "alpha_by_fold", "converged", "n_folds", "n_boot", "ci_level",
+    "task", "backend",
 ]  # fmt: skip
 
 
@@ -64,7 +64,8 @@ class CrossValPredictions:
     n_train_by_fold: list[int]
     control_pred: np.ndarray | None = None
     control_majority_pred: np.ndarray | None = None
-    converged: list[bool] = field(default_factory=list)
+    converged: list[bool] = field(default_factory=list)  # task fit of each fold reached `tol`
+    control_converged: list[bool] = field(default_factory=list)
 
 
 def evaluate(
@@ -103,7 +104,9 @@ def evaluate(
 
     Returns one row per (labels, metric): labels in {"task", "control", "selectivity"}; columns `COLUMNS`.
     `n_train` is the mean training-split size, `n_test` the number of rows scored (all of them, out of fold),
-    `alpha` the median of the per-fold alphas (all in `alpha_by_fold`).
+    `alpha` the median of the per-fold alphas (all in `alpha_by_fold`), `converged` whether every final fit
+    of that label set reached `tol` within `max_iter` (a small `max_iter` buys speed with early-stopped probes;
+    this column says so).
     """
     check_task(task)
     if not 0 < ci < 1:
@@ -157,13 +160,16 @@ def evaluate(
         "task": task,
         "backend": backend,
     }
+    converged = {"task": all(cv.converged), "control": all(cv.control_converged)}
+    converged["selectivity"] = converged["task"] and converged["control"]
     rows = []
     for labels, values in points.items():
         for m in names:
             lo, hi = percentile_interval(replicates[labels][m], ci) if n_boot else (np.nan, np.nan)
             majority, chance = baselines.get(labels, {}).get(m, (np.nan, np.nan))
             rows.append({"labels": labels, "metric": m, "value": values[m], "ci_low": lo, "ci_high": hi,
-                         "baseline_majority": majority, "baseline_chance": chance, **common})  # fmt: skip
+                         "baseline_majority": majority, "baseline_chance": chance, **common,
+                         "converged": converged[labels]})  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -224,7 +230,7 @@ def grouped_cross_val_predict(
     if y_control is not None:
         control_pred = np.empty(n, dtype=_pred_dtype(y_control, task))
         control_majority = np.empty(n, dtype=control_pred.dtype)
-    alpha_by_fold, n_train_by_fold, converged = [], [], []
+    alpha_by_fold, n_train_by_fold, converged, control_converged = [], [], [], []
     for f in range(n_folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
         where = f" (training split of outer fold {f})"
@@ -249,13 +255,13 @@ def grouped_cross_val_predict(
             control_probe = new_probe().set_params(alpha=alpha).fit(Xtr, y_control[train])
             control_pred[test] = control_probe.predict(Xte)
             control_majority[test] = _majority(y_control[train], task)
-            converged.append(bool(control_probe.converged_))
+            control_converged.append(bool(control_probe.converged_))
         alpha_by_fold.append(alpha)
         n_train_by_fold.append(len(train))
     return CrossValPredictions(
         y_pred=y_pred, majority_pred=majority, fold=fold, group_idx=group_idx, n_groups=n_groups,
         alpha_by_fold=alpha_by_fold, n_train_by_fold=n_train_by_fold, control_pred=control_pred,
-        control_majority_pred=control_majority, converged=converged,
+        control_majority_pred=control_majority, converged=converged, control_converged=control_converged,
     )  # fmt: skip
 
 

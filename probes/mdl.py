@@ -9,8 +9,8 @@ so 1 means the probe saved nothing and larger is better.
 Every code used is a proper (sub-)probability, so every codelength is a real, achievable one:
 - a probe's class probabilities are mixed with the uniform distribution, p = (1 - eps) p_probe + eps / K, so
   classes absent from a training prefix stay codable;
-- a prefix holding a single class cannot train a probe; that block is sent with the label-frequency code below
-  (marked `model="prior"` in the block table);
+- a prefix holding a single class (or a single row) cannot train a probe; that block is sent with the
+  label-frequency code below (marked `model="prior"` in the block table);
 - the label-frequency ("prior") code, reported beside the probe's, predicts each block from the label counts
   of the prefix, (count + 1) / (t + K): it is what a probe gets for free from unbalanced labels.
 
@@ -160,7 +160,7 @@ def _codelength(
         else:
             sigma = max(float(np.std(y[:start])), precision)
             prior = mixed_bits(_gauss_bin(centers[block], np.full(end - start, y[:start].mean()), sigma, precision))
-        if task == "classification" and np.count_nonzero(np.bincount(codes[:start])) < 2:
+        if start < 2 or (task == "classification" and np.count_nonzero(np.bincount(codes[:start])) < 2):
             rows.append(dict(start=start, end=end, n_train=start, bits=prior, uniform_bits=(end - start) * per_row,
                              prior_bits=prior, model="prior"))  # fmt: skip
             continue

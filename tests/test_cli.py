@@ -301,6 +301,7 @@ def test_report_command_and_linked_figures(
         (["run", "all", "--corpus", "no-such-corpus"], "no-such-corpus"),
         (["run", "all", "--max-length", "100000"], "--max-length 100000"),
         (["report", "/no/such/results"], "/no/such/results"),
+        (["run", "all", "--out", __file__], "is a file, not a folder"),
     ],
 )
 def test_bad_input_is_one_clear_line_with_status_2(
@@ -312,7 +313,8 @@ def test_bad_input_is_one_clear_line_with_status_2(
     needle: str,
 ) -> None:
     if args[0] == "run":
-        args = [*args, "--model", str(tiny_model_dir), "--out", str(tmp_path / "r")]
+        args = [*args, "--model", str(tiny_model_dir)]
+        args += [] if "--out" in args else ["--out", str(tmp_path / "r")]
     code, out, err = bertscope(capsys, *args)
     assert code == 2
     lines = err.strip().splitlines()

@@ -46,7 +46,9 @@ def planted_batch(lengths: tuple[int, ...] = (7, 5), pos: int = 8) -> dict[str, 
     return {"pattern": pattern, "ids": ids, "mask": mask}
 
 
-def stats_of(batch: dict[str, torch.Tensor], value_norms: torch.Tensor | None = None) -> hs.SentenceStats:
+def stats_of(
+    batch: dict[str, torch.Tensor], value_norms: torch.Tensor | None = None, max_offset: int = 10
+) -> hs.SentenceStats:
     ids = batch["ids"]
     return hs.attention_statistics(
         batch["pattern"],
@@ -55,7 +57,7 @@ def stats_of(batch: dict[str, torch.Tensor], value_norms: torch.Tensor | None = 
         sep_mask=ids == SEP,
         punct_mask=(ids == DOT) | (ids == COMMA),
         value_norms=value_norms,
-        max_offset=10,
+        max_offset=max_offset,
     )
 
 
@@ -350,3 +352,15 @@ def test_mds_is_seeded_and_keeps_planted_geometry():
     np.testing.assert_array_equal(a, sim.mds_embedding(d, seed=0))
     recovered = np.linalg.norm(a[:, None] - a[None], axis=-1)
     np.testing.assert_allclose(recovered, d, atol=0.05)
+
+
+def test_offset_histogram_of_short_sentences_keeps_every_bin():
+    stats = stats_of(planted_batch((4, 3), pos=4), torch.ones(2, len(HEADS), 4), max_offset=3)  # offsets <= 3
+    scalars = np.stack([stats.scalars[m].numpy() for m in heads.SCALARS], axis=-1)[:, None]
+    offsets = stats.offset_fraction.numpy()[:, None]
+    table = heads.attention_table(scalars, offsets, heads.Settings(n_boot=20, offset_bins=8))
+    hist = table[table["metric"].str.startswith("argmax_offset")]
+    assert hist["metric"].nunique() == 2 * 8 + 3
+    np.testing.assert_allclose(hist.groupby("head")["value"].sum(), 1.0)
+    top = table[table["metric"] == "top_offset"].set_index("head")["value"]
+    assert top[0] == 0 and top[1] == -1

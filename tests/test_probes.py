@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 from sklearn.base import clone, is_classifier, is_regressor
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.metrics import f1_score, mean_absolute_error, r2_score
 from sklearn.model_selection import GridSearchCV, GroupKFold, cross_val_score
@@ -115,6 +116,7 @@ def test_coef_is_in_input_space_and_tensor_input(backend):
     probe = LinearProbe(alpha=1.0, backend=backend).fit(X, y)
     np.testing.assert_allclose(probe.decision_function(X), X @ probe.coef_.T + probe.intercept_, atol=1e-4)
     assert set(probe.predict(X)) <= set(probe.classes_)
+    assert probe.predict(X[:1]).shape == (1,) and probe.predict_proba(X[:1]).shape == (1, 3)
     np.testing.assert_allclose(probe.predict_proba(X).sum(1), 1.0, atol=1e-9)
     if backend == "torch":
         from_tensor = LinearProbe(alpha=1.0, backend="torch").fit(torch.from_numpy(X).float(), y)
@@ -192,6 +194,7 @@ def test_fixed_seed_gives_identical_results():
     ctrl = control_labels(rng.integers(0, 30, size=len(X)), y, seed=0)
     runs = [evaluate(X, y, groups, alphas=[0.1, 10.0], n_boot=200, seed=3, control=ctrl) for _ in range(2)]
     pd.testing.assert_frame_equal(runs[0], runs[1])
+    assert runs[0].converged.all()
     other = evaluate(X, y, groups, alphas=[0.1, 10.0], n_boot=200, seed=4, control=ctrl)
     assert not np.allclose(other.ci_low, runs[0].ci_low)  # the seed really drives folds and resamples
     assert mdl_probe(X, y, groups, seed=3)["online_codelength"] == mdl_probe(X, y, groups, seed=3)["online_codelength"]
@@ -377,6 +380,14 @@ def test_bad_input_raises_clear_errors():
         LinearProbe(alpha=0.0).fit(X, y)
     with pytest.raises(ValueError, match="contains NaN"):
         evaluate(X, np.where(y > 0, np.nan, 1.0), groups, task="regression")
+
+
+def test_early_stopped_fits_are_flagged():
+    rng, X, groups = grouped_data(21, n_groups=40, per_group=5)
+    y = planted_classes(rng, X, 3, noise=1.0)
+    with pytest.warns(ConvergenceWarning):
+        table = evaluate(X, y, groups, alphas=0.01, max_iter=2, n_boot=0, backend="torch")
+    assert not table.converged.any() and table.ci_low.isna().all()
 
 
 def test_single_class_in_a_training_split_is_named():

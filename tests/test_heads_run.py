@@ -1,0 +1,70 @@
+"""End-to-end run of the `heads` experiment through the framework, on a tiny random encoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import models
+from experiments import corpus as corpus_mod
+from experiments import heads, heads_plots
+from experiments import heads_syntax as syn
+from experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config: models.EncoderConfig, tokenizer) -> models.Encoder:
+    return models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
+
+
+def test_experiment_writes_every_table_and_figure(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(heads_plots, "FORMATS", ("png",))  # PDFs cost time and prove nothing more here
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=12)
+    inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
+    options = RunOptions(out=tmp_path, quiet=True)
+    result = run_experiment(heads, options, inputs)
+    assert result.status == "complete", result.error
+    out = tmp_path / "heads"
+    results = pd.read_parquet(out / "results.parquet")
+    assert list(results.columns) == heads.RESULT_COLUMNS
+    per_head = results[results["head"].notna()]
+    assert per_head.groupby("metric").size().eq(8).all()  # every per-head metric for all 2 x 4 heads
+    for metric in ("mass_cls", "norm_sep", "entropy", "ablation:uniform:pooled_cos", "grad_importance:projection"):
+        assert metric in set(results["metric"])
+    masses = per_head[per_head["metric"].str.startswith("argmax_offset")].groupby(["layer", "head"])["value"].sum()
+    np.testing.assert_allclose(masses, 1.0)
+    assert ((per_head["ci_low"] <= per_head["value"] + 1e-12) | per_head["ci_low"].isna()).all()
+    roles = pd.read_csv(out / "roles.csv")
+    assert {"threshold", "statistic", "value", "assigned"} <= set(roles.columns)
+    syntax = pd.read_csv(out / "syntax.csv")
+    assert syntax["relation"].iloc[-2:].tolist() == [syn.ALL_RELATIONS, syn.PER_RELATION]
+    distances = pd.read_parquet(out / "distances.parquet")
+    assert len(distances) == 8 * 8
+    assert (distances.query("layer_a == layer_b and head_a == head_b")["distance"] == 0).all()
+    pruning = pd.read_csv(out / "pruning.csv")
+    assert (pruning.query("n_removed == 0")["value"].abs() < 1e-6).all()
+    figures = sorted(p.name for p in out.glob("fig_*.png"))
+    assert len(figures) == 8
+    for p in out.glob("fig_*"):
+        p.unlink()
+    redrawn = heads.plot(out)  # from the saved tables alone
+    assert sorted(p.name for p in redrawn) == figures
+
+
+def test_corpus_without_gold_trees_skips_syntax(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(heads_plots, "FORMATS", ("png",))
+    text = tmp_path / "plain.txt"
+    text.write_text("The cat sat on the mat.\nDogs bark, cats sleep.\nA hedgehog crossed the road.\n")
+    corpus = corpus_mod.load_corpus(str(text))
+    inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
+    result = run_experiment(heads, RunOptions(out=tmp_path / "out", quiet=True), inputs)
+    assert result.status == "complete", result.error
+    out = tmp_path / "out" / "heads"
+    assert not (out / "syntax.csv").exists() and not (out / "fig_syntax.png").exists()
+    results = pd.read_parquet(out / "results.parquet")
+    assert not results["metric"].str.startswith("syntax:").any()
+    roles = pd.read_csv(out / "roles.csv")
+    assert not roles.query("role == 'syntactic'")["assigned"].any()
+    assert (out / "fig_heatmaps.png").exists() and (out / "fig_pruning.png").exists()
