@@ -115,18 +115,23 @@ def evaluate(
         raise ValueError(f"n_boot must be >= 0, got {n_boot}")
     ks = _as_ks(within_k)
     ordinal = bool(ks) if ordinal is None else ordinal
-    cv = grouped_cross_val_predict(
-        X, y, groups, task=task, n_folds=n_folds, alphas=alphas, backend=backend, device=device, seed=seed,
-        control=control, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter, tol=tol,
-    )  # fmt: skip
-    n = len(cv.y_pred)
-    y = check_target(y, n, task)
     names = metric_names(task, ks, ordinal)
     if metrics is not None:
         unknown = sorted(set(metrics) - set(names))
         if unknown:
             raise ValueError(f"metrics {unknown} are not available here; choose from {names}")
         names = [m for m in names if m in set(metrics)]
+    numeric = task == "regression" or ordinal or bool(ks)
+    if numeric:  # fail before fitting, not after
+        for what, labels in (("y", y), ("control", control)):
+            if labels is not None:
+                as_numeric_labels(np.asarray(labels), what=f"{what} with metrics {names}")
+    cv = grouped_cross_val_predict(
+        X, y, groups, task=task, n_folds=n_folds, alphas=alphas, backend=backend, device=device, seed=seed,
+        control=control, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter, tol=tol,
+    )  # fmt: skip
+    n = len(cv.y_pred)
+    y = check_target(y, n, task)
     label_sets = {"task": (y, cv.y_pred, cv.majority_pred)}
     if cv.control_pred is not None:
         label_sets["control"] = (check_target(control, n, task, name="control"), cv.control_pred,
@@ -134,9 +139,8 @@ def evaluate(
 
     scorers, baselines = {}, {}
     for labels, (truth, pred, majority) in label_sets.items():
-        if task == "regression" or any(m in names for m in ("mae", "spearman")) or ks:
-            truth, pred, majority = (as_numeric_labels(a, what=f"{labels} metrics {names}")
-                                     for a in (truth, pred, majority))  # fmt: skip
+        if numeric:
+            truth, pred, majority = (as_numeric_labels(a, what=labels) for a in (truth, pred, majority))
         scorers[labels] = GroupScorer(truth, pred, cv.group_idx, cv.n_groups, names)
         majority_scores = GroupScorer(truth, majority, cv.group_idx, cv.n_groups, names).point()
         baselines[labels] = {m: (majority_scores[m], chance_baseline(m, truth)) for m in names}

@@ -1,4 +1,4 @@
-"""Known-answer tests for head importance and the `heads` experiment on tiny random encoders."""
+"""Known-answer tests for head importance (ablation, gradients, pruning) and word-piece syntax scoring."""
 
 from __future__ import annotations
 
