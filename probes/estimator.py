@@ -27,7 +27,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression, Ridge
 
 from . import _torch_solvers
-from ._checks import check_backend, check_classes, check_features, check_target, check_task
+from ._checks import check_backend, check_classes, check_features, check_target, check_task, thread_limit
 
 
 class LinearProbe(BaseEstimator):
@@ -49,6 +49,8 @@ class LinearProbe(BaseEstimator):
     warm_start: start the next `fit` from the previous solution when the class set and shape agree (only an
         initial point: the optimum reached is the same up to `tol`).
     batch_size: rows per chunk in the torch loss/gradient (None = automatic, ~64 MiB per chunk).
+    n_threads: cap torch / BLAS / OpenMP threads during fit and predict (None = the libraries' defaults);
+        see `probes._checks.thread_limit`: 1 is much faster on a CPU shared with other busy processes.
 
     Learned attributes: `classes_` [K] (classification), `coef_` ([k, d] classification with k = 1 if binary,
     else K; [d] regression) and `intercept_` ([k] or scalar), both in the ORIGINAL feature space, so that
@@ -68,6 +70,7 @@ class LinearProbe(BaseEstimator):
         tol: float = 1e-4,
         warm_start: bool = False,
         batch_size: int | None = None,
+        n_threads: int | None = None,
     ) -> None:
         self.task = task
         self.alpha = alpha
@@ -79,6 +82,7 @@ class LinearProbe(BaseEstimator):
         self.tol = tol
         self.warm_start = warm_start
         self.batch_size = batch_size
+        self.n_threads = n_threads
 
     # -- scikit-learn integration -------------------------------------------------------------------------
     @property
@@ -101,6 +105,15 @@ class LinearProbe(BaseEstimator):
     # -- public API -----------------------------------------------------------------------------------------
     def fit(self, X: Any, y: Any) -> LinearProbe:
         """Fit on X [n, d] (numpy array, or torch tensor for the torch backend) and y [n]. Returns self."""
+        with thread_limit(self.n_threads):
+            return self._fit(X, y)
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Linear scores: [n] for regression and binary classification, [n, K] for K > 2 classes."""
+        with thread_limit(self.n_threads):
+            return self._decision_function(X)
+
+    def _fit(self, X: Any, y: Any) -> LinearProbe:
         check_task(self.task)
         check_backend(self.backend)
         self._check_alpha()
@@ -124,8 +137,7 @@ class LinearProbe(BaseEstimator):
         self._sync_public_coef()
         return self
 
-    def decision_function(self, X: Any) -> np.ndarray:
-        """Linear scores: [n] for regression and binary classification, [n, K] for K > 2 classes."""
+    def _decision_function(self, X: Any) -> np.ndarray:
         self._check_fitted()
         X = check_features(X, min_rows=1)
         if X.shape[1] != self.n_features_in_:

@@ -38,6 +38,7 @@ from ._checks import (
     check_groups,
     check_target,
     check_task,
+    thread_limit,
 )
 from .estimator import LinearProbe, _to_tensor
 from .metrics import GroupScorer, bootstrap_counts, chance_baseline, metric_names, percentile_interval
@@ -89,6 +90,7 @@ def evaluate(
     standardize: bool = True,
     max_iter: int = 1000,
     tol: float = 1e-4,
+    n_threads: int | None = None,
 ) -> pd.DataFrame:
     """Grouped K-fold probe scores with group-bootstrap intervals and baselines, as a long table.
 
@@ -101,6 +103,8 @@ def evaluate(
     control: [n] control labels (e.g. `control_labels(word_types, y)`); adds control and selectivity rows.
     metrics: subset of the default metric names to compute (e.g. to skip a slow `spearman` on huge data).
     n_boot: bootstrap resamples of groups (0 = no interval); ci: interval level.
+    n_threads: cap torch / BLAS / OpenMP threads for the call (None = leave them; 1 is several times faster
+        on a CPU shared with other busy processes, see `LinearProbe`).
 
     Returns one row per (labels, metric): labels in {"task", "control", "selectivity"}; columns `COLUMNS`.
     `n_train` is the mean training-split size, `n_test` the number of rows scored (all of them, out of fold),
@@ -129,6 +133,7 @@ def evaluate(
     cv = grouped_cross_val_predict(
         X, y, groups, task=task, n_folds=n_folds, alphas=alphas, backend=backend, device=device, seed=seed,
         control=control, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter, tol=tol,
+        n_threads=n_threads,
     )  # fmt: skip
     n = len(cv.y_pred)
     y = check_target(y, n, task)
@@ -145,7 +150,8 @@ def evaluate(
         majority_scores = GroupScorer(truth, majority, cv.group_idx, cv.n_groups, names).point()
         baselines[labels] = {m: (majority_scores[m], chance_baseline(m, truth)) for m in names}
 
-    replicates = _bootstrap(scorers, cv.n_groups, n_boot, seed)
+    with thread_limit(n_threads):
+        replicates = _bootstrap(scorers, cv.n_groups, n_boot, seed)
     if "control" in scorers:
         replicates["selectivity"] = {m: replicates["task"][m] - replicates["control"][m] for m in names}
     points = {labels: s.point() for labels, s in scorers.items()}
@@ -193,6 +199,7 @@ def grouped_cross_val_predict(
     standardize: bool = True,
     max_iter: int = 1000,
     tol: float = 1e-4,
+    n_threads: int | None = None,
 ) -> CrossValPredictions:
     """Out-of-fold predictions [n] from grouped K-fold CV with a nested grouped CV for alpha.
 
@@ -226,7 +233,7 @@ def grouped_cross_val_predict(
 
     def new_probe() -> LinearProbe:
         return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
-                           max_iter=max_iter, seed=seed, tol=tol, warm_start=True)  # fmt: skip
+                           max_iter=max_iter, seed=seed, tol=tol, warm_start=True, n_threads=n_threads)  # fmt: skip
 
     y_pred = np.empty(n, dtype=_pred_dtype(y, task))
     majority = np.empty(n, dtype=y_pred.dtype)

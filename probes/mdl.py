@@ -52,6 +52,7 @@ def mdl_probe(
     standardize: bool = True,
     max_iter: int = 1000,
     tol: float = 1e-4,
+    n_threads: int | None = None,
 ) -> dict[str, Any]:
     """Online codelength of y given X with a linear probe, and of `control` labels if given.
 
@@ -59,7 +60,7 @@ def mdl_probe(
     or None (rows are independent). alpha: the probe's L2 strength (`LinearProbe` scale), fixed for all
     blocks. n_blocks: number of doublings (first block ~ n / 2^n_blocks rows). epsilon: weight of the uniform
     code mixed into the probe's predictions. precision: regression bin width (None: 1 for integer targets,
-    else (max - min) / 1000).
+    else (max - min) / 1000). n_threads: thread cap for the fits (see `LinearProbe`).
 
     Returns a dict: `online_codelength`, `uniform_codelength`, `prior_codelength` (bits), `compression`
     (uniform / online), `prior_compression` (uniform / prior), `n`, `alphabet_size` (classes or bins),
@@ -94,7 +95,7 @@ def mdl_probe(
     else:
         Xo = X[order]
     probe = LinearProbe(task=task, alpha=alpha, standardize=standardize, backend=backend, device=device,
-                        max_iter=max_iter, seed=seed, tol=tol, warm_start=True)  # fmt: skip
+                        max_iter=max_iter, seed=seed, tol=tol, warm_start=True, n_threads=n_threads)  # fmt: skip
     result = _codelength(Xo, y[order], bounds, probe, task, epsilon, precision, name="y")
     result["order"] = order
     labelled = {"task": result}

@@ -390,6 +390,16 @@ def test_early_stopped_fits_are_flagged():
     assert not table.converged.any() and table.ci_low.isna().all()
 
 
+def test_thread_cap_is_scoped_and_keeps_results():
+    rng, X, groups = grouped_data(22, n_groups=60, per_group=5)
+    y = planted_classes(rng, X, 3, noise=1.0)
+    before = torch.get_num_threads()
+    capped = evaluate(X, y, groups, alphas=1.0, n_boot=100, backend="torch", n_threads=1)
+    assert torch.get_num_threads() == before
+    free = evaluate(X, y, groups, alphas=1.0, n_boot=100, backend="torch")
+    np.testing.assert_allclose(capped.value, free.value, atol=0.01)
+
+
 def test_single_class_in_a_training_split_is_named():
     X = np.random.default_rng(20).normal(size=(12, 3))
     groups = np.repeat(np.arange(4), 3)
