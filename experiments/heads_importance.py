@@ -330,17 +330,9 @@ def forward_with_heads(
 def run_from_layer(
     model: torch.nn.Module, resid_pre: torch.Tensor, attention_mask: torch.Tensor, layer: int
 ) -> torch.Tensor:
-    """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]`` -> last hidden state.
-
-    Uses ``model.blocks[L](x, keep)`` with ``keep [batch, 1, 1, key]`` bool, as ``Encoder.forward`` does; hooks
-    inside the blocks fire as usual. ``ablation_effects`` checks once per batch that this reproduces the model.
-    """
-    keep = einops.rearrange(attention_mask.to(device=resid_pre.device, dtype=torch.bool), "b k -> b 1 1 k")
-    x = resid_pre
-    for block in model.blocks[layer:]:
-        x = block(x, keep)
-    ln_final = getattr(model, "ln_final", None)
-    return ln_final(x) if ln_final is not None else x
+    """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]`` -> last hidden state
+    (``Encoder.forward_from``; hooks inside the blocks fire as usual)."""
+    return model.forward_from(layer, resid_pre, attention_mask)
 
 
 @torch.no_grad()

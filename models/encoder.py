@@ -63,14 +63,34 @@ class Encoder(HookedModule):
         ``0..k`` inclusive and returns block k's ``hook_resid_post`` (no final LayerNorm in pre-LN models).
         """
         input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
-        last = self.config.n_layers - 1
         if stop_at_layer is not None:
-            if not 0 <= stop_at_layer <= last:
-                raise ValueError(f"stop_at_layer must be in 0..{last}, got {stop_at_layer}")
-            last = stop_at_layer
-        keep = _key_mask(attention_mask)
-        x = self.embed(input_ids, token_type_ids)
-        for block in self.blocks[: last + 1]:
+            self._check_layer("stop_at_layer", stop_at_layer)
+        return self.forward_from(0, self.embed(input_ids, token_type_ids), attention_mask, stop_at_layer=stop_at_layer)
+
+    def forward_from(
+        self,
+        layer: int,
+        resid_pre: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        stop_at_layer: int | None = None,
+    ) -> torch.Tensor:
+        """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]``.
+
+        Runs blocks ``layer..`` (through ``stop_at_layer`` inclusive, if given) with their hooks; useful to
+        re-run only the layers an intervention can change. ``attention_mask`` ``[batch, pos]`` as in ``forward``.
+        """
+        self._check_layer("layer", layer)
+        last = self.config.n_layers - 1 if stop_at_layer is None else self._check_layer("stop_at_layer", stop_at_layer)
+        if resid_pre.dim() != 3 or resid_pre.shape[-1] != self.config.d_model:
+            raise ValueError(f"resid_pre must be [batch, pos, {self.config.d_model}], got {tuple(resid_pre.shape)}")
+        if attention_mask is not None and attention_mask.shape != resid_pre.shape[:2]:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != [batch, pos] {tuple(resid_pre.shape[:2])}"
+            )
+        keep = _key_mask(None if attention_mask is None else attention_mask.to(resid_pre.device))
+        x = resid_pre
+        for block in self.blocks[layer : last + 1]:
             x = block(x, keep)
         if self.ln_final is not None and stop_at_layer is None:
             x = self.ln_final(x)
@@ -175,6 +195,11 @@ class Encoder(HookedModule):
                 nn.init.zeros_(module.bias)
             elif isinstance(module, MLMHead):
                 nn.init.zeros_(module.bias)
+
+    def _check_layer(self, what: str, layer: int) -> int:
+        if not 0 <= layer < self.config.n_layers:
+            raise ValueError(f"{what} must be in 0..{self.config.n_layers - 1}, got {layer}")
+        return layer
 
     def _check_inputs(
         self,

@@ -37,6 +37,16 @@ def hf_bundled():
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A saved transformers BertModel (2 layers, 4 heads, d_model 32) with the bundled tokenizer."""
+    from helpers import save_tiny_bert
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    save_tiny_bert(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_config() -> models.EncoderConfig:
     """A tiny BERT-shaped config with the bundled vocabulary size."""
     return models.EncoderConfig(vocab_size=30522, d_model=32, n_layers=2, n_heads=4, d_mlp=64, max_positions=64)

