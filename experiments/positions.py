@@ -25,9 +25,12 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
   position embeddings of the tokens' positions (windows; baseline: positions permuted inside windows).
 - **MDL**: online codelength / compression of absolute position and of its control task per layer.
 
-The L2 strength of each probe family is chosen once by nested grouped CV on a reference site (the middle
-block's ``hook_resid_post``) and then held fixed across sites and controls, so every layer is read by a probe
-of the same capacity; the chosen values are in the ``alpha`` column.
+The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
+chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
+``embed.hook_out``, the middle and the last block; pairs at the middle block only), and then held fixed
+across sites and controls: every layer is read by a probe of the same capacity and no score is computed on
+rows that chose its alpha. The values are in the ``alpha`` column and the CV scores in the manifest notes.
+The [CLS]/[SEP] ridge probes, which exist only in sentences, use nested grouped CV at the middle block.
 
 Outputs in ``OUT/positions/``: ``results.parquet|csv`` (long table, columns `COLUMNS`), ``confusion``
 (true-vs-predicted counts for chosen sites), ``position_table_pca``, ``position_table_cosine``,
@@ -58,6 +61,7 @@ from experiments.positions_data import (
     sentences_from_encoded,
     shuffle_content,
     site_layer,
+    subset,
 )
 from experiments.positions_measures import (
     linear_cka,
@@ -88,14 +92,15 @@ class Settings:
     the bundled model and the builtin corpus)."""
 
     window_len: int = 32  # P content pieces per window; each window is fed as [CLS] + P + [SEP]
-    max_windows: int = 128  # windows drawn (seeded) from the corpus stream
-    max_sentences: int = 400  # natural sentences used (the first N of the corpus)
-    n_folds: int = 3  # outer grouped folds of every probe
-    inner_folds: int = 3  # grouped folds of the one-off alpha selection
-    alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)  # grid of the alpha selection
+    max_windows: int = 128  # windows drawn (seeded) from the corpus stream for the probes
+    tune_windows: int = 48  # further windows, disjoint from those, on which each probe family's alpha is chosen
+    max_sentences: int = 300  # natural sentences used (the first N of the corpus)
+    n_folds: int = 3  # grouped folds of every probe (and of the alpha selection on the tuning windows)
+    alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)  # alpha grid of the logistic probes
+    ridge_alphas: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0, 10000.0)  # alpha grid of the ridge probes
     n_boot: int = 500  # group-bootstrap resamples behind every interval
     pairs_per_window: int = 24  # ordered pairs drawn per window for the relative-order probes
-    table_pairs: int = 3000  # pairs of position-table rows for the Wang & Chen relative probe
+    table_pairs: int = 2000  # pairs of position-table rows for the Wang & Chen relative probe
     mdl: bool = True  # MDL codelengths per layer (absolute position and its control)
     mdl_blocks: int = 8  # doublings of the online code
     sublayer_controls: bool = False  # shuffled / random-weights probes at the sublayer sites too
@@ -108,8 +113,9 @@ class Settings:
             raise ValueError(f"window_len must be >= 4, got {self.window_len}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds must be >= 2, got {self.n_folds}")
-        if self.max_windows < 2 * self.n_folds:
-            raise ValueError(f"max_windows ({self.max_windows}) must be at least 2 * n_folds ({self.n_folds})")
+        for name in ("max_windows", "tune_windows"):
+            if getattr(self, name) < 2 * self.n_folds:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be at least 2 * n_folds ({self.n_folds})")
 
 
 # ------------------------------------------------------------------------------------- public entry points
@@ -131,13 +137,14 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     sites, residual = position_sites(n_layers), main_sites(n_layers)
     design = _Design(ctx, settings, model_name(model), sites, residual)
 
-    windows = make_windows(ctx.corpus, model.tokenizer, settings.window_len,
-                           max_windows=settings.max_windows, seed=ctx.seed)  # fmt: skip
+    windows, tuning = _windows_and_tuning(ctx, settings)
     kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))
+    ctx.note("n_tune_windows", len(tuning))
     ctx.note("n_sentences", len(sentences))
-    ctx.log(f"{len(windows)} windows of {settings.window_len} pieces, {len(sentences)} sentences")
+    ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
+            f"{len(sentences)} sentences")
 
     from models import random_encoder
 
@@ -154,8 +161,11 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         "W_pos": _numpy(model.W_pos),
         "W_pos_random": _numpy(random_model.W_pos),
     }
+    tuning_acts = design.collect(model, tuning, design.tuning_sites)
     ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
     ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
+    with threadpool_limits(limits=settings.blas_threads):
+        design.tune(tuning_acts)
 
     steps = {
         "absolute_windows": lambda: design.absolute_windows(acts),
@@ -246,6 +256,7 @@ def table_probes(
     n_pairs: int = 3000,
     alphas: tuple[float, ...] = TABLE_ALPHAS,
     pair_alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0),
+    pair_folds: int = 3,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Probe a position table ``[positions, d]`` itself (Wang & Chen 2020).
@@ -253,7 +264,8 @@ def table_probes(
     Absolute: ridge regression of the row index from the row (one group per row, alpha by nested CV over
     ``alphas``), with ``exact`` = share of rows whose out-of-fold prediction rounds to the true index.
     Relative: logistic pair probes (is j before i; distance bucket) on ``[p_i; p_j]`` and ``p_i - p_j``,
-    grouped so no position is in two folds. Returns `probes.evaluate` rows tagged with ``target``,
+    grouped so no position is in two folds (``pair_folds`` outer folds, alpha by a 2-fold inner CV over
+    ``pair_alphas``). Returns `probes.evaluate` rows tagged with ``target``,
     ``features`` and ``probe`` (the caller adds site, model, ...).
     """
     from probes import evaluate
@@ -275,14 +287,87 @@ def table_probes(
                        "baseline_chance": np.nan, "target": "abs_reg", "features": "table",
                        "probe": "ridge"}]),  # fmt: skip
     ]
-    pairs, pair_groups = table_pairs(n_pos, 2 * n_folds, n_pairs, seed=seed)
+    pairs, pair_groups = table_pairs(n_pos, 2 * pair_folds, n_pairs, seed=seed)
     grid = table[None]
+    kw.update(n_folds=pair_folds, inner_folds=2)
     for features in ("concat", "diff"):
         X = pair_features(grid, pairs, features)
         for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
-            res = evaluate(X, labels, pair_groups, alphas=list(pair_alphas), metrics=["accuracy", "macro_f1"], **kw)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = evaluate(X, labels, pair_groups, alphas=list(pair_alphas), metrics=["accuracy", "macro_f1"],
+                               **kw)  # fmt: skip
             parts.append(_tag(res, target=target, features=features, probe="logistic"))
     return pd.concat(parts, ignore_index=True)
+
+
+def probe_scores(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    *,
+    task: str,
+    alpha: float,
+    n_folds: int = 3,
+    n_boot: int = 500,
+    seed: int = 0,
+    control: np.ndarray | None = None,
+    control_name: str = "none",
+    metrics: tuple[str, ...] | None = None,
+) -> pd.DataFrame:
+    """Grouped cross-validated scores of one linear probe (`probes.evaluate` at a fixed ``alpha``).
+
+    X ``[n, d]``; y, groups (window/sentence id of each row), control (Hewitt-Liang labels) ``[n]``.
+    Returns evaluate's rows with ``probe`` ("logistic" | "ridge") and ``control``: ``control_name`` for the
+    task rows, ``"control_task"`` and ``"selectivity"`` (task - control) when ``control`` is given.
+    """
+    from probes import evaluate
+
+    if metrics is None:
+        metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
+    within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a rare non-converged fit should not flood the log
+        res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=n_boot, seed=seed,
+                       control=control, metrics=list(metrics), within_k=within)  # fmt: skip
+    res["probe"] = "logistic" if task == "classification" else "ridge"
+    res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
+                                        "selectivity": "selectivity"})  # fmt: skip
+    return res.drop(columns=["labels"])
+
+
+def select_alpha(
+    feats: list[np.ndarray],
+    y: np.ndarray,
+    groups: np.ndarray,
+    *,
+    task: str,
+    alphas: tuple[float, ...],
+    n_folds: int = 3,
+    seed: int = 0,
+) -> tuple[float, dict[str, float]]:
+    """The alpha with the best grouped-CV score (accuracy, or R^2 for regression) averaged over several
+    feature sets ``feats`` (each ``[n, d]``, same rows ``y``/``groups``); ties go to the stronger L2.
+
+    Meant for held-out tuning data, so the chosen alpha never saw the rows it is later scored on. Returns
+    ``(alpha, {str(alpha): mean score})``.
+    """
+    from probes import evaluate
+
+    metric = "accuracy" if task == "classification" else "r2"
+    scores = {}
+    for alpha in sorted(alphas, reverse=True):
+        values = []
+        for X in feats:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=0, seed=seed,
+                               metrics=[metric])  # fmt: skip
+            values.append(float(res["value"].iloc[0]))
+        scores[f"{alpha:g}"] = float(np.mean(values))
+    best = max(scores.values())
+    chosen = next(a for a in sorted(alphas, reverse=True) if scores[f"{a:g}"] == best)
+    return float(chosen), scores
 
 
 def grouped_oof_predict(
@@ -320,6 +405,8 @@ class _Design:
         self.ctx, self.s, self.model = ctx, settings, model
         self.sites, self.residual = sites, residual
         self.reference = residual[1 + len(residual) // 2] if len(residual) > 2 else residual[-1]
+        # alphas are chosen on these sites of the tuning windows: the bottom, the middle and the top
+        self.tuning_sites = list(dict.fromkeys(["embed.hook_out", self.reference, residual[-1]]))
         self._alphas: dict[str, float] = {}
 
     # -- activations
@@ -335,8 +422,7 @@ class _Design:
         sel = real.kind == CONTENT
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
         control = self._control_labels(types, y)
-        a_cls = self.alpha("abs_class", real.feats[self.reference][sel], y, groups, "classification")
-        a_reg = self.alpha("abs_reg", real.feats[self.reference][sel], y.astype(float), groups, "regression")
+        a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")
         for site in self.ctx.progress(self.sites, "absolute position (windows)"):
             X = real.feats[site][sel]
             parts.append(self.score(X, y, groups, "classification", a_cls, control=control,
@@ -367,11 +453,7 @@ class _Design:
             in_range = content & (y_all < self.s.window_len)
             control = self._control_labels(a.token[in_range], y_all[in_range])
             control_reg = self._control_labels(a.token[content], y_all[content]).astype(float)
-            if condition == "none":
-                a_cls = self.alpha("abs_class_sentences", a.feats[self.reference][in_range], y_all[in_range],
-                                   a.group[in_range], "classification")  # fmt: skip
-                a_reg = self.alpha("abs_reg_sentences", a.feats[self.reference][content],
-                                   y_all[content].astype(float), a.group[content], "regression")  # fmt: skip
+            a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")  # the families tuned on windows
             for site in self.ctx.progress(self.residual, f"absolute position (sentences, {condition})"):
                 X = a.feats[site]
                 kw = dict(data="sentences", site=site, control_name=condition)
@@ -413,9 +495,10 @@ class _Design:
         for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
             control = self._control_labels(pair_types, labels)
             for features in ("concat", "diff"):
-                ref = pair_features(real.content_grid(self.reference), pairs, features)
-                alpha = self.alpha(f"{target}_{features}", ref, labels, groups, "classification")
-                for condition in ("none", "shuffled", "random_weights"):
+                alpha = self.alpha(f"{target}_{features}")
+                # shuffled / random-weights pair probes for the order target only (budget)
+                conditions = ("none", "shuffled", "random_weights") if target == "order" else ("none",)
+                for condition in conditions:
                     a = acts[("windows", condition)]
                     for site in self.ctx.progress(self.residual, f"pairs {target}/{features} ({condition})"):
                         X = pair_features(a.content_grid(site), pairs, features)
@@ -433,7 +516,8 @@ class _Design:
         for condition in ("none", "shuffled", "random_weights", "permuted_positions"):
             a = acts[("windows", "none" if condition == "permuted_positions" else condition)]
             table = tables["W_pos_random" if condition == "random_weights" else "W_pos"][1 : P + 1]
-            for site in self.ctx.progress(self.sites, f"probe-free ({condition})"):
+            sites = self.sites if condition == "none" or s.sublayer_controls else self.residual
+            for site in self.ctx.progress(sites, f"probe-free ({condition})"):
                 grid = a.content_grid(site)
                 if condition == "permuted_positions":
                     grid = permute_positions(grid, seed=self.ctx.seed)
@@ -453,9 +537,8 @@ class _Design:
     def position_table(self, table: np.ndarray) -> pd.DataFrame:
         s = self.s
         res = table_probes(table, n_folds=max(s.n_folds, 5), n_boot=s.n_boot, n_pairs=s.table_pairs,
-                           pair_alphas=s.alphas, seed=self.ctx.seed)  # fmt: skip
+                           pair_alphas=s.alphas, pair_folds=s.n_folds, seed=self.ctx.seed)  # fmt: skip
         res = res.assign(data="table", token="table", site="position_table", control="position_table")
-        res["n_folds"] = max(s.n_folds, 5)
         return self._frame(res.drop(columns=["labels"], errors="ignore"))
 
     # -- MDL
@@ -466,7 +549,7 @@ class _Design:
         sel = real.kind == CONTENT
         y, groups = real.pos[sel] - 1, real.group[sel]
         control = self._control_labels(real.token[sel], y)
-        alpha = self.alpha("abs_class", real.feats[self.reference][sel], y, groups, "classification")
+        alpha = self.alpha("abs_class")
         rows = []
         for site in self.ctx.progress(self.residual, "MDL"):
             with warnings.catch_warnings():
@@ -486,7 +569,7 @@ class _Design:
         real = acts[("windows", "none")]
         sel = real.kind == CONTENT
         y, groups = real.pos[sel] - 1, real.group[sel]
-        alpha = self.alpha("abs_class", real.feats[self.reference][sel], y, groups, "classification")
+        alpha = self.alpha("abs_class")
         chosen = self.s.heatmap_sites or (self.residual[1], self.reference, self.residual[-1])
         parts = []
         for site in chosen:
@@ -499,19 +582,48 @@ class _Design:
         return pd.concat(parts, ignore_index=True)
 
     # -- helpers
-    def alpha(self, family: str, X: np.ndarray, y: np.ndarray, groups: np.ndarray, task: str) -> float:
-        """The alpha of a probe family: nested grouped CV on the reference site, computed once."""
+    def tune(self, tuning: Activations) -> None:
+        """Choose the alpha of every probe family on the tuning windows (disjoint from the probed ones)."""
+        sel = tuning.kind == CONTENT
+        y, groups = tuning.pos[sel] - 1, tuning.group[sel]
+        feats = [tuning.feats[site][sel] for site in self.tuning_sites]
+        self._choose("abs_class", feats, y, groups, "classification")
+        self._choose("abs_reg", feats, y.astype(float), groups, "regression", alphas=self.s.ridge_alphas)
+        n_win = len(np.unique(tuning.seq))
+        pairs = sample_pairs(n_win, self.s.window_len, self.s.pairs_per_window, seed=self.ctx.seed + 1)
+        pair_groups = tuning.group[sel].reshape(n_win, -1)[:, 0][pairs.seq]
+        for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
+            for features in ("concat", "diff"):  # pairs: tuned at the middle site only (budget)
+                X = [pair_features(tuning.content_grid(self.reference), pairs, features)]
+                self._choose(f"{target}_{features}", X, labels, pair_groups, "classification")
+
+    def alpha(self, family: str, X: np.ndarray | None = None, y: np.ndarray | None = None,
+              groups: np.ndarray | None = None, task: str = "regression") -> float:  # fmt: skip
+        """The alpha of a probe family: chosen by `tune`, or (for the [CLS]/[SEP] ridge probes, whose data
+        exist only in sentences) by nested grouped CV on ``X`` at the reference site, once."""
         from probes import evaluate
 
         if family not in self._alphas:
+            if X is None:
+                raise KeyError(f"no alpha for probe family {family!r}; call tune() first")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                res = evaluate(X, y, groups, task=task, n_folds=self.s.n_folds, alphas=list(self.s.alphas),
-                               inner_folds=self.s.inner_folds, n_boot=0, seed=self.ctx.seed,
-                               metrics=["accuracy"] if task == "classification" else ["r2"])  # fmt: skip
+                metric = "accuracy" if task == "classification" else "r2"
+                grid = self.s.alphas if task == "classification" else self.s.ridge_alphas
+                res = evaluate(X, y, groups, task=task, n_folds=self.s.n_folds, alphas=list(grid),
+                               n_boot=0, seed=self.ctx.seed, metrics=[metric])  # fmt: skip
             self._alphas[family] = float(res["alpha"].iloc[0])
             self.ctx.note(f"alpha_{family}", self._alphas[family])
         return self._alphas[family]
+
+    def _choose(
+        self, family: str, feats: list[np.ndarray], y: np.ndarray, groups: np.ndarray, task: str,
+        alphas: tuple[float, ...] | None = None,
+    ) -> None:  # fmt: skip
+        alpha, scores = select_alpha(feats, y, groups, task=task, alphas=alphas or self.s.alphas,
+                                     n_folds=self.s.n_folds, seed=self.ctx.seed)  # fmt: skip
+        self._alphas[family] = alpha
+        self.ctx.note(f"alpha_{family}", {"alpha": alpha, "cv_score_by_alpha": scores})
 
     def score(
         self,
@@ -530,21 +642,11 @@ class _Design:
         token: str = "content",
         metrics: tuple[str, ...] | None = None,
     ) -> pd.DataFrame:
-        from probes import evaluate
-
-        if metrics is None:
-            metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
-        within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a rare non-converged fit should not flood the log
-            res = evaluate(X, y, groups, task=task, n_folds=self.s.n_folds, alphas=alpha, n_boot=self.s.n_boot,
-                           seed=self.ctx.seed, control=control, metrics=list(metrics), within_k=within)  # fmt: skip
-        probe = "logistic" if task == "classification" else "ridge"
-        res = _tag(res, target=target, features=features, probe=probe)
-        res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
-                                            "selectivity": "selectivity"})  # fmt: skip
-        res = res.assign(data=data, site=site, token=token)
-        return self._frame(res.drop(columns=["labels"]))
+        res = probe_scores(X, y, groups, task=task, alpha=alpha, n_folds=self.s.n_folds, n_boot=self.s.n_boot,
+                           seed=self.ctx.seed, control=control, control_name=control_name,
+                           metrics=metrics)  # fmt: skip
+        res = res.assign(data=data, site=site, token=token, target=target, features=features)
+        return self._frame(res)
 
     def _control_labels(self, types: np.ndarray, y: np.ndarray) -> np.ndarray:
         from probes import control_labels
@@ -564,6 +666,24 @@ class _Design:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any]:
+    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream."""
+    want = settings.max_windows + settings.tune_windows
+    pool = make_windows(ctx.corpus, ctx.model.tokenizer, settings.window_len, max_windows=want, seed=ctx.seed)
+    n_tune = settings.tune_windows
+    if len(pool) < want:
+        n_tune = max(2 * settings.n_folds, len(pool) * settings.tune_windows // want)
+        ctx.warn(f"the corpus gives {len(pool)} windows of {settings.window_len}, fewer than the {want} asked for; "
+                 f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
+    if len(pool) - n_tune < 2 * settings.n_folds:
+        raise ValueError(
+            f"the corpus gives only {len(pool)} windows of {settings.window_len} pieces; need at least "
+            f"{2 * settings.n_folds} to probe plus {n_tune} to tune: use a larger corpus or a smaller window_len"
+        )
+    order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
+    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune]))
 
 
 def _timed_step(ctx: Any, name: str, fn: Any) -> pd.DataFrame:

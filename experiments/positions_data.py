@@ -129,6 +129,12 @@ def make_windows(
     return Sequences(ids=ids, groups=chosen.astype(np.int64), design="windows")
 
 
+def subset(seqs: Sequences, index: Sequence[int] | np.ndarray) -> Sequences:
+    """The sequences at ``index`` (in that order), with their groups."""
+    index = np.asarray(index, dtype=np.int64)
+    return replace(seqs, ids=tuple(seqs.ids[i] for i in index), groups=seqs.groups[index])
+
+
 def sentences_from_encoded(encoded: Iterable[Any]) -> Sequences:
     """Natural sentences from ``experiments.corpus.encode`` batches: one sequence per sentence (its real
     tokens, ``[CLS] .. [SEP]``), grouped by ``sentence_index``, in sentence-index order."""
