@@ -29,14 +29,20 @@ def sync(device: torch.device) -> None:
 def time_interleaved(
     fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 2
 ) -> dict[str, float]:
-    """Median seconds per call of each function, measured round-robin so that machine drift hits all alike."""
+    """Median seconds per call of each function, measured round-robin so that machine drift hits all alike.
+
+    The order rotates every round, so no function always runs right after the same neighbour (a run after
+    one that freed large buffers pays for fresh pages).
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     sync(device)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = fns[name]
             sync(device)
             start = time.perf_counter()
             fn()
