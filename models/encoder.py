@@ -63,8 +63,6 @@ class Encoder(HookedModule):
         ``0..k`` inclusive and returns block k's ``hook_resid_post`` (no final LayerNorm in pre-LN models).
         """
         input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
-        if stop_at_layer is not None:
-            self._check_layer("stop_at_layer", stop_at_layer)
         return self.forward_from(0, self.embed(input_ids, token_type_ids), attention_mask, stop_at_layer=stop_at_layer)
 
     def forward_from(
