@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_batch, reference_model, time_interleaved  # noqa: E402
 
-import models  # noqa: E402
+from bertscope import models  # noqa: E402
 
 CONFIGS = ["ours: no hooks", "ours: patterns only", "ours: all but hook_result", "ours: every hook",
            "transformers sdpa", "transformers eager + attentions + hidden"]

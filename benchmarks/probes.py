@@ -30,7 +30,7 @@ import torch
 # This script is named like the package; drop its own folder from the path so `probes` is the package.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-probes = importlib.import_module("probes")
+probes = importlib.import_module("bertscope.probes")
 
 
 def main() -> None:

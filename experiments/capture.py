@@ -41,10 +41,9 @@ from typing import Any
 
 import pandas as pd
 import torch
+from bertscope.experiments import io
+from bertscope.experiments.io import parse_size  # noqa: F401  (re-exported: capture sizes)
 from einops import rearrange
-
-from experiments import io
-from experiments.io import parse_size  # noqa: F401  (re-exported: capture sizes)
 
 FORMAT = "bertscope-capture/1"
 INDEX = "index.json"
@@ -80,7 +79,7 @@ def capture(
     partial identical one is resumed. ``info`` is stored in the index (model/corpus descriptions, options).
     Returns the index (also written to ``out_dir/index.json``).
     """
-    from experiments import corpus as corpus_mod
+    from bertscope.experiments import corpus as corpus_mod
 
     if shard_size < 1:
         raise CaptureError(f"shard size must be positive, got {shard_size}")

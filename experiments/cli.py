@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.common import EXPERIMENTS, RunOptions, UsageError
+from bertscope.experiments.common import EXPERIMENTS, RunOptions, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """``bertscope info``: print the model's description."""
-    from experiments.common import load_model, model_summary, resolve_device, resolve_dtype
+    from bertscope.experiments.common import load_model, model_summary, resolve_device, resolve_dtype
 
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
     summary = model_summary(model)
@@ -148,8 +148,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     """``bertscope capture``: stream activations to shards."""
-    from experiments.capture import CaptureError, capture
-    from experiments.common import device_summary, package_versions, prepare_inputs
+    from bertscope.experiments.capture import CaptureError, capture
+    from bertscope.experiments.common import device_summary, package_versions, prepare_inputs
 
     options = _options(args)
     inputs = prepare_inputs(options)
@@ -185,7 +185,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``bertscope run``: run experiments, then write the report."""
-    from experiments.common import load_experiment, prepare_inputs, run_experiment
+    from bertscope.experiments.common import load_experiment, prepare_inputs, run_experiment
 
     options = _options(args)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
@@ -224,7 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_summary(results, missing, broken))
     print(f"results: {options.out}/")
     if not args.no_report and (options.out.is_dir() and any(options.out.glob("*/manifest.json"))):
-        from experiments.report import build_report
+        from bertscope.experiments.report import build_report
 
         page = build_report(options.out)
         print(f"report:  {page}  (open it in a browser)")
@@ -234,7 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``bertscope report``: write OUT/index.html."""
-    from experiments.report import build_report
+    from bertscope.experiments.report import build_report
 
     try:
         page = build_report(args.out, embed_figures=not args.link_figures)
@@ -350,7 +350,7 @@ def _positive_int(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    from experiments.io import parse_size
+    from bertscope.experiments.io import parse_size
 
     try:
         return parse_size(text)

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from experiments import io
+from bertscope.experiments import io
 
 if TYPE_CHECKING:  # heavy imports stay lazy so `bertscope --help` is instant
     import numpy as np
@@ -48,9 +48,9 @@ T = TypeVar("T")
 
 #: CLI name -> module, in the order ``run all`` runs them (cheapest first).
 EXPERIMENTS: dict[str, str] = {
-    "same-token": "experiments.same_token",
-    "heads": "experiments.heads",
-    "positions": "experiments.positions",
+    "same-token": "bertscope.experiments.same_token",
+    "heads": "bertscope.experiments.heads",
+    "positions": "bertscope.experiments.positions",
 }
 DTYPES = {
     "float32": "float32", "fp32": "float32", "float": "float32",
@@ -361,7 +361,7 @@ class Context:
         sentences is warned about and noted in the manifest (never silent). Returns ``Encoded``."""
         import warnings
 
-        from experiments import corpus as corpus_mod
+        from bertscope.experiments import corpus as corpus_mod
 
         corpus = corpus if corpus is not None else self.corpus
         max_length = max_length or self.options.max_length
@@ -514,7 +514,7 @@ def load_model(spec: str | None, *, device: Any = None, dtype: Any = None) -> An
 
     ``spec``: ``None`` (bundled model), a folder, or a hub id already in the local Hugging Face cache.
     """
-    import models
+    from bertscope import models
 
     if spec is not None:
         path = Path(spec).expanduser()
@@ -532,7 +532,7 @@ def load_model(spec: str | None, *, device: Any = None, dtype: Any = None) -> An
 
 def load_corpus_spec(spec: str, tokenizer: Any, max_sentences: int | None, seed: int) -> Any:
     """``corpus.load_corpus`` with bad input (unknown name, missing or malformed file) as `UsageError`."""
-    from experiments import corpus as corpus_mod
+    from bertscope.experiments import corpus as corpus_mod
 
     try:
         return corpus_mod.load_corpus(spec, tokenizer=tokenizer, max_sentences=max_sentences, seed=seed)

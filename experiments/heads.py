@@ -30,12 +30,11 @@ import einops
 import numpy as np
 import pandas as pd
 import torch
-
-from experiments import heads_importance as imp
-from experiments import heads_similarity as sim
-from experiments import heads_stats as hs
-from experiments import heads_syntax as syn
-from experiments.heads_roles import assign_roles, role_summary
+from bertscope.experiments import heads_importance as imp
+from bertscope.experiments import heads_similarity as sim
+from bertscope.experiments import heads_stats as hs
+from bertscope.experiments import heads_syntax as syn
+from bertscope.experiments.heads_roles import assign_roles, role_summary
 
 NAME = "heads"
 DIRNAME = "heads"
@@ -131,7 +130,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 
 def plot(out_dir: Path) -> list[Path]:
     """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from experiments import heads_plots
+    from bertscope.experiments import heads_plots
 
     return heads_plots.plot_all(Path(out_dir))
 
@@ -182,7 +181,7 @@ def head_stats_wide(results: pd.DataFrame) -> pd.DataFrame:
 
 def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.ndarray]:
     """One forward pass over ``corpus``: per-sentence statistics, head distances and arc hits."""
-    from experiments.corpus import word_attention
+    from bertscope.experiments.corpus import word_attention
 
     model, tokenizer = ctx.model, ctx.model.tokenizer
     n_layers, n_heads = model.config.n_layers, model.config.n_heads

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from experiments import io
+from bertscope.experiments import io
 
 HEATMAP_METRICS = (
     "mass_cls", "mass_sep", "mass_punct", "mass_self", "mass_prev", "mass_next",

@@ -118,7 +118,7 @@ def _syntax_gains(syntax: pd.DataFrame | None, min_arcs: int) -> dict[tuple[int,
     """``{(layer, head): {relation: best-direction accuracy - baseline}}`` over relations with enough arcs."""
     if syntax is None or syntax.empty:
         return {}
-    from experiments.heads_syntax import ALL_RELATIONS
+    from bertscope.experiments.heads_syntax import ALL_RELATIONS
 
     s = syntax[(syntax["n"] >= min_arcs) & (syntax["relation"] != ALL_RELATIONS)]
     best = s.groupby(["layer", "head", "relation"])[["accuracy", "baseline_accuracy"]].max().reset_index()

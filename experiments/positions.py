@@ -48,9 +48,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from threadpoolctl import threadpool_limits
-
-from experiments.positions_data import (
+from bertscope.experiments.positions_data import (
     CLS,
     CONTENT,
     SEP,
@@ -63,7 +61,7 @@ from experiments.positions_data import (
     site_layer,
     subset,
 )
-from experiments.positions_measures import (
+from bertscope.experiments.positions_measures import (
     linear_cka,
     pair_features,
     permute_positions,
@@ -71,6 +69,7 @@ from experiments.positions_measures import (
     table_pairs,
     variance_share,
 )
+from threadpoolctl import threadpool_limits
 
 NAME = "positions"
 DIRNAME = "positions"
@@ -146,7 +145,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
             f"{len(sentences)} sentences")
 
-    from models import random_encoder
+    from bertscope.models import random_encoder
 
     random_model = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
     random_model = random_model.to(device=ctx.device, dtype=ctx.dtype).eval()
@@ -196,7 +195,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 
 def plot(out_dir: Path) -> list[Path]:
     """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from experiments.positions_plots import draw_all
+    from bertscope.experiments.positions_plots import draw_all
 
     return draw_all(Path(out_dir))
 
@@ -268,7 +267,7 @@ def table_probes(
     ``pair_alphas``). Returns `probes.evaluate` rows tagged with ``target``,
     ``features`` and ``probe`` (the caller adds site, model, ...).
     """
-    from probes import evaluate
+    from bertscope.probes import evaluate
 
     table = np.asarray(table, dtype=np.float64)
     n_pos = table.shape[0]
@@ -321,7 +320,7 @@ def probe_scores(
     Returns evaluate's rows with ``probe`` ("logistic" | "ridge") and ``control``: ``control_name`` for the
     task rows, ``"control_task"`` and ``"selectivity"`` (task - control) when ``control`` is given.
     """
-    from probes import evaluate
+    from bertscope.probes import evaluate
 
     if metrics is None:
         metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
@@ -352,7 +351,7 @@ def select_alpha(
     Meant for held-out tuning data, so the chosen alpha never saw the rows it is later scored on. Returns
     ``(alpha, {str(alpha): mean score})``.
     """
-    from probes import evaluate
+    from bertscope.probes import evaluate
 
     metric = "accuracy" if task == "classification" else "r2"
     scores = {}
@@ -374,7 +373,7 @@ def grouped_oof_predict(
     X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, task: str, alpha: float, n_folds: int, seed: int = 0
 ) -> np.ndarray:
     """Out-of-fold predictions ``[n]`` of a `probes.LinearProbe` at a fixed alpha, with grouped folds."""
-    from probes import LinearProbe, grouped_folds
+    from bertscope.probes import LinearProbe, grouped_folds
 
     group_idx = np.unique(groups, return_inverse=True)[1].reshape(-1)
     fold = grouped_folds(group_idx, int(group_idx.max()) + 1, n_folds, np.random.default_rng([seed, 0]))
@@ -411,7 +410,7 @@ class _Design:
 
     # -- activations
     def collect(self, model: Any, seqs: Any, sites: list[str]) -> Activations:
-        from experiments.positions_data import collect
+        from bertscope.experiments.positions_data import collect
 
         return collect(model, seqs, sites, batch_size=self.s.batch_size)
 
@@ -543,7 +542,7 @@ class _Design:
 
     # -- MDL
     def mdl(self, acts: dict) -> pd.DataFrame:
-        from probes import mdl_probe
+        from bertscope.probes import mdl_probe
 
         real = acts[("windows", "none")]
         sel = real.kind == CONTENT
@@ -601,7 +600,7 @@ class _Design:
               groups: np.ndarray | None = None, task: str = "regression") -> float:  # fmt: skip
         """The alpha of a probe family: chosen by `tune`, or (for the [CLS]/[SEP] ridge probes, whose data
         exist only in sentences) by nested grouped CV on ``X`` at the reference site, once."""
-        from probes import evaluate
+        from bertscope.probes import evaluate
 
         if family not in self._alphas:
             if X is None:
@@ -649,7 +648,7 @@ class _Design:
         return self._frame(res)
 
     def _control_labels(self, types: np.ndarray, y: np.ndarray) -> np.ndarray:
-        from probes import control_labels
+        from bertscope.probes import control_labels
 
         return control_labels(types, y, seed=self.ctx.seed)
 

@@ -32,7 +32,7 @@ def draw_all(out_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    from experiments.io import save_figure
+    from bertscope.experiments.io import save_figure
 
     results_path = out_dir / "results.parquet"
     if not results_path.is_file():

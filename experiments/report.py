@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from experiments import io
-from experiments.common import EXPERIMENTS, MANIFEST, RESULTS, STEPS
+from bertscope.experiments import io
+from bertscope.experiments.common import EXPERIMENTS, MANIFEST, RESULTS, STEPS
 
 INDEX_HTML = "index.html"
 MAX_TABLE_ROWS = 60

@@ -30,9 +30,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from einops import rearrange
-
-from experiments.same_token_metrics import (
+from bertscope.experiments.same_token_metrics import (
     DUPLICATE_METRICS,
     Positions,
     Tallies,
@@ -43,7 +41,8 @@ from experiments.same_token_metrics import (
     summarize,
     tally,
 )
-from experiments.same_token_plots import plot
+from bertscope.experiments.same_token_plots import plot
+from einops import rearrange
 
 NAME = "same-token"
 DIRNAME = "same_token"
@@ -69,7 +68,7 @@ CONVENTIONS = {
 def run(ctx: Any) -> pd.DataFrame:
     """The framework entry point: measure every source on both corpora plus the weight view; write
     ``example_maps`` and ``summary``; return the long results table."""
-    from experiments.common import load_corpus_spec
+    from bertscope.experiments.common import load_corpus_spec
 
     model, options = ctx.model, ctx.options
     cap = options.max_sentences or MAX_SENTENCES
@@ -279,7 +278,7 @@ def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_t
     with the largest duplicate ratio on that corpus and the head with the largest self ratio. Long table:
     corpus, sentence_id, panel, source, site, layer, head, query, key, query_token, key_token, weight.
     """
-    from experiments.corpus import Corpus, encode
+    from bertscope.experiments.corpus import Corpus, encode
 
     tok = model.tokenizer
     n_layers = model.config.n_layers

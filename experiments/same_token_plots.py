@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from experiments import io
+from bertscope.experiments import io
 
 MAX_LOG2_RATIO = 6.0
 

@@ -1,7 +1,7 @@
 """Named hook points, activation caches and head-level interventions."""
 
-from hooks.cache import ActivationCache
-from hooks.hook_points import HookedModule, HookPoint
-from hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
+from bertscope.hooks.cache import ActivationCache
+from bertscope.hooks.hook_points import HookedModule, HookPoint
+from bertscope.hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
 
 __all__ = ["ActivationCache", "HookPoint", "HookedModule", "ablate_heads", "mean_z", "patch_activation", "patch_heads"]

@@ -14,9 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from bertscope.hooks.cache import ActivationCache
 from torch import nn
-
-from hooks.cache import ActivationCache
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 NamesFilter = str | Sequence[str] | Callable[[str], bool] | None

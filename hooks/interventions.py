@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import torch
-
-from hooks.cache import ActivationCache
-from hooks.hook_points import HookPoint, NamesFilter
+from bertscope.hooks.cache import ActivationCache
+from bertscope.hooks.hook_points import HookPoint, NamesFilter
 
 HeadSpec = Mapping[int, Sequence[int]] | Iterable[tuple[int, int]]
 HookFn = Callable[[torch.Tensor, HookPoint], torch.Tensor | None]

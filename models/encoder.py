@@ -15,11 +15,10 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from bertscope.hooks.hook_points import HookedModule, HookPoint
+from bertscope.models.config import EncoderConfig
 from einops import rearrange
 from torch import nn
-
-from hooks.hook_points import HookedModule, HookPoint
-from models.config import EncoderConfig
 
 AttentionImpl = Literal["auto", "explicit"]
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from models.config import EncoderConfig
-from models.encoder import Encoder
+from bertscope.models.config import EncoderConfig
+from bertscope.models.encoder import Encoder
 
 # Task heads other than the masked-LM head: known, not needed by an encoder, skipped on purpose.
 IGNORED_HEADS = ("cls.seq_relationship.", "classifier.", "qa_outputs.", "lm_head.")

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import models
+from bertscope import models
 
 # Nothing in the test suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -15,8 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from experiments import cli, common
+from bertscope.experiments import cli, common
 
 MAX_SENTENCES = "12"
 
@@ -88,8 +87,7 @@ class FakeExperiment:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        from experiments import io
+        from bertscope.experiments import io
 
         table = pd.read_parquet(out_dir / "results.parquet")
         fig, ax = plt.subplots(figsize=(3, 2))
@@ -105,7 +103,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeExperiment:
     for name in list(common.EXPERIMENTS):
         monkeypatch.delitem(common.EXPERIMENTS, name)
     monkeypatch.setitem(common.EXPERIMENTS, "fake", exp.module.__name__)
-    monkeypatch.setitem(common.EXPERIMENTS, "ghost", "experiments.no_such_experiment_module")
+    monkeypatch.setitem(common.EXPERIMENTS, "ghost", "bertscope.experiments.no_such_experiment_module")
     return exp
 
 
@@ -120,7 +118,7 @@ def run_args(model: Path, out: Path, *extra: str) -> list[str]:
 def test_info_describes_the_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model_dir: Path) -> None:
     from transformers import BertModel
 
-    import models
+    from bertscope import models
 
     code, out, err = bertscope(capsys, "info", "--model", tiny_model_dir, "--json")
     assert code == 0, err
@@ -144,7 +142,7 @@ def test_info_describes_the_tiny_model(capsys: pytest.CaptureFixture[str], tiny_
 def test_run_all_writes_results_figures_manifest_and_report(
     capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
 ) -> None:
-    from experiments import corpus as corpus_mod
+    from bertscope.experiments import corpus as corpus_mod
 
     out = tmp_path / "results"
     code, stdout, err = bertscope(capsys, *run_args(tiny_model_dir, out, "--seed", "3"))

@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from bertscope.experiments import capture as capture_mod
+from bertscope.experiments import cli
+from bertscope.experiments.corpus import load_corpus
 from safetensors import safe_open
 
-import models
-from experiments import capture as capture_mod
-from experiments import cli
-from experiments.corpus import load_corpus
+from bertscope import models
 
 HOOKS = "embed.hook_out,blocks.*.hook_resid_post,blocks.1.attn.hook_pattern"
 N_SENTENCES = 12

@@ -6,8 +6,7 @@ import collections
 import re
 
 import pytest
-
-from experiments.corpus import (
+from bertscope.experiments.corpus import (
     BUILTIN_SIZE,
     Corpus,
     CorpusError,

@@ -6,8 +6,7 @@ import warnings
 
 import pytest
 import torch
-
-from experiments.corpus import (
+from bertscope.experiments.corpus import (
     Corpus,
     CorpusError,
     Sentence,

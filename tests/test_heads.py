@@ -8,12 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from experiments import heads
-from experiments import heads_similarity as sim
-from experiments import heads_stats as hs
-from experiments import heads_syntax as syn
-from experiments.heads_roles import assign_roles, role_summary
+from bertscope.experiments import heads
+from bertscope.experiments import heads_similarity as sim
+from bertscope.experiments import heads_stats as hs
+from bertscope.experiments import heads_syntax as syn
+from bertscope.experiments.heads_roles import assign_roles, role_summary
 
 CLS, SEP, PAD, DOT, COMMA = 101, 102, 0, 1012, 1010
 HEADS = ("identity", "previous", "uniform", "to_sep", "next")

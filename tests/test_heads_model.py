@@ -7,12 +7,11 @@ import copy
 import numpy as np
 import pytest
 import torch
+from bertscope.experiments import corpus as corpus_mod
+from bertscope.experiments import heads_importance as imp
+from bertscope.experiments import heads_syntax as syn
 
-import hooks
-import models
-from experiments import corpus as corpus_mod
-from experiments import heads_importance as imp
-from experiments import heads_syntax as syn
+from bertscope import hooks, models
 
 
 @pytest.fixture(scope="module")

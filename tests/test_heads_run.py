@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from bertscope.experiments import corpus as corpus_mod
+from bertscope.experiments import heads, heads_plots
+from bertscope.experiments import heads_syntax as syn
+from bertscope.experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
 
-import models
-from experiments import corpus as corpus_mod
-from experiments import heads, heads_plots
-from experiments import heads_syntax as syn
-from experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
+from bertscope import models
 
 
 @pytest.fixture(scope="module")

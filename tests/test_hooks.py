@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from bertscope.hooks import ablate_heads, mean_z, patch_activation, patch_heads
 
-import models
-from hooks import ablate_heads, mean_z, patch_activation, patch_heads
+from bertscope import models
 
 SENTENCES = ["The cat sat on the mat while the other cat slept.", "Dogs bark.", "A short one, with a comma."]
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from experiments import io
+from bertscope.experiments import io
 
 
 def _listing(folder: Path) -> list[str]:
@@ -109,7 +108,7 @@ def test_killed_writer_leaves_no_destination_and_partials_are_swept(tmp_path: Pa
     script = textwrap.dedent(
         f"""
         import sys, time
-        from experiments import io
+        from bertscope.experiments import io
         def chunks():
             for i in range(1000):
                 yield b"x" * 4096

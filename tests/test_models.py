@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from bertscope.models import CheckpointError, EncoderConfig
 from helpers import BUNDLED, save_tiny_bert
 from safetensors.torch import load_file, save_file
 
-import models
-from models import CheckpointError, EncoderConfig
+from bertscope import models
 
 SENTENCES = [
     "The cat sat on the mat.",

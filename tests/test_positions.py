@@ -8,11 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-import models
-from experiments import positions
-from experiments.corpus import Sentence, load_corpus
-from experiments.positions_data import (
+from bertscope.experiments import positions
+from bertscope.experiments.corpus import Sentence, load_corpus
+from bertscope.experiments.positions_data import (
     CLS,
     CONTENT,
     SEP,
@@ -24,6 +22,8 @@ from experiments.positions_data import (
     site_layer,
     zero_position_hooks,
 )
+
+from bertscope import models
 
 P = 16  # window length in these tests
 
@@ -63,7 +63,7 @@ def test_control_task_is_learnable_from_word_identity_but_position_is_not():
     types = rng.integers(0, vocab, size=n_win * P)
     y = np.tile(np.arange(P), n_win)
     groups = np.repeat(np.arange(n_win), P)
-    from probes import control_labels
+    from bertscope.probes import control_labels
 
     control = control_labels(types, y, seed=0)
     res = positions.probe_scores(np.eye(vocab)[types], y, groups, task="classification", alpha=0.1,
@@ -176,8 +176,8 @@ def test_site_layers():
 def test_collect_matches_unpadded_forward(tokenizer, tiny_config):
     model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer).eval()
     corpus = load_corpus("builtin", max_sentences=30)
-    from experiments.corpus import encode
-    from experiments.positions_data import sentences_from_encoded
+    from bertscope.experiments.corpus import encode
+    from bertscope.experiments.positions_data import sentences_from_encoded
 
     seqs = sentences_from_encoded(encode(corpus, tokenizer, max_length=64))
     sites = ["embed.hook_out", "blocks.1.hook_resid_post"]
@@ -217,7 +217,7 @@ SMALL = positions.Settings(
 
 
 def test_full_run_writes_tables_and_figures_with_controls(tmp_path, tokenizer, tiny_config, monkeypatch):
-    from experiments import common
+    from bertscope.experiments import common
 
     model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer).eval()
     corpus = load_corpus("builtin", max_sentences=150)

@@ -12,16 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from scipy.stats import spearmanr
-from sklearn.base import clone, is_classifier, is_regressor
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression, Ridge
-from sklearn.metrics import f1_score, mean_absolute_error, r2_score
-from sklearn.model_selection import GridSearchCV, GroupKFold, cross_val_score
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
-
-from probes import (
+from bertscope.probes import (
     LinearProbe,
     control_labels,
     evaluate,
@@ -30,7 +21,15 @@ from probes import (
     mdl_probe,
     selectivity,
 )
-from probes.metrics import GroupScorer, bootstrap_counts, chance_baseline
+from bertscope.probes.metrics import GroupScorer, bootstrap_counts, chance_baseline
+from scipy.stats import spearmanr
+from sklearn.base import clone, is_classifier, is_regressor
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.metrics import f1_score, mean_absolute_error, r2_score
+from sklearn.model_selection import GridSearchCV, GroupKFold, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 BACKENDS = ["sklearn", "torch"]
 

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from bertscope.experiments import same_token
+from bertscope.experiments.corpus import encode, load_corpus
+from bertscope.experiments.same_token import _self_preference, measure, weight_view
 
-import models
-from experiments import same_token
-from experiments.corpus import encode, load_corpus
-from experiments.same_token import _self_preference, measure, weight_view
+from bertscope import models
 
 PLANT_LAYER, PLANT_HEAD = 1, 2
 
@@ -128,7 +128,7 @@ def test_weight_view_agrees_with_transformers_weights(bundled, hf_bundled) -> No
 
 
 def test_framework_run_writes_tables_and_figures(bundled, tmp_path: Path, monkeypatch) -> None:
-    from experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
+    from bertscope.experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
 
     monkeypatch.setattr(same_token, "N_BOOT", 50)
     monkeypatch.setattr(same_token, "VOCAB_SAMPLE", 200)

@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-
-from experiments.same_token_metrics import (
+from bertscope.experiments.same_token_metrics import (
     Positions,
     Tallies,
     attention_masses,

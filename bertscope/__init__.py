@@ -1,0 +1,59 @@
+"""bertscope: mechanistic interpretability for BERT-family encoders.
+
+The installed namespace. Its subpackages live at the repository's top level and are mapped here by
+``pyproject.toml``: ``bertscope.models`` (encoders and checkpoint loading), ``bertscope.hooks`` (hook points,
+caches, interventions), ``bertscope.probes`` (linear probes with controls) and ``bertscope.experiments``
+(corpora, experiments, the ``bertscope`` command line).
+
+>>> import bertscope
+>>> model = bertscope.load()                      # the bundled all-MiniLM-L6-v2
+>>> last, cache = model.run_with_cache(**model.tokenize(["The cat sat."]))
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+from bertscope.hooks import (
+    ActivationCache,
+    HookedModule,
+    HookPoint,
+    ablate_heads,
+    mean_z,
+    patch_activation,
+    patch_heads,
+)
+from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
+from bertscope.probes import LinearProbe, evaluate
+
+try:
+    __version__ = _metadata.version("bertscope")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+def load_capture(*args, **kwargs):
+    """Load activations written by ``bertscope capture``; see ``bertscope.experiments.capture.load_capture``."""
+    from bertscope.experiments.capture import load_capture as _load_capture
+
+    return _load_capture(*args, **kwargs)
+
+
+__all__ = [
+    "ActivationCache",
+    "CheckpointError",
+    "Encoder",
+    "EncoderConfig",
+    "HookPoint",
+    "HookedModule",
+    "LinearProbe",
+    "__version__",
+    "ablate_heads",
+    "evaluate",
+    "load",
+    "load_capture",
+    "mean_z",
+    "patch_activation",
+    "patch_heads",
+    "random_encoder",
+]
