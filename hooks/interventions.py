@@ -21,10 +21,9 @@ transformers 5 accepts ``head_mask`` and silently ignores it; these hooks are th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
-
-import warnings
 
 import torch
 from bertscope.hooks.cache import ActivationCache
