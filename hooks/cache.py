@@ -159,12 +159,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     def names(self, pattern: str) -> list[str]:
         """Cached names matching a suffix, glob or short name (see ``stack``), sorted by layer."""
         if any(c in pattern for c in "*?["):
-            glob = pattern
-        elif pattern.startswith("blocks.") or pattern.startswith("hook_") or "." in pattern:
-            glob = pattern if pattern.startswith("blocks.") else f"blocks.*.{pattern}"
-        else:
-            glob = act_name(pattern, 0).replace("blocks.0.", "blocks.*.", 1)
-        found = [n for n in self._tensors if fnmatch.fnmatchcase(n, glob)]
+            found = [n for n in self._tensors if fnmatch.fnmatchcase(n, pattern)]
+        elif pattern.startswith("blocks."):
+            found = [pattern] if pattern in self._tensors else []
+        else:  # a per-block suffix, matched exactly ("hook_scale" is neither ln1's nor ln2's)
+            short = not ("." in pattern or pattern.startswith("hook_"))
+            suffix = act_name(pattern, 0)[len("blocks.0.") :] if short else pattern
+            found = [n for n in self._tensors if (m := _LAYER.match(n)) and m.group(2) == suffix]
         return sorted(found, key=lambda n: int(m.group(1)) if (m := _LAYER.match(n)) else -1)
 
     def heads(self, name: str, heads: int | Sequence[int]) -> torch.Tensor:

@@ -92,6 +92,9 @@ def test_stack_takes_suffix_glob_or_short_name(cache, bundled):
     assert by_suffix.shape[0] == bundled.config.n_layers
     torch.testing.assert_close(by_suffix[3], cache["resid_post", 3], rtol=0, atol=0)
     assert cache.stack("attn.hook_pattern").shape[:2] == (bundled.config.n_layers, len(TEXTS))
+    assert cache.stack("ln1.hook_scale").shape[0] == bundled.config.n_layers
+    with pytest.raises(KeyError):
+        cache.stack("hook_scale")  # a suffix is exact: not ln1's and ln2's mixed
     with pytest.raises(KeyError) as err:
         cache.stack("blocks.*.hook_resid_nope")
     assert "blocks.*.blocks" not in str(err.value) and "'blocks.*.hook_resid_nope'" in str(err.value)

@@ -31,10 +31,10 @@ def test_api_reference_builds_offline(tmp_path, monkeypatch):
     assert index.exists()
     hooks_page = (tmp_path / "api" / "bertscope" / "hooks.html").read_text()
     for name in ("ActivationCache", "accumulated_resid", "decompose_resid", "stack_head_results", "ablate_heads",
-                 "patch_heads", "act_name"):
+                 "patch_heads", "act_name", "run_with_cache", "incl_bwd"):
         assert name in hooks_page, name
     models_page = (tmp_path / "api" / "bertscope" / "models.html").read_text()
-    for name in ("to_tokens", "to_str_tokens", "run_with_cache", "EncoderConfig"):
+    for name in ("to_tokens", "to_str_tokens", "EncoderConfig"):
         assert name in models_page, name
     assert "evaluate" in (tmp_path / "api" / "bertscope" / "probes.html").read_text()
     # nothing in the pages loads a script or a style from elsewhere
