@@ -113,7 +113,8 @@ def run_evaluate(args: argparse.Namespace) -> pd.DataFrame:
         device = args.device if backend == "torch" else None
         control = None if args.no_control else probes.control_labels(word_types, position)
         start, cpu_start = time.perf_counter(), time.process_time()
-        table = probes.evaluate(X, position, groups, alphas=args.alpha, n_folds=args.folds, backend=backend,
+        table = probes.evaluate(X, position, groups, task="classification", alphas=args.alpha, n_folds=args.folds,
+                                backend=backend,
                                 device=device, n_boot=args.n_boot, within_k=2, control=control,
                                 max_iter=args.max_iter, tol=args.tol)  # fmt: skip
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start

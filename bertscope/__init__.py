@@ -7,7 +7,13 @@ caches, interventions), ``bertscope.probes`` (linear probes with controls) and `
 
 >>> import bertscope
 >>> model = bertscope.load()                      # the bundled all-MiniLM-L6-v2
->>> last, cache = model.run_with_cache(**model.tokenize(["The cat sat."]))
+>>> last, cache = model.run_with_cache(["The cat sat.", "Dogs bark."])   # text, or token ids with a mask
+>>> cache["pattern", 0].shape                     # [batch, head, query, key]; TransformerLens short names
+>>> model.to_str_tokens("The cat sat.")           # ['[CLS]', 'the', 'cat', 'sat', '.', '[SEP]']
+
+Interventions take the model first (``ablate_heads(model, heads)``, ``patch_heads(model, heads, source)``,
+``patch_activation(model, names, source)``). A walk-through: ``docs/tutorial.md``; the hook reference:
+``docs/hooks.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,16 @@
 """Named hook points, activation caches and head-level interventions."""
 
-from bertscope.hooks.cache import ActivationCache
+from bertscope.hooks.cache import ActivationCache, act_name
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
 
-__all__ = ["ActivationCache", "HookPoint", "HookedModule", "ablate_heads", "mean_z", "patch_activation", "patch_heads"]
+__all__ = [
+    "ActivationCache",
+    "HookPoint",
+    "HookedModule",
+    "ablate_heads",
+    "act_name",
+    "mean_z",
+    "patch_activation",
+    "patch_heads",
+]

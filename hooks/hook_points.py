@@ -126,22 +126,54 @@ class HookedModule(nn.Module):
         names_filter: NamesFilter = None,
         cache_device: str | torch.device | None = None,
         fwd_hooks: Iterable[tuple[NamesFilter, HookFn]] = (),
+        incl_bwd: bool = False,
+        loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, ActivationCache]:
         """Forward pass that records the activations at the selected hook points.
 
         Cached tensors are detached; with ``cache_device`` each is moved there as soon as it is produced, so a
         GPU run can cache more than GPU memory holds. Extra ``fwd_hooks`` run before caching (the cache sees
-        their replacements). Other arguments go to ``forward`` (e.g. ``stop_at_layer``).
-        """
-        store: dict[str, torch.Tensor] = {}
+        their replacements). Other arguments go to ``forward`` (token ids, text, ``stop_at_layer``, ...).
 
-        def save(tensor: torch.Tensor, hook: HookPoint) -> None:
+        ``incl_bwd=True`` also stores, under ``<name>_grad``, the gradient of ``loss_fn(output)`` (a scalar;
+        without ``loss_fn`` the output itself must be one) with respect to each cached activation, computed
+        with ``torch.autograd.grad`` (parameters' ``.grad`` are left alone). An activation the loss does not
+        depend on gets a zero gradient. Needs gradients enabled (not inside ``torch.no_grad()``). To make
+        ``attn.hook_result`` and LayerNorm internals part of the graph, their unfused computation is used in
+        this mode (outputs differ from the fused kernels by float rounding only).
+        """
+        if incl_bwd and not torch.is_grad_enabled():
+            raise RuntimeError("incl_bwd=True needs gradients: call run_with_cache outside torch.no_grad()")
+        store: dict[str, torch.Tensor] = {}
+        live: dict[str, torch.Tensor] = {}
+
+        def save(tensor: torch.Tensor, hook: HookPoint) -> torch.Tensor | None:
             t = tensor.detach()
             store[hook.name] = t.to(cache_device) if cache_device is not None else t
+            if not incl_bwd:
+                return None
+            # A new graph node downstream code uses, so its gradient is the activation's gradient.
+            node = tensor.view_as(tensor) if tensor.requires_grad else tensor.detach().requires_grad_()
+            live[hook.name] = node
+            return node
 
         names = self.select_hooks(names_filter)
         with self.hooks(list(fwd_hooks) + [(names, save)] if names else list(fwd_hooks)):
             out = self(*args, **kwargs)
         ordered = {n: store[n] for n in self.hook_names() if n in store}
-        return out, ActivationCache(ordered)
+        if incl_bwd:
+            loss = out if loss_fn is None else loss_fn(out)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise ValueError(
+                    f"incl_bwd needs a scalar to differentiate, got {shape}: pass loss_fn, e.g. "
+                    "loss_fn=lambda out: out[:, 0].norm()"
+                )
+            order = [n for n in self.hook_names() if n in live]
+            grads = torch.autograd.grad(loss, [live[n] for n in order], allow_unused=True)
+            for name, grad in zip(order, grads, strict=True):
+                g = torch.zeros_like(live[name]) if grad is None else grad.detach()
+                ordered[f"{name}_grad"] = g.to(cache_device) if cache_device is not None else g
+            out = out.detach()
+        return out, ActivationCache(ordered, model=self)

@@ -1,14 +1,27 @@
 """Head-level interventions, written as lists of ``(hook name, fn)`` for ``model.hooks`` / ``run_with_hooks``.
 
+Every intervention takes the model first, then what to change, then where the values come from:
+
+- ``ablate_heads(model, heads, method="zero" | "mean" | "uniform", *, reference=None, attention_mask=None)``
+- ``patch_heads(model, heads, source, *, site="hook_z")``
+- ``patch_activation(model, names, source, *, positions=None)``
+- ``mean_z(model, inputs, attention_mask=None, token_type_ids=None)``
+
 >>> with model.hooks(ablate_heads(model, {3: [5]}, method="zero")):
 ...     ablated = model(ids, mask)
->>> out = model.run_with_hooks(ids, attention_mask=mask, fwd_hooks=patch_heads({2: [0, 7]}, clean_cache))
+>>> out = model.run_with_hooks(ids, attention_mask=mask, fwd_hooks=patch_heads(model, {2: [0, 7]}, clean_cache))
+
+The model is used to check layers, heads and hook names when the hooks are built (a typo fails at once, not
+in the middle of a run) and, for uniform ablation, to read the padding of the run the hooks fire in. Before
+this order was fixed, ``patch_heads(heads, source)`` and ``patch_activation(names, source)`` took no model;
+that form still works for now and warns (``FutureWarning``).
 
 transformers 5 accepts ``head_mask`` and silently ignores it; these hooks are the working alternative.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
@@ -32,14 +45,16 @@ def ablate_heads(
     reference: Mapping[int, torch.Tensor] | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> FwdHooks:
-    """Hooks that knock out the given heads.
+    """Hooks that knock out the given heads (``heads``: ``{layer: [head, ...]}`` or ``[(layer, head), ...]``).
 
     - ``"zero"``: the head's output ``z`` is set to 0, so it writes nothing (equal to zeroing its slice of
       ``W_O``; the output bias stays).
     - ``"mean"``: ``z`` is replaced by its mean over real tokens of a reference batch: ``reference`` maps
       layer to ``[head, d_head]``, as made by ``mean_z``.
-    - ``"uniform"``: the head's attention pattern is replaced by a uniform distribution over the real keys
-      (``attention_mask`` ``[batch, key]`` of the run the hooks will be used in; None = no padding).
+    - ``"uniform"``: the head's attention pattern is replaced by a uniform distribution over the real keys of
+      the run the hooks fire in. The padding is read from that run (``model.current_attention_mask``), so a
+      padded batch is handled without passing anything; an ``attention_mask`` ``[batch, key]`` given here must
+      equal the run's, else the hook raises (it would otherwise average over the wrong keys).
     """
     spec = _normalise(heads, model.config.n_layers, model.config.n_heads)
     hooks: FwdHooks = []
@@ -54,7 +69,7 @@ def ablate_heads(
                 )
             hooks.append((f"blocks.{layer}.attn.hook_z", _set_heads(idx, dim=2, value=reference[layer][idx])))
         elif method == "uniform":
-            hooks.append((f"blocks.{layer}.attn.hook_pattern", _uniform_heads(idx, attention_mask)))
+            hooks.append((f"blocks.{layer}.attn.hook_pattern", _uniform_heads(idx, attention_mask, model)))
         else:
             raise ValueError(f"unknown ablation method {method!r}; use 'zero', 'mean' or 'uniform'")
     return hooks
@@ -63,11 +78,17 @@ def ablate_heads(
 @torch.no_grad()
 def mean_z(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | str | list[str],
     attention_mask: torch.Tensor | None = None,
     token_type_ids: torch.Tensor | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Mean of every head's ``z`` over the real tokens of a reference batch: ``{layer: [head, d_head]}``."""
+    """Mean of every head's ``z`` over the real tokens of a reference batch: ``{layer: [head, d_head]}``.
+
+    ``input_ids``: token ids ``[batch, pos]`` (with their mask), or text."""
+    if isinstance(input_ids, (str, list, tuple, Mapping)):
+        from bertscope.models.text import as_batch
+
+        input_ids, attention_mask, token_type_ids = as_batch(model, input_ids, attention_mask, token_type_ids)
     _, cache = model.run_with_cache(
         input_ids, attention_mask, token_type_ids, names_filter="blocks.*.attn.hook_z"
     )
@@ -76,14 +97,24 @@ def mean_z(
     return {layer: cache[f"blocks.{layer}.attn.hook_z"][real].mean(dim=0) for layer in cache.layers("attn.hook_z")}
 
 
-def patch_activation(
-    names: NamesFilter, source: ActivationCache, *, positions: torch.Tensor | Sequence[int] | None = None
-) -> FwdHooks:
-    """Hooks that overwrite the named activations with ``source``'s (e.g. a clean run's cache).
+def patch_activation(model: torch.nn.Module, names: NamesFilter, source: ActivationCache | None = None, *,
+                     positions: torch.Tensor | Sequence[int] | None = None) -> FwdHooks:
+    """Hooks that overwrite the named activations (a name, glob, list or predicate; None = every hook
+    point) with ``source``'s (e.g. a clean run's cache).
 
     ``positions`` restricts the patch to those sequence positions (dim 1 of ``[batch, pos, ...]`` tensors,
-    the query dim of ``[batch, head, query, key]`` ones).
+    the query dim of ``[batch, head, query, key]`` ones). Names ``source`` lacks raise ``KeyError`` here.
     """
+    if not isinstance(model, torch.nn.Module):  # the old order: patch_activation(names, source)
+        _old_order("patch_activation", "patch_activation(model, names, source)")
+        if source is None:
+            model, names, source = None, model, names
+        else:
+            raise TypeError("patch_activation takes (model, names, source); got no model first")
+    if model is not None:
+        missing = [n for n in model.select_hooks(names) if n not in source]
+        if names is not None and missing:
+            raise KeyError(f"patch source has no {missing[:3]}; cache them in the source run")
 
     def patch(tensor: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         if hook.name not in source:
@@ -102,12 +133,21 @@ def patch_activation(
     return [(names, patch)]
 
 
-def patch_heads(heads: HeadSpec, source: ActivationCache, *, site: str = "hook_z") -> FwdHooks:
+def patch_heads(model: torch.nn.Module, heads: HeadSpec, source: ActivationCache | None = None, *,
+                site: str = "hook_z") -> FwdHooks:
     """Hooks that overwrite only the given heads' ``site`` (``hook_z``, ``hook_pattern``, ``hook_q``, ...)
-    with ``source``'s values; the other heads keep this run's values."""
+    with ``source``'s values; the other heads keep this run's values. ``heads`` as in ``ablate_heads``."""
+    if not isinstance(model, torch.nn.Module):  # the old order: patch_heads(heads, source)
+        _old_order("patch_heads", "patch_heads(model, heads, source)")
+        if source is not None:
+            raise TypeError("patch_heads takes (model, heads, source); got no model first")
+        model, heads, source = None, model, heads
     if site not in _PER_HEAD_SITES:
         raise ValueError(f"site must be one of {_PER_HEAD_SITES}, got {site!r}")
-    spec = _normalise(heads, None, None)
+    if model is None:
+        spec = _normalise(heads, None, None)
+    else:
+        spec = _normalise(heads, model.config.n_layers, model.config.n_heads)
     dim = 1 if site in ("hook_scores", "hook_pattern") else 2
     hooks: FwdHooks = []
     for layer, idx in spec.items():
@@ -116,6 +156,11 @@ def patch_heads(heads: HeadSpec, source: ActivationCache, *, site: str = "hook_z
             raise KeyError(f"patch source has no {name}; cache it in the source run")
         hooks.append((name, _copy_heads(idx, dim, source[name])))
     return hooks
+
+
+def _old_order(fn: str, new: str) -> None:
+    warnings.warn(f"{fn} now takes the model first: {new}. The old order will stop working.", FutureWarning,
+                  stacklevel=3)
 
 
 # ====================================================================== helpers
@@ -144,17 +189,24 @@ def _set_heads(idx: list[int], dim: int, value: float | torch.Tensor) -> HookFn:
     return fn
 
 
-def _uniform_heads(
-    idx: list[int], attention_mask: torch.Tensor | None
-) -> HookFn:
+def _uniform_heads(idx: list[int], attention_mask: torch.Tensor | None, model: torch.nn.Module) -> HookFn:
     def fn(pattern: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         b, _, q, k = pattern.shape
+        ones = torch.ones(b, k, dtype=pattern.dtype, device=pattern.device)
+        records = hasattr(model, "current_attention_mask")  # the Encoder records the mask of the run
+        run = getattr(model, "current_attention_mask", None)
+        run = ones if run is None else run.to(ones)  # no mask: the model attends to every key
         if attention_mask is None:
-            keep = torch.ones(b, k, dtype=pattern.dtype, device=pattern.device)
+            keep = run if records else ones
         else:
             if attention_mask.shape != (b, k):
                 raise ValueError(f"attention_mask {tuple(attention_mask.shape)} does not fit the run ({b}, {k})")
-            keep = attention_mask.to(device=pattern.device, dtype=pattern.dtype)
+            keep = attention_mask.to(ones)
+            if records and not torch.equal(keep, run):
+                raise ValueError(
+                    "the attention_mask given to ablate_heads differs from the one the model ran with; leave it "
+                    "out (the run's mask is used) or pass the same one"
+                )
         uniform = (keep / keep.sum(dim=-1, keepdim=True))[:, None, :].expand(b, q, k)
         out = pattern.clone()
         out[:, idx] = uniform[:, None]

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.models.config import EncoderConfig
+from bertscope.models.text import as_batch, str_tokens
 from einops import rearrange
 from torch import nn
 
@@ -39,6 +40,7 @@ class Encoder(HookedModule):
         self.pooler = Pooler(config) if pooler else None
         self.mlm_head = MLMHead(config) if mlm_head else None
         self.tokenizer: Any = None
+        self.current_attention_mask: torch.Tensor | None = None  # set while blocks run: [batch, pos] or None
         self.source: str = "random initialisation"
         self.weight_files: list[Path] = []
         self._weights_sha256: str | None = None
@@ -49,7 +51,7 @@ class Encoder(HookedModule):
     # ------------------------------------------------------------------ forward
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | str | list[str] | dict[str, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         *,
@@ -60,7 +62,9 @@ class Encoder(HookedModule):
         ``input_ids`` ``[batch, pos]``; ``attention_mask`` ``[batch, pos]`` (1 = real token, 0 = padding);
         ``token_type_ids`` ``[batch, pos]`` (segment A = 0, B = 1). ``stop_at_layer=k`` runs blocks
         ``0..k`` inclusive and returns block k's ``hook_resid_post`` (no final LayerNorm in pre-LN models).
+        ``input_ids`` may also be text (``str`` or ``list[str]``) or a mapping like ``to_tokens``' result.
         """
+        input_ids, attention_mask, token_type_ids = as_batch(self, input_ids, attention_mask, token_type_ids)
         input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
         return self.forward_from(0, self.embed(input_ids, token_type_ids), attention_mask, stop_at_layer=stop_at_layer)
 
@@ -87,8 +91,12 @@ class Encoder(HookedModule):
             )
         keep = _key_mask(None if attention_mask is None else attention_mask.to(resid_pre.device))
         x = resid_pre
-        for block in self.blocks[layer : last + 1]:
-            x = block(x, keep)
+        self.current_attention_mask = attention_mask  # the run's padding, for hooks (see ablate_heads "uniform")
+        try:
+            for block in self.blocks[layer : last + 1]:
+                x = block(x, keep)
+        finally:
+            self.current_attention_mask = None
         if self.ln_final is not None and stop_at_layer is None:
             x = self.ln_final(x)
         return x
@@ -178,6 +186,19 @@ class Encoder(HookedModule):
     def W_type(self) -> torch.Tensor | None:
         """Token-type (segment) embeddings ``[type_vocab, d_model]``."""
         return None if self.embed.token_type is None else self.embed.token_type.weight
+
+    # ------------------------------------------------------------------ text
+    def to_tokens(self, texts: str | list[str], pairs: str | list[str] | None = None) -> dict[str, torch.Tensor]:
+        """Tokenise text: ``{"input_ids": [batch, pos], "attention_mask": [batch, pos], "token_type_ids":
+        [batch, pos]}`` on the model's device (a dict, unlike TransformerLens' ids-only tensor, because a padded
+        batch is wrong without its mask). ``model(model.to_tokens(texts))`` and ``model(texts)`` are the same."""
+        return self.tokenize(texts, pairs)
+
+    def to_str_tokens(self, inputs: str | list[str] | torch.Tensor) -> list[str] | list[list[str]]:
+        """Word pieces as the model sees them, ``##`` continuation markers kept: ``"The cat sat."`` ->
+        ``["[CLS]", "the", "cat", "sat", ".", "[SEP]"]``. A list of texts gives one list per text (no padding);
+        ids ``[pos]`` or ``[batch, pos]`` (or ``to_tokens``' dict) are converted as they are."""
+        return str_tokens(self.tokenizer, inputs)
 
     # ------------------------------------------------------------------ helpers
     def init_weights(self, generator: torch.Generator | None = None) -> None:

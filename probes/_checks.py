@@ -24,6 +24,47 @@ def check_task(task: str) -> str:
     return task
 
 
+MAX_INFERRED_CLASSES = 50
+
+
+def infer_task(y: Any, task: str | None = None, *, max_classes: int = MAX_INFERRED_CLASSES) -> str:
+    """The probe task for labels ``y`` [n]: ``task`` checked against the labels, or inferred when None.
+
+    Inference: float labels -> ``"regression"``; integer, boolean or string labels -> ``"classification"``,
+    when they have at most ``max_classes`` distinct values (more integer values are ambiguous, e.g. positions
+    0..127: pass ``task``). An explicit ``"classification"`` on floats that are not whole numbers is refused:
+    it would make every distinct value a class and score ~0 after a long fit.
+    """
+    if task is not None:
+        check_task(task)
+    arr = np.asarray(y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y)
+    kind = arr.dtype.kind
+    if kind == "f":
+        finite = arr[np.isfinite(arr)]
+        continuous = bool(len(finite)) and not bool(np.all(finite == np.round(finite)))
+        if task == "classification" and continuous:
+            example = finite[finite != np.round(finite)][0]
+            raise ValueError(
+                f"y holds continuous values (e.g. {example:g}, {len(np.unique(finite))} distinct); a "
+                "classification probe would treat each value as a class. Use task='regression', or bin the "
+                "labels into classes first"
+            )
+        return task or "regression"
+    if task is not None:
+        return task
+    if kind in "biu":
+        n_classes = len(np.unique(arr))
+        if kind != "b" and n_classes > max_classes:
+            raise ValueError(
+                f"y holds {n_classes} distinct integers: classes or a quantity? Pass task='classification' or "
+                "task='regression'"
+            )
+        return "classification"
+    if kind in "USO":
+        return "classification"
+    raise ValueError(f"cannot infer a probe task from labels of dtype {arr.dtype}; pass task=")
+
+
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

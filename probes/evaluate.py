@@ -37,7 +37,7 @@ from ._checks import (
     check_features,
     check_groups,
     check_target,
-    check_task,
+    infer_task,
     thread_limit,
 )
 from .estimator import LinearProbe, _to_tensor
@@ -74,7 +74,7 @@ def evaluate(
     y: Any,
     groups: Any,
     *,
-    task: str = "classification",
+    task: str | None = None,
     n_folds: int = 5,
     alphas: float | Sequence[float] | None = None,
     backend: str = "sklearn",
@@ -95,6 +95,8 @@ def evaluate(
     """Grouped K-fold probe scores with group-bootstrap intervals and baselines, as a long table.
 
     X: [n, d] features (numpy, or a torch tensor for backend="torch"); y: [n] labels or targets;
+    task: "classification", "regression", or None = from y (`_checks.infer_task`: floats -> regression,
+        integers/strings with few values -> classification); classification on continuous y is refused.
     groups: [n] sentence/document id of each row (use `np.arange(n)` only to demonstrate token-level leakage).
     alphas: None = inner grouped CV over `DEFAULT_ALPHAS`; a number or one-element list = that alpha, no
         inner CV (the fast path for many calls); a list = inner CV over it. See `LinearProbe` for the scale.
@@ -112,7 +114,7 @@ def evaluate(
     of that label set reached `tol` within `max_iter` (a small `max_iter` buys speed with early-stopped probes;
     this column says so).
     """
-    check_task(task)
+    task = infer_task(y, task)  # before any fitting
     if not 0 < ci < 1:
         raise ValueError(f"ci must be a level in (0, 1), got {ci}")
     if n_boot < 0:
@@ -206,7 +208,7 @@ def grouped_cross_val_predict(
     Arguments as in `evaluate`. Folds keep groups whole and are stratified by label (`grouped_folds`), in an
     order shuffled by `seed`. Raises if a training split holds a single class.
     """
-    check_task(task)
+    infer_task(y, task)  # checks the name; refuses classification on continuous labels
     check_backend(backend)
     X = check_features(X)
     n = X.shape[0]

@@ -248,21 +248,22 @@ def test_patching_clean_into_corrupted_restores_clean(bundled, batch):
         clean, clean_cache = bundled.run_with_cache(**batch)
         dirty = bundled(**corrupted)
         assert (dirty - clean).abs().max() > 1e-2
-        patched = bundled.run_with_hooks(**corrupted, fwd_hooks=patch_activation(None, clean_cache))
+        patched = bundled.run_with_hooks(**corrupted, fwd_hooks=patch_activation(bundled, None, clean_cache))
         assert torch.equal(patched, clean)
         # The residual stream is a complete state: any one layer's input restores the output. (Same kernels
         # as the source run, so the comparison is exact.)
         clean_fused, resid_cache = bundled.run_with_cache(**batch, names_filter="blocks.*.hook_resid_pre")
         for layer in range(6):
             restored = bundled.run_with_hooks(
-                **corrupted, fwd_hooks=patch_activation(f"blocks.{layer}.hook_resid_pre", resid_cache)
+                **corrupted, fwd_hooks=patch_activation(bundled, f"blocks.{layer}.hook_resid_pre", resid_cache)
             )
             assert torch.equal(restored, clean_fused), layer
         # patching every head's z in every layer, plus the residual path, also restores it exactly
         all_heads = {layer: list(range(12)) for layer in range(6)}
         heads_only = bundled.run_with_hooks(
             **corrupted,
-            fwd_hooks=patch_heads(all_heads, clean_cache) + patch_activation("embed.hook_out", clean_cache),
+            fwd_hooks=patch_heads(bundled, all_heads, clean_cache)
+            + patch_activation(bundled, "embed.hook_out", clean_cache),
         )
         torch.testing.assert_close(heads_only, clean, atol=1e-6, rtol=0)
 
@@ -275,7 +276,7 @@ def test_patch_heads_touches_only_those_heads(bundled, batch):
         _, clean_cache = bundled.run_with_cache(**batch, names_filter="blocks.1.attn.hook_z")
         _, dirty_cache = bundled.run_with_cache(**corrupted, names_filter="blocks.1.attn.hook_z")
         _, patched = bundled.run_with_cache(
-            **corrupted, names_filter="blocks.1.attn.hook_z", fwd_hooks=patch_heads({1: [2, 9]}, clean_cache)
+            **corrupted, names_filter="blocks.1.attn.hook_z", fwd_hooks=patch_heads(bundled, {1: [2, 9]}, clean_cache)
         )
     z, clean_z, dirty_z = (c["blocks.1.attn.hook_z"] for c in (patched, clean_cache, dirty_cache))
     assert torch.equal(z[:, :, [2, 9]], clean_z[:, :, [2, 9]])
