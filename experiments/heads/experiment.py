@@ -250,8 +250,8 @@ def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.
     batches = list(encoded.batches)
     order = np.concatenate([b.sentence_index for b in batches])
     ctx.log(f"ablating {n_layers * n_heads} heads x {len(settings.methods)} methods on {len(corpus)} sentences")
-    effects, measures = imp.ablation_effects(model, ctx.progress(batches, "ablation", len(batches)),
-                                             methods=settings.methods, seed=ctx.seed)  # fmt: skip
+    effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=ctx.seed,
+                                             progress=lambda it: ctx.progress(it, "ablation", len(it)))  # fmt: skip
     grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=ctx.seed)
     inverse = np.argsort(order)  # back to corpus order
     effects, grad = effects[inverse], grad[inverse]
