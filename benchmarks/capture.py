@@ -19,14 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
+from benchutils import make_batch, reference_model, time_interleaved
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_batch, reference_model, time_interleaved  # noqa: E402
-
-from bertscope import models  # noqa: E402
+from bertscope import models
 
 CONFIGS = ["ours: no hooks", "ours: patterns only", "ours: all but hook_result", "ours: every hook",
            "transformers sdpa", "transformers eager + attentions + hidden"]
@@ -90,7 +87,7 @@ def _rss() -> int:
 def memory_worker(args) -> None:
     device = torch.device(args.device)
     ours, sdpa, eager = load_all(args, device)
-    batch = make_batch(args.batch, args.length, ours.config.vocab_size, device)
+    batch = make_batch(args.batch, args.length, ours.tokenizer, device)
     fn = build(args.only, ours, sdpa, eager, batch)
     with torch.inference_mode():
         if device.type == "cuda":
@@ -123,7 +120,7 @@ def main() -> None:
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
     ours, sdpa, eager = load_all(args, device)
-    batch = make_batch(args.batch, args.length, ours.config.vocab_size, device)
+    batch = make_batch(args.batch, args.length, ours.tokenizer, device)
     with torch.inference_mode():
         seconds = time_interleaved({n: build(n, ours, sdpa, eager, batch) for n in CONFIGS}, device, args.repeats)
 

@@ -9,15 +9,11 @@ Prints tokens/s for each and the ratio of ours to the faster transformers implem
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
+from benchutils import make_batch, reference_model, time_interleaved
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_batch, reference_model, time_interleaved  # noqa: E402
-
-from bertscope import models  # noqa: E402
+from bertscope import models
 
 
 def main() -> None:
@@ -38,7 +34,7 @@ def main() -> None:
     folder = str(models.loading.resolve_source(args.model))
     sdpa = reference_model(folder, "sdpa", device).to(dtype)
     eager = reference_model(folder, "eager", device).to(dtype)
-    batch = make_batch(args.batch, args.length, ours.config.vocab_size, device)
+    batch = make_batch(args.batch, args.length, ours.tokenizer, device)
 
     with torch.inference_mode():
         check = (ours(**batch).float() - sdpa(**batch).last_hidden_state.float()).abs().max().item()

@@ -15,22 +15,16 @@ and selectivity rows, 1000 bootstrap resamples).
 from __future__ import annotations
 
 import argparse
-import importlib
 import platform
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import threadpoolctl
 import torch
 
-# This script is named like the package; drop its own folder from the path so `probes` is the package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-probes = importlib.import_module("bertscope.probes")
+from bertscope import probes
 
 
 def main() -> None:

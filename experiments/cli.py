@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bertscope.experiments.common import EXPERIMENTS, RunOptions, UsageError
+from bertscope.experiments.options import RunOptions, UsageError
+from bertscope.experiments.registry import EXPERIMENTS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """``bertscope info``: print the model's description."""
-    from bertscope.experiments.common import load_model, model_summary, resolve_device, resolve_dtype
+    from bertscope.experiments.options import load_model, model_summary, resolve_device, resolve_dtype
 
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
     summary = model_summary(model)
@@ -149,7 +150,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_capture(args: argparse.Namespace) -> int:
     """``bertscope capture``: stream activations to shards."""
     from bertscope.experiments.capture import CaptureError, capture
-    from bertscope.experiments.common import device_summary, package_versions, prepare_inputs
+    from bertscope.experiments.options import prepare_inputs
+    from bertscope.experiments.runner import device_summary, package_versions
 
     options = _options(args)
     inputs = prepare_inputs(options)
@@ -185,27 +187,20 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``bertscope run``: run experiments, then write the report."""
-    from bertscope.experiments.common import load_experiment, prepare_inputs, run_experiment
+    from bertscope.experiments.options import prepare_inputs
+    from bertscope.experiments.registry import load_experiment
+    from bertscope.experiments.runner import run_experiment
 
     options = _options(args)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
-    modules, missing, broken = {}, [], {}
+    modules, broken = {}, {}
     for name in names:
         try:
-            module = load_experiment(name)
-        except Exception as e:  # a module that exists but does not import is a bug: report, go on with others
+            modules[name] = load_experiment(name)
+        except Exception as e:  # a package that does not import is a bug: report it, go on with the others
             if args.experiment != "all":
                 raise
             broken[name] = f"{type(e).__name__}: {e}"
-            continue
-        if module is None:
-            missing.append(name)
-        else:
-            modules[name] = module
-    if args.experiment != "all" and missing:
-        raise UsageError(
-            f"experiment {args.experiment!r} is not installed yet (module {EXPERIMENTS[args.experiment]} not found)"
-        )
     inputs = prepare_inputs(options) if modules else None  # bad input stops here, before any output
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
@@ -221,7 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"bertscope: {result.name} failed:\n{result.error}", file=sys.stderr)
             results.append(result)
 
-    print(_summary(results, missing, broken))
+    print(_summary(results, broken))
     print(f"results: {options.out}/")
     if not args.no_report and (options.out.is_dir() and any(options.out.glob("*/manifest.json"))):
         from bertscope.experiments.report import build_report
@@ -314,7 +309,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def _summary(results: list[Any], missing: list[str], broken: dict[str, str]) -> str:
+def _summary(results: list[Any], broken: dict[str, str]) -> str:
     lines = []
     for r in results:
         took = "" if r.status == "skipped" else f" in {r.seconds:.1f} s"
@@ -324,7 +319,6 @@ def _summary(results: list[Any], missing: list[str], broken: dict[str, str]) -> 
             if r.code_changed:
                 why = " (complete with the same settings, but its code changed since: --force recomputes)"
         lines.append(f"  {r.name:<12} {r.status}{took}{why}  -> {r.out_dir}/")
-    lines += [f"  {name:<12} not installed" for name in missing]
     lines += [f"  {name:<12} import failed" for name in broken]
     return "experiments:\n" + "\n".join(lines) if lines else "experiments: none ran"
 

@@ -20,7 +20,9 @@ from typing import Any
 
 import pandas as pd
 from bertscope.experiments import io
-from bertscope.experiments.common import EXPERIMENTS, MANIFEST, RESULTS, STEPS
+from bertscope.experiments.context import STEPS
+from bertscope.experiments.registry import EXPERIMENTS
+from bertscope.experiments.runner import MANIFEST, RESULTS
 
 INDEX_HTML = "index.html"
 MAX_TABLE_ROWS = 60
@@ -207,8 +209,10 @@ def _manifest(d: Path) -> dict[str, Any]:
 
 
 def _is_capture(path: Path) -> bool:
+    from bertscope.experiments.capture import FORMAT
+
     try:
-        return str(io.read_json(path).get("format", "")).startswith("bertscope-capture")
+        return io.read_json(path).get("format") == FORMAT
     except (OSError, ValueError, AttributeError):
         return False
 

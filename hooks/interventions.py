@@ -22,15 +22,14 @@ transformers 5 accepts ``head_mask`` and silently ignores it; these hooks are th
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 import torch
 from bertscope.hooks.cache import ActivationCache
-from bertscope.hooks.hook_points import HookPoint, NamesFilter
+from bertscope.hooks.hook_points import HookFn, HookPoint, NamesFilter
 
 HeadSpec = Mapping[int, Sequence[int]] | Iterable[tuple[int, int]]
-HookFn = Callable[[torch.Tensor, HookPoint], torch.Tensor | None]
 FwdHooks = list[tuple[NamesFilter, HookFn]]
 AblationMethod = Literal["zero", "mean", "uniform"]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from bertscope.models.config import EncoderConfig
+from bertscope.models.devices import resolve_device, resolve_dtype
 from bertscope.models.encoder import Encoder
 
 # Task heads other than the masked-LM head: known, not needed by an encoder, skipped on purpose.
@@ -294,23 +295,8 @@ def _load_tokenizer(folder: Path) -> Any:
 
 
 def _device(device: str | torch.device | None) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
-    return device
-
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    return resolve_device(device)
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype:
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
+    return resolve_dtype(dtype)

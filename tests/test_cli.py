@@ -4,6 +4,7 @@ the registry), reruns and interruptions, manifests, the report page, and one-lin
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import sys
@@ -15,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from bertscope.experiments import cli, common
+from bertscope.experiments import cli, registry
+from bertscope.experiments.context import Context
 
 MAX_SENTENCES = "12"
 
@@ -30,6 +32,13 @@ def bertscope(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 # ------------------------------------------------------------------------------------------- fake experiment
 
 
+@dataclasses.dataclass(frozen=True)
+class FakeSettings:
+    """The fake experiment's settings: ``scale`` multiplies the lengths step (so it changes that step only)."""
+
+    scale: int = 1
+
+
 class FakeExperiment:
     """A known-answer experiment: every attention row sums to 1, so each (layer, head) value is 1.
 
@@ -42,18 +51,21 @@ class FakeExperiment:
         self.module.NAME = name
         self.module.DIRNAME = name.replace("-", "_")
         self.module.SUMMARY_TABLES = ["per_layer"]
+        self.module.Settings = FakeSettings
         self.module.run = self.run
         self.module.plot = self.plot
         self.runs = 0
         self.step_computations = 0
+        self.lengths_computations = 0
         self.interrupt_after_step = False
         self.fail = False
 
-    def run(self, ctx: common.Context) -> pd.DataFrame:
+    def run(self, ctx: Context, settings: FakeSettings | None = None) -> pd.DataFrame:
         self.runs += 1
+        settings = ctx.use_settings(settings)
         sums = ctx.step("row_sums", lambda: self._row_sums(ctx))
-        lengths = ctx.step_arrays("lengths", lambda: self._lengths(ctx))
-        assert lengths["n_words"].tolist() == [len(s.words) for s in ctx.corpus]
+        lengths = ctx.step_arrays("lengths", lambda: self._lengths(ctx, settings.scale), scale=settings.scale)
+        assert lengths["n_words"].tolist() == [settings.scale * len(s.words) for s in ctx.corpus]
         if self.interrupt_after_step:
             raise KeyboardInterrupt
         if self.fail:
@@ -63,11 +75,12 @@ class FakeExperiment:
         ctx.write_table(per_layer, "per_layer")
         return sums
 
-    def _lengths(self, ctx: common.Context) -> dict[str, np.ndarray]:
+    def _lengths(self, ctx: Context, scale: int) -> dict[str, np.ndarray]:
         self.step_computations += 1
-        return {"n_words": np.array([len(s.words) for s in ctx.corpus])}
+        self.lengths_computations += 1
+        return {"n_words": np.array([scale * len(s.words) for s in ctx.corpus])}
 
-    def _row_sums(self, ctx: common.Context) -> pd.DataFrame:
+    def _row_sums(self, ctx: Context) -> pd.DataFrame:
         self.step_computations += 1
         rows = []
         for batch in ctx.progress(ctx.encode(), desc="batches"):
@@ -97,13 +110,12 @@ class FakeExperiment:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeExperiment:
-    """Registry = {fake (installed), ghost (module missing)} for the duration of a test."""
+    """Registry = {fake} for the duration of a test."""
     exp = FakeExperiment()
     monkeypatch.setitem(sys.modules, exp.module.__name__, exp.module)
-    for name in list(common.EXPERIMENTS):
-        monkeypatch.delitem(common.EXPERIMENTS, name)
-    monkeypatch.setitem(common.EXPERIMENTS, "fake", exp.module.__name__)
-    monkeypatch.setitem(common.EXPERIMENTS, "ghost", "bertscope.experiments.no_such_experiment_module")
+    for name in list(registry.EXPERIMENTS):
+        monkeypatch.delitem(registry.EXPERIMENTS, name)
+    monkeypatch.setitem(registry.EXPERIMENTS, "fake", exp.module.__name__)
     return exp
 
 
@@ -148,7 +160,6 @@ def test_run_all_writes_results_figures_manifest_and_report(
     code, stdout, err = bertscope(capsys, *run_args(tiny_model_dir, out, "--seed", "3"))
     assert code == 0, err
     assert err == ""  # --quiet: no progress bars, no log lines
-    assert "ghost        not installed" in stdout  # says which experiments are missing
     d = out / "fake"
 
     # the known answer: attention rows sum to 1 for every layer and head
@@ -226,7 +237,8 @@ def test_interrupted_run_keeps_no_results_and_resumes_from_its_steps(
     d = out / "fake"
     assert json.loads((d / "manifest.json").read_text())["status"] == "interrupted"
     assert not (d / "results.parquet").exists() and not list(out.rglob("*.partial"))
-    assert (d / "steps" / "row_sums.parquet").is_file() and (d / "steps" / "lengths.npz").is_file()
+    assert len(list((d / "steps").glob("row_sums-*.parquet"))) == 1
+    assert len(list((d / "steps").glob("lengths-*.npz"))) == 1
     assert fake.step_computations == 2
 
     fake.interrupt_after_step = False
@@ -306,11 +318,43 @@ def test_cuda_requested_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixt
     assert code == 2 and err.count("\n") == 1 and "--device cuda: CUDA is not available" in err
 
 
-def test_missing_experiment_named_explicitly_is_a_usage_error(
-    capsys: pytest.CaptureFixture[str], fake: FakeExperiment
+def test_unknown_experiment_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "ghost"])
+    assert exit_info.value.code == 2 and "invalid choice: 'ghost'" in capsys.readouterr().err
+    with pytest.raises(cli.UsageError, match="unknown experiment 'ghost'"):
+        registry.load_experiment("ghost")
+
+
+def test_resumed_run_with_changed_settings_recomputes_the_affected_steps(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment, monkeypatch
 ) -> None:
-    code, _, err = bertscope(capsys, "run", "ghost")
-    assert code == 2 and "not installed yet" in err and err.count("\n") == 1
+    out = tmp_path / "results"
+    fake.interrupt_after_step = True
+    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 130
+    assert fake.step_computations == 2 and fake.lengths_computations == 1
+    fake.interrupt_after_step = False
+    monkeypatch.setattr(fake.module, "Settings", lambda: FakeSettings(scale=3))  # other settings, then resume
+    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
+    assert fake.lengths_computations == 2  # the step that depends on the settings was recomputed (and checked)
+    manifest = json.loads((out / "fake" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["settings"] == {"scale": 3}
+    steps = out / "fake" / "steps"
+    assert len(list(steps.glob("lengths-*.npz"))) == 1  # the stale cache entry is gone
+
+
+def test_step_cache_key_follows_the_code(tmp_path: Path) -> None:
+    from bertscope.experiments.options import Inputs, RunOptions
+
+    inputs = Inputs(None, None, torch.device("cpu"), torch.float32, {"weights_sha256": "w"}, {"sha256": "c"})
+    options = RunOptions(out=tmp_path / "nothing_yet")
+    a = Context("fake", options, inputs, tmp_path / "nothing_yet" / "fake", settings=FakeSettings(), code_sha256="1")
+    b = Context("fake", options, inputs, tmp_path / "nothing_yet" / "fake", settings=FakeSettings(), code_sha256="2")
+    c = Context("fake", options, inputs, tmp_path / "nothing_yet" / "fake", settings=FakeSettings(2), code_sha256="1")
+    assert not (tmp_path / "nothing_yet").exists()  # constructing a context touches nothing on disk
+    assert len({a.step_key("s"), b.step_key("s"), c.step_key("s"), a.step_key("s", probe=1)}) == 4
+    assert a.step_key("s") == Context("fake", options, inputs, tmp_path, settings=FakeSettings(),
+                                      code_sha256="1").step_key("s")  # fmt: skip
 
 
 def test_report_of_an_empty_folder_says_what_to_do(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from bertscope.experiments import heads
-from bertscope.experiments import heads_similarity as sim
-from bertscope.experiments import heads_stats as hs
-from bertscope.experiments import heads_syntax as syn
-from bertscope.experiments.heads_roles import assign_roles, role_summary
+from bertscope.experiments.heads import experiment as heads
+from bertscope.experiments.heads import similarity as sim
+from bertscope.experiments.heads import statistics as hs
+from bertscope.experiments.heads import syntax as syn
+from bertscope.experiments.heads.roles import assign_roles, role_summary
 
 CLS, SEP, PAD, DOT, COMMA = 101, 102, 0, 1012, 1010
 HEADS = ("identity", "previous", "uniform", "to_sep", "next")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 from bertscope.experiments import corpus as corpus_mod
-from bertscope.experiments import heads_importance as imp
-from bertscope.experiments import heads_syntax as syn
+from bertscope.experiments.heads import importance as imp
+from bertscope.experiments.heads import syntax as syn
 
 from bertscope import hooks, models
 

@@ -7,9 +7,12 @@ import pandas as pd
 import pytest
 import torch
 from bertscope.experiments import corpus as corpus_mod
-from bertscope.experiments import heads, heads_plots
-from bertscope.experiments import heads_syntax as syn
-from bertscope.experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
+from bertscope.experiments import heads
+from bertscope.experiments.heads import experiment as heads_experiment
+from bertscope.experiments.heads import plots as heads_plots
+from bertscope.experiments.heads import syntax as syn
+from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary
+from bertscope.experiments.runner import run_experiment
 
 from bertscope import models
 
@@ -28,7 +31,7 @@ def test_experiment_writes_every_table_and_figure(tiny, tmp_path, monkeypatch):
     assert result.status == "complete", result.error
     out = tmp_path / "heads"
     results = pd.read_parquet(out / "results.parquet")
-    assert list(results.columns) == heads.RESULT_COLUMNS
+    assert list(results.columns) == heads_experiment.RESULT_COLUMNS
     per_head = results[results["head"].notna()]
     assert per_head.groupby("metric").size().eq(8).all()  # every per-head metric for all 2 x 4 heads
     for metric in ("mass_cls", "norm_sep", "entropy", "ablation:uniform:pooled_cos", "grad_importance:projection"):

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = shutil.ignore_patterns(".git", ".venv", ".dev", "build", "dist", "*.egg-info", "results", "__pycache__",
                               ".pytest_cache", ".ruff_cache", "api")
@@ -53,3 +58,23 @@ def test_wheel_has_only_the_bertscope_namespace(tmp_path):
                 assert f"bertscope/{init.relative_to(ROOT).as_posix()}" in names, f"{init} is not packaged"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "bertscope = bertscope.experiments.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+# pyproject.toml lists every subpackage explicitly: a folder with an __init__.py that is not listed would be
+# missing from an installed bertscope (checked fast here, and in the wheel above).
+TOP_LEVEL = ("models", "hooks", "probes", "experiments")
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = {
+        "bertscope." + init.parent.relative_to(ROOT).as_posix().replace("/", ".")
+        for top in TOP_LEVEL
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found, "no packages found: wrong repository root?"
+    assert found <= listed, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
+    for name in found:  # each must also be mapped to its folder, or setuptools looks under bertscope/
+        folder = config["package-dir"].get(name)
+        assert folder == name.removeprefix("bertscope.").replace(".", "/"), name

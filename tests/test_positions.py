@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 import torch
 from bertscope.experiments import positions
 from bertscope.experiments.corpus import Sentence, load_corpus
-from bertscope.experiments.positions_data import (
+from bertscope.experiments.positions import probing as positions_experiment
+from bertscope.experiments.positions.data import (
     CLS,
     CONTENT,
     SEP,
@@ -20,7 +22,6 @@ from bertscope.experiments.positions_data import (
     position_sites,
     shuffle_content,
     site_layer,
-    zero_position_hooks,
 )
 
 from bertscope import models
@@ -45,12 +46,12 @@ def test_one_hot_positions_give_accuracy_one_and_noise_gives_chance():
     y = np.tile(np.arange(P), n_win)
     groups = np.repeat(np.arange(n_win), P)
     one_hot = np.eye(P)[y]
-    res = positions.probe_scores(one_hot, y, groups, task="classification", alpha=1.0, n_boot=200)
+    res = positions_experiment.probe_scores(one_hot, y, groups, task="classification", alpha=1.0, n_boot=200)
     assert _accuracy(res)["value"] == 1.0
     assert _accuracy(res)["baseline_chance"] == pytest.approx(1 / P)
 
     noise = np.random.default_rng(0).normal(size=(len(y), 24))
-    res = positions.probe_scores(noise, y, groups, task="classification", alpha=1.0, n_boot=200)
+    res = positions_experiment.probe_scores(noise, y, groups, task="classification", alpha=1.0, n_boot=200)
     row = _accuracy(res)
     assert row["ci_low"] <= 1 / P <= row["ci_high"]
     assert row["value"] < 2.5 / P
@@ -66,7 +67,7 @@ def test_control_task_is_learnable_from_word_identity_but_position_is_not():
     from bertscope.probes import control_labels
 
     control = control_labels(types, y, seed=0)
-    res = positions.probe_scores(np.eye(vocab)[types], y, groups, task="classification", alpha=0.1,
+    res = positions_experiment.probe_scores(np.eye(vocab)[types], y, groups, task="classification", alpha=0.1,
                                  n_boot=200, control=control)  # fmt: skip
     assert _accuracy(res, "control_task")["value"] == 1.0
     assert _accuracy(res)["value"] < 2.5 / P
@@ -83,10 +84,10 @@ def test_grouped_splits_hold_a_window_identity_signal_is_not_learnable(tokenizer
     window_idx = np.unique(group, return_inverse=True)[1]
     label = np.random.default_rng(2).integers(0, 4, size=len(seqs))[window_idx]
     X = np.eye(len(seqs))[window_idx]
-    res = positions.probe_scores(X, label, group, task="classification", alpha=0.01, n_boot=200)
+    res = positions_experiment.probe_scores(X, label, group, task="classification", alpha=0.01, n_boot=200)
     assert _accuracy(res)["value"] < 0.45  # chance is about 0.25; leakage would give 1.0
     token_groups = np.arange(len(label))  # the wrong design, for contrast
-    leaky = positions.probe_scores(X, label, token_groups, task="classification", alpha=0.01, n_boot=0)
+    leaky = positions_experiment.probe_scores(X, label, token_groups, task="classification", alpha=0.01, n_boot=0)
     assert _accuracy(leaky)["value"] > 0.95
 
 
@@ -94,7 +95,7 @@ def test_oof_predictions_never_train_on_their_own_window():
     groups = np.repeat(np.arange(20), 4)
     y = np.random.default_rng(0).integers(0, 10, size=20)[groups].astype(float)  # one value per window
     X = np.eye(20)[groups]  # window identity only: it predicts y exactly if the window was trained on
-    pred = positions.grouped_oof_predict(X, y, groups, task="regression", alpha=1e-6, n_folds=5)
+    pred = positions_experiment.grouped_oof_predict(X, y, groups, task="regression", alpha=1e-6, n_folds=5)
     assert np.mean(np.abs(pred - y) < 0.01) < 0.2
     for g in range(20):  # an unseen window gets the intercept: one value for every row of the window
         assert np.ptp(pred[groups == g]) < 1e-9
@@ -107,7 +108,7 @@ def test_sinusoidal_table_is_decoded_exactly_and_a_random_table_is_not():
     config = models.EncoderConfig(vocab_size=100, d_model=32, n_layers=1, n_heads=4, d_mlp=64, max_positions=128,
                                   position_encoding="sinusoidal")  # fmt: skip
     table = models.random_encoder(config, seed=0).W_pos.detach().numpy()
-    res = positions.table_probes(table, n_folds=5, n_boot=100, n_pairs=400, seed=0)
+    res = positions_experiment.table_probes(table, n_folds=5, n_boot=100, n_pairs=400, seed=0)
     exact = res[(res["target"] == "abs_reg") & (res["metric"] == "exact")]["value"].iloc[0]
     r2 = res[(res["target"] == "abs_reg") & (res["metric"] == "r2")]["value"].iloc[0]
     assert exact == 1.0
@@ -116,13 +117,13 @@ def test_sinusoidal_table_is_decoded_exactly_and_a_random_table_is_not():
     assert order["value"].iloc[0] > 0.9
 
     learned = models.random_encoder(config.replace(position_encoding="learned"), seed=0).W_pos.detach().numpy()
-    res = positions.table_probes(learned, n_folds=5, n_boot=0, n_pairs=400, seed=0)
+    res = positions_experiment.table_probes(learned, n_folds=5, n_boot=0, n_pairs=400, seed=0)
     assert res[(res["target"] == "abs_reg") & (res["metric"] == "exact")]["value"].iloc[0] < 0.2
 
 
 def test_position_table_views():
     table = np.random.default_rng(0).normal(size=(10, 6))
-    pca, cosine = positions.position_table_views(table, n_components=3)
+    pca, cosine = positions_experiment.position_table_views(table, n_components=3)
     assert len(pca) == 30 and sorted(pca["component"].unique()) == [1, 2, 3]
     explained = pca.groupby("component")["explained_variance"].first().to_numpy()
     assert np.all(np.diff(explained) <= 0) and 0 < explained.sum() < 1
@@ -177,7 +178,7 @@ def test_collect_matches_unpadded_forward(tokenizer, tiny_config):
     model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer).eval()
     corpus = load_corpus("builtin", max_sentences=30)
     from bertscope.experiments.corpus import encode
-    from bertscope.experiments.positions_data import sentences_from_encoded
+    from bertscope.experiments.positions.data import sentences_from_encoded
 
     seqs = sentences_from_encoded(encode(corpus, tokenizer, max_length=64))
     sites = ["embed.hook_out", "blocks.1.hook_resid_post"]
@@ -197,10 +198,11 @@ def test_zeroed_position_embeddings_leave_no_position_at_embed_out_on_shuffled_w
     seqs = shuffle_content(make_windows(corpus, bundled.tokenizer, P, max_windows=90, seed=0), seed=0)
     site = "embed.hook_out"
     results = {}
-    for name, hooks in (("zeroed", zero_position_hooks()), ("intact", [])):
+    zero_positions = [("embed.hook_pos", lambda t, hook: torch.zeros_like(t))]
+    for name, hooks in (("zeroed", zero_positions), ("intact", [])):
         acts = collect(bundled, seqs, [site], batch_size=32, fwd_hooks=hooks)
         sel = acts.kind == CONTENT
-        res = positions.probe_scores(acts.feats[site][sel], acts.pos[sel] - 1, acts.group[sel],
+        res = positions_experiment.probe_scores(acts.feats[site][sel], acts.pos[sel] - 1, acts.group[sel],
                                      task="classification", alpha=1.0, n_boot=200)  # fmt: skip
         results[name] = _accuracy(res)
     assert results["zeroed"]["ci_low"] <= 1 / P + 0.01 and results["zeroed"]["value"] < 2 / P
@@ -217,15 +219,16 @@ SMALL = positions.Settings(
 
 
 def test_full_run_writes_tables_and_figures_with_controls(tmp_path, tokenizer, tiny_config, monkeypatch):
-    from bertscope.experiments import common
+    from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary
+    from bertscope.experiments.runner import run_experiment
 
     model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer).eval()
     corpus = load_corpus("builtin", max_sentences=150)
-    options = common.RunOptions(out=tmp_path, quiet=True, max_length=64)
-    inputs = common.Inputs(model, corpus, torch.device("cpu"), torch.float32, common.model_summary(model),
-                           common.corpus_summary(corpus))  # fmt: skip
+    options = RunOptions(out=tmp_path, quiet=True, max_length=64)
+    inputs = Inputs(model, corpus, torch.device("cpu"), torch.float32, model_summary(model),
+                           corpus_summary(corpus))  # fmt: skip
     monkeypatch.setattr(positions, "Settings", lambda: SMALL)
-    result = common.run_experiment(positions, options, inputs)
+    result = run_experiment(positions, options, inputs)
     assert result.status == "complete", result.error
     out = tmp_path / positions.DIRNAME
     table = pd.read_parquet(out / "results.parquet")
@@ -253,3 +256,37 @@ def test_full_run_writes_tables_and_figures_with_controls(tmp_path, tokenizer, t
         png.unlink()
     paths = positions.plot(out)
     assert all(Path(p).is_file() for p in paths) and len(paths) >= 14
+
+
+def test_ctrl_c_after_n_probes_keeps_those_n_on_the_rerun(tmp_path, tokenizer, tiny_config, monkeypatch):
+    from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary
+    from bertscope.experiments.positions import probing
+    from bertscope.experiments.runner import run_experiment
+
+    model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer).eval()
+    corpus = load_corpus("builtin", max_sentences=150)
+    options = RunOptions(out=tmp_path, quiet=True, max_length=64)
+    inputs = Inputs(model, corpus, torch.device("cpu"), torch.float32, model_summary(model), corpus_summary(corpus))
+    settings = dataclasses.replace(SMALL, mdl=False, sublayer_controls=False, n_boot=0)
+    monkeypatch.setattr(positions, "Settings", lambda: settings)
+    real, calls, n_done = probing.probe_scores, [], 5
+
+    def probe_then_interrupt(*args, **kwargs):
+        if interrupt and len(calls) == n_done:
+            raise KeyboardInterrupt  # Ctrl-C while probe N + 1 runs
+        calls.append(kwargs["alpha"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probing, "probe_scores", probe_then_interrupt)
+    interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(positions, options, inputs)
+    steps = tmp_path / positions.DIRNAME / "steps"
+    assert len(list(steps.glob("probe-*.parquet"))) == n_done
+    assert len(list(steps.glob("activations-*.npz"))) == 6  # every activation set was cached before the probes
+
+    interrupt, calls[:] = False, []
+    result = run_experiment(positions, options, inputs)
+    assert result.status == "complete", result.error
+    n_probes = len(list(steps.glob("probe-*.parquet")))
+    assert n_probes > n_done and len(calls) == n_probes - n_done  # the N finished probes were not refitted

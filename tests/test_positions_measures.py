@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bertscope.experiments.positions_measures import (
+from bertscope.experiments.positions.measures import (
     distance_bucket,
     linear_cka,
     pair_features,

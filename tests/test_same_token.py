@@ -10,7 +10,7 @@ import pytest
 import torch
 from bertscope.experiments import same_token
 from bertscope.experiments.corpus import encode, load_corpus
-from bertscope.experiments.same_token import _self_preference, measure, weight_view
+from bertscope.experiments.same_token.experiment import _self_preference, measure, weight_view
 
 from bertscope import models
 
@@ -128,10 +128,10 @@ def test_weight_view_agrees_with_transformers_weights(bundled, hf_bundled) -> No
 
 
 def test_framework_run_writes_tables_and_figures(bundled, tmp_path: Path, monkeypatch) -> None:
-    from bertscope.experiments.common import Inputs, RunOptions, corpus_summary, model_summary, run_experiment
+    from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary
+    from bertscope.experiments.runner import run_experiment
 
-    monkeypatch.setattr(same_token, "N_BOOT", 50)
-    monkeypatch.setattr(same_token, "VOCAB_SAMPLE", 200)
+    monkeypatch.setattr(same_token, "Settings", lambda: same_token.experiment.Settings(n_boot=50, vocab_sample=200))
     options = RunOptions(out=tmp_path, max_sentences=6, quiet=True)
     corpus = load_corpus("builtin", max_sentences=6)
     inputs = Inputs(bundled, corpus, torch.device("cpu"), torch.float32, model_summary(bundled), corpus_summary(corpus))

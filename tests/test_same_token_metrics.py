@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from bertscope.experiments.same_token_metrics import (
+from bertscope.experiments.same_token.measures import (
     Positions,
     Tallies,
     attention_masses,

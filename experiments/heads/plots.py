@@ -22,7 +22,7 @@ FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 
 
-def plot_all(out_dir: Path, formats: Formats | None = None) -> list[Path]:
+def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
     """Every figure the saved tables allow; returns the written paths (``formats``: ``FORMATS`` by default)."""
     import matplotlib
 

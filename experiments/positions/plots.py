@@ -27,7 +27,7 @@ COMPONENT_STYLE = {
 }
 
 
-def draw_all(out_dir: Path) -> list[Path]:
+def plot(out_dir: Path) -> list[Path]:
     """Every figure of the experiment from the tables in ``out_dir``; returns the written files."""
     import matplotlib
 

@@ -49,7 +49,7 @@ def assign_roles(
     Args:
         head_stats: one row per head with ``layer, head`` and the statistics the rules name (``mass_*``,
             ``entropy_ratio``, ``top_offset``, ``top_offset_fraction``).
-        syntax: optional long table from ``heads_syntax.head_relation_accuracy`` (``relation, layer, head,
+        syntax: optional long table from ``syntax.head_relation_accuracy`` (``relation, layer, head,
             direction, accuracy, n, baseline_accuracy``); without it no head can be syntactic.
         min_arcs: relations with fewer arcs do not count for the syntactic rule (too noisy).
 
@@ -118,7 +118,7 @@ def _syntax_gains(syntax: pd.DataFrame | None, min_arcs: int) -> dict[tuple[int,
     """``{(layer, head): {relation: best-direction accuracy - baseline}}`` over relations with enough arcs."""
     if syntax is None or syntax.empty:
         return {}
-    from bertscope.experiments.heads_syntax import ALL_RELATIONS
+    from bertscope.experiments.heads.syntax import ALL_RELATIONS
 
     s = syntax[(syntax["n"] >= min_arcs) & (syntax["relation"] != ALL_RELATIONS)]
     best = s.groupby(["layer", "head", "relation"])[["accuracy", "baseline_accuracy"]].max().reset_index()

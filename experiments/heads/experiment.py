@@ -6,7 +6,7 @@ measures and writes, under ``OUT/heads/``:
 
 - ``results.parquet|csv``: long table ``model, corpus, layer, head, metric, value, ci_low, ci_high, n``
   (``n`` = sentences, or arcs for ``syntax:*``); model-level rows have empty ``layer``/``head``.
-  Metrics: attention statistics (Clark et al. 2019; ``heads_stats``), their norm-weighted versions
+  Metrics: attention statistics (Clark et al. 2019; ``statistics``), their norm-weighted versions
   (Kobayashi et al. 2020; ``norm_*``), the argmax-offset histogram (``argmax_offset=k``), head-by-relation
   syntax accuracy (``syntax:<relation>:<direction>``), ablation effects (``ablation:<method>:<measure>``),
   gradient importance (``grad_importance:<objective>``, Michel et al. 2019), the within/between-layer
@@ -14,7 +14,7 @@ measures and writes, under ``OUT/heads/``:
 - ``roles.csv`` (rule, statistic, value, threshold, assigned: one row per head and rule), ``roles_by_head.csv``
   (one line per head), ``syntax.csv`` (best head per relation against the best offset baseline),
   ``distances.parquet`` (sqrt-JSD between heads), ``mds.csv`` (2-D map), ``pruning.csv`` (pruning curves).
-- figures (``heads_plots``), redrawn from those tables by ``plot(out_dir)``.
+- figures (``plots``), redrawn from those tables by ``plot(out_dir)``.
 
 Sentences are weighted equally; CIs are percentile bootstraps over sentences. Defaults keep a run on the
 bundled model and the builtin corpus within about 2.5 minutes on 2 CPU cores (see ``Settings``).
@@ -30,11 +30,11 @@ import einops
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.experiments import heads_importance as imp
-from bertscope.experiments import heads_similarity as sim
-from bertscope.experiments import heads_stats as hs
-from bertscope.experiments import heads_syntax as syn
-from bertscope.experiments.heads_roles import assign_roles, role_summary
+from bertscope.experiments.heads import importance as imp
+from bertscope.experiments.heads import similarity as sim
+from bertscope.experiments.heads import statistics as hs
+from bertscope.experiments.heads import syntax as syn
+from bertscope.experiments.heads.roles import assign_roles, role_summary
 
 NAME = "heads"
 DIRNAME = "heads"
@@ -64,7 +64,7 @@ class Settings:
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Compute every table of the experiment (see the module docstring); returns the results table."""
-    settings = settings or Settings()
+    settings = ctx.use_settings(settings)
     model = ctx.model
     if getattr(model.config, "attention_projections", True) is False:
         ctx.log("raw attention (no projections): W_O is a fixed head selection; norm-weighted masses use it")
@@ -78,7 +78,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         "queries",
         "all real tokens of a sentence ([CLS] and [SEP] included); each sentence weighted equally",
     )
-    label = {"model": _model_label(ctx), "corpus": corpus.name}
+    label = {"model": ctx.model_id, "corpus": ctx.corpus_id}
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
 
     arrays = ctx.step_arrays("attention_pass", lambda: _attention_pass(ctx, corpus, settings))
@@ -130,9 +130,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 
 def plot(out_dir: Path) -> list[Path]:
     """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments import heads_plots
+    from bertscope.experiments.heads import plots as heads_plots
 
-    return heads_plots.plot_all(Path(out_dir))
+    return heads_plots.plot(Path(out_dir))
 
 
 def attention_table(scalars: np.ndarray, offsets: np.ndarray, settings: Settings, seed: int = 0) -> pd.DataFrame:
@@ -250,8 +250,8 @@ def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.
     batches = list(encoded.batches)
     order = np.concatenate([b.sentence_index for b in batches])
     ctx.log(f"ablating {n_layers * n_heads} heads x {len(settings.methods)} methods on {len(corpus)} sentences")
-    effects, measures = imp.ablation_effects(model, ctx.progress(batches, "ablation", len(batches)),
-                                             methods=settings.methods, seed=ctx.seed)  # fmt: skip
+    effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=ctx.seed,
+                                             progress=lambda it: ctx.progress(it, "ablation", len(it)))  # fmt: skip
     grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=ctx.seed)
     inverse = np.argsort(order)  # back to corpus order
     effects, grad = effects[inverse], grad[inverse]
@@ -390,13 +390,3 @@ def _punctuation_ids(tokenizer: Any) -> list[int]:
     if missing:
         raise ValueError(f"the tokenizer has no single token for {missing}; punctuation masses need '.' and ','")
     return [vocab[p] for p in PUNCTUATION]
-
-
-def _model_label(ctx: Any) -> str:
-    """``--model`` as given, or ``bundled:<package>`` for the bundled checkpoint (its source is a folder path)."""
-    if ctx.options.model:
-        return str(ctx.options.model)
-    source = str(ctx.model.source)
-    if source.startswith("bundled:"):
-        return "bundled:" + Path(source.removeprefix("bundled:")).parent.name
-    return source

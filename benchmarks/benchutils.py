@@ -1,4 +1,8 @@
-"""Shared helpers for the benchmark scripts (not part of the installed package)."""
+"""Shared helpers for the benchmark scripts (not part of the installed package).
+
+A script run as ``python benchmarks/x.py`` has this folder on ``sys.path``, so ``import benchutils`` works
+without any path edits; the distinct name cannot shadow a package module.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,14 @@ from collections.abc import Callable
 import torch
 
 
-def make_batch(batch: int, length: int, vocab: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random word-piece ids framed by [CLS] ... [SEP], no padding: ``[batch, length]``."""
+def make_batch(batch: int, length: int, tokenizer, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random word-piece ids framed by the tokenizer's [CLS] ... [SEP], no padding: ``[batch, length]``.
+
+    Ids are drawn above every special token's id (special tokens come first in BERT vocabularies)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab, (batch, length), generator=g)
-    ids[:, 0], ids[:, -1] = 101, 102
+    low = max(tokenizer.all_special_ids) + 1
+    ids = torch.randint(low, len(tokenizer), (batch, length), generator=g)
+    ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
     return {
         "input_ids": ids.to(device),
         "attention_mask": torch.ones_like(ids).to(device),
@@ -22,6 +29,7 @@ def make_batch(batch: int, length: int, vocab: int, device: torch.device, seed: 
 
 
 def sync(device: torch.device) -> None:
+    """Wait for queued GPU work (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -52,6 +60,7 @@ def time_interleaved(
 
 
 def reference_model(path: str, impl: str, device: torch.device):
+    """``transformers.BertModel`` from ``path`` with attention implementation ``impl`` (eval mode)."""
     from transformers import BertModel
 
     return BertModel.from_pretrained(path, attn_implementation=impl).to(device).eval()

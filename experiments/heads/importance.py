@@ -30,7 +30,7 @@ itself would be useless here: it is minimal at ``g = 1``, so its gradient there 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,9 +38,9 @@ import einops
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bertscope.hooks.ablation import METHODS, head_gates, mean_z_over
+from bertscope.hooks.interventions import AblationMethod
 
-AblationMethod = Literal["zero", "mean", "uniform"]
-METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "uniform")
 METHOD_DESCRIPTIONS = {
     "zero": "z_h = 0 at every position (the head writes nothing; same as zeroing its W_O slice)",
     "mean": "z_h = its mean over the real tokens of the evaluation sentences",
@@ -86,8 +86,9 @@ def ablation_effects(
     copies_per_pass: int | None = None,
     mlm_mask_prob: float = 0.15,
     seed: int = 0,
+    progress: Callable[[list[Any]], Iterable[Any]] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """Effect of ablating each head alone, per sentence.
+    """Effect of ablating each head alone, per sentence (``progress`` optionally wraps the batch loop).
 
     Args:
         model: an ``Encoder`` in eval mode.
@@ -111,7 +112,7 @@ def ablation_effects(
     per_pass = copies_per_pass or n_heads
     generator = torch.Generator().manual_seed(seed)
     out = []
-    for batch in batches:
+    for batch in progress(batches) if progress is not None else batches:
         effects = torch.zeros(batch.input_ids.shape[0], len(methods), n_layers, n_heads, len(measures))
         runs = [(batch, None)]  # (inputs, MLM labels): the clean text, plus a masked copy for the MLM loss
         if mlm:
@@ -289,69 +290,24 @@ def forward_with_heads(
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     if keep.ndim != 3 or tuple(keep.shape[1:]) != (n_layers, n_heads):
         raise ValueError(f"keep must be [copy, layer, head] = [C, {n_layers}, {n_heads}], got {tuple(keep.shape)}")
-    if method not in METHODS:
-        raise ValueError(f"unknown ablation method {method!r}; use one of {METHODS}")
-    if method == "mean" and mean_z is None:
-        raise ValueError("method='mean' needs mean_z [layer, head, d_head]; compute it with mean_head_outputs")
     first_layer = 0 if start is None else start[0]
     if start is not None and bool((keep[:, :first_layer] != 1).any()):
         raise ValueError(f"start at layer {first_layer} but keep touches heads of earlier layers")
     copies, b = keep.shape[0], batch.input_ids.shape[0]
     rep = _replicate(batch, copies)
-    real = rep.attention_mask.to(torch.bool)
-    hooks = []
-    values: dict[int, torch.Tensor] = {}
-    for layer in range(first_layer, n_layers):
-        if bool((keep[:, layer] == 1).all()):
-            continue
-        g = einops.repeat(keep[:, layer], "c h -> (c b) 1 h 1", b=b)
-
-        def replace(z: torch.Tensor, hook: Any, g: torch.Tensor = g, layer: int = layer) -> torch.Tensor:
-            g = g.to(device=z.device, dtype=z.dtype)
-            if method == "zero":
-                return g * z
-            if method == "mean":
-                replacement = mean_z[layer].to(device=z.device, dtype=z.dtype)[None, None]
-            else:
-                w = real.to(device=z.device, dtype=z.dtype)[:, :, None, None]
-                replacement = (values[layer] * w).sum(1, keepdim=True) / w.sum(1, keepdim=True)
-            return g * z + (1 - g) * replacement
-
-        if method == "uniform":
-            hooks.append((f"blocks.{layer}.attn.hook_v", lambda v, hook, layer=layer: values.__setitem__(layer, v)))
-        hooks.append((f"blocks.{layer}.attn.hook_z", replace))
+    hooks = head_gates(keep, n_batch=b, method=method, mean_z=mean_z, attention_mask=rep.attention_mask,
+                       first_layer=first_layer)  # fmt: skip
     with model.hooks(hooks):
         if start is None:
             return model(rep.input_ids, rep.attention_mask, rep.token_type_ids)
         resid = einops.repeat(start[1], "b p m -> (c b) p m", c=copies)
-        return run_from_layer(model, resid, rep.attention_mask, first_layer)
+        return model.forward_from(first_layer, resid, rep.attention_mask)
 
 
-def run_from_layer(
-    model: torch.nn.Module, resid_pre: torch.Tensor, attention_mask: torch.Tensor, layer: int
-) -> torch.Tensor:
-    """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]`` -> last hidden state
-    (``Encoder.forward_from``; hooks inside the blocks fire as usual)."""
-    return model.forward_from(layer, resid_pre, attention_mask)
-
-
-@torch.no_grad()
 def mean_head_outputs(model: torch.nn.Module, batches: Iterable[Any]) -> torch.Tensor:
-    """Mean of every head's ``z`` over all real tokens of ``batches`` -> ``[layer, head, d_head]``."""
-    total, count = None, 0
-    for raw in batches:
-        batch = TokenBatch.of(raw)
-        _, cache = model.run_with_cache(
-            batch.input_ids, batch.attention_mask, batch.token_type_ids, names_filter="blocks.*.attn.hook_z"
-        )
-        z = cache.stack("attn.hook_z").double()  # [layer, batch, pos, head, d_head]
-        real = batch.attention_mask.to(device=z.device, dtype=z.dtype)
-        s = torch.einsum("lbphd,bp->lhd", z, real)
-        total = s if total is None else total + s
-        count += int(real.sum())
-    if total is None or count == 0:
-        raise ValueError("mean_head_outputs needs at least one batch with a real token")
-    return (total / count).to(_dtype(model))
+    """Mean of every head's ``z`` over all real tokens of ``batches`` -> ``[layer, head, d_head]``
+    (``hooks.ablation.mean_z_over`` on token batches)."""
+    return mean_z_over(model, [TokenBatch.of(b) for b in batches])
 
 
 def output_change(clean: torch.Tensor, ablated: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -401,20 +357,12 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _clean_run(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Clean last hidden state and every layer's ``hook_resid_pre``; checks ``run_from_layer`` against it."""
+    """Clean last hidden state and every layer's ``hook_resid_pre`` (``Encoder.forward_from`` restarts from
+    these; tests pin that it reproduces the full forward)."""
     clean, cache = model.run_with_cache(
         batch.input_ids, batch.attention_mask, batch.token_type_ids, names_filter="blocks.*.hook_resid_pre"
     )
-    resid = [cache[f"blocks.{layer}.hook_resid_pre"] for layer in range(model.config.n_layers)]
-    last = len(resid) - 1
-    again = run_from_layer(model, resid[last], batch.attention_mask, last)
-    real = batch.attention_mask.to(device=clean.device, dtype=torch.bool)
-    if not torch.allclose(again[real], clean[real], atol=1e-4, rtol=1e-3):
-        raise RuntimeError(
-            "run_from_layer no longer reproduces the model's forward pass (has Block.forward(x, keep) changed?); "
-            "ablation effects would be wrong"
-        )
-    return clean, resid
+    return clean, [cache[f"blocks.{layer}.hook_resid_pre"] for layer in range(model.config.n_layers)]
 
 
 def _check_eval(model: torch.nn.Module) -> None:

@@ -24,7 +24,6 @@ import torch
 
 #: Token kinds in `Activations.kind`.
 CONTENT, CLS, SEP = 0, 1, 2
-KIND_NAMES = {CONTENT: "content", CLS: "cls", SEP: "sep"}
 
 _BLOCK_SITE = re.compile(r"^blocks\.(\d+)\.hook_(attn_out|resid_mid|mlp_out|resid_post)$")
 _EMBED_SITES = {"embed.hook_word": "word", "embed.hook_out": "embed"}
@@ -184,6 +183,18 @@ class Activations:
     length: np.ndarray
     feats: dict[str, np.ndarray]
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Flat dict of arrays (``feats/<site>`` for the features), for an ``.npz`` step cache."""
+        fields = {k: getattr(self, k) for k in ("seq", "group", "pos", "token", "kind", "length")}
+        return {**fields, **{f"feats/{site}": x for site, x in self.feats.items()}}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Activations:
+        """Inverse of :meth:`to_arrays`."""
+        feats = {k.removeprefix("feats/"): v for k, v in arrays.items() if k.startswith("feats/")}
+        fields = {k: v for k, v in arrays.items() if not k.startswith("feats/")}
+        return cls(**fields, feats=feats)
+
     def content_grid(self, site: str) -> np.ndarray:
         """``[n_seq, window_len, d_model]`` content activations of equal-length sequences (windows)."""
         sel = self.kind == CONTENT
@@ -202,13 +213,11 @@ def collect(
     *,
     batch_size: int = 32,
     fwd_hooks: Sequence[tuple[Any, Any]] = (),
-    progress: Any = None,
 ) -> Activations:
     """Run ``model`` over ``seqs`` once, caching every site in one ``run_with_cache`` per batch.
 
     ``fwd_hooks`` are applied during the forward (e.g. zeroing ``embed.hook_pos``). Sequences are batched
-    by length (padding masked) and the result is returned in sequence order. ``progress`` optionally wraps
-    the batch iterator (``ctx.progress``).
+    by length (padding masked) and the result is returned in sequence order.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -222,8 +231,7 @@ def collect(
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     parts: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     seq_parts, pos_parts = [], []
-    iterator = progress(batches) if progress is not None else batches
-    for rows in iterator:
+    for rows in batches:
         width = int(seqs.lengths[rows].max())
         ids = torch.full((len(rows), width), model.config.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -251,11 +259,6 @@ def collect(
     kind[pos == length - 1] = SEP
     feats = {s: np.concatenate(parts[s])[perm] for s in sites}
     return Activations(seq=seq, group=seqs.groups[seq], pos=pos, token=token, kind=kind, length=length, feats=feats)
-
-
-def zero_position_hooks() -> list[tuple[str, Any]]:
-    """Forward hooks that replace the position embeddings with zeros (``embed.hook_pos``)."""
-    return [("embed.hook_pos", lambda t, hook: torch.zeros_like(t))]
 
 
 # ------------------------------------------------------------------------------------------------- helpers

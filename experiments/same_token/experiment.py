@@ -17,7 +17,7 @@ weight on identical tokens, and that learned projections exist to escape this. T
    alone with the position embedding replaced by its mean; exact input for layer 0 of a post-LN model,
    a direct-path approximation for later layers).
 
-Metric definitions and nulls: :mod:`experiments.same_token_metrics`. Tables: ``results`` (long: model,
+Metric definitions and nulls: :mod:`experiments.same_token.measures`. Tables: ``results`` (long: model,
 corpus, source ``raw|head``, site, layer, head, weighting, metric, value, ci_low, ci_high, null, null_kind,
 ratio, ...; raw rows have ``head = -1`` and ``layer = -1`` for the embedding sites, else the layer whose
 ``hook_resid_post`` was used) and ``example_maps`` (attention maps of a repeated sentence for the figures).
@@ -26,11 +26,12 @@ ratio, ...; raw rows have ``head = -1`` and ``layer = -1`` for the embedding sit
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
 import torch
-from bertscope.experiments.same_token_metrics import (
+from bertscope.experiments.same_token.measures import (
     DUPLICATE_METRICS,
     Positions,
     Tallies,
@@ -41,7 +42,7 @@ from bertscope.experiments.same_token_metrics import (
     summarize,
     tally,
 )
-from bertscope.experiments.same_token_plots import plot
+from bertscope.experiments.same_token.plots import plot
 from einops import rearrange
 
 NAME = "same-token"
@@ -49,11 +50,19 @@ DIRNAME = "same_token"
 SUMMARY_TABLES = ["summary"]
 __all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "run", "plot", "measure", "weight_view", "example_maps"]
 
-MAX_SENTENCES = 200  # per corpus, when --max-sentences is not given (keeps the default run under a minute)
-N_BOOT = 1000
-VOCAB_SAMPLE = 2000
-EXAMPLE_MAX_TOKENS = 40
 RANDOM_CORPUS = "repeated-random"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of the same-token run (recorded in the manifest; part of the step-cache key)."""
+
+    max_sentences: int = 200  # per corpus, when --max-sentences is not given (keeps the default run under a minute)
+    n_boot: int = 1000  # bootstrap resamples behind every interval
+    vocab_sample: int = 2000  # tokens of the weight view
+    example_max_tokens: int = 40  # longest sentence drawn as an example map
+    random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus
+
 CONVENTIONS = {
     "raw rows": "source=raw, head=-1; layer=-1 for embed.hook_word/embed.hook_out, else the layer of hook_resid_post",
     "raw attention": "softmax(X X^T / sqrt(d_model)) over real tokens; copies with identical X tie exactly",
@@ -65,19 +74,21 @@ CONVENTIONS = {
 }
 
 
-def run(ctx: Any) -> pd.DataFrame:
+def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """The framework entry point: measure every source on both corpora plus the weight view; write
     ``example_maps`` and ``summary``; return the long results table."""
-    from bertscope.experiments.common import load_corpus_spec
+    from bertscope.experiments.corpus import load_corpus
 
+    settings = ctx.use_settings(settings)
     model, options = ctx.model, ctx.options
-    cap = options.max_sentences or MAX_SENTENCES
+    cap = options.max_sentences or settings.max_sentences
     corpora = [ctx.corpus if options.max_sentences else ctx.corpus[:cap]]
-    if ctx.corpus.name != RANDOM_CORPUS:
-        corpora.append(load_corpus_spec(RANDOM_CORPUS, model.tokenizer, cap, ctx.seed))
+    if ctx.corpus.name != settings.random_corpus:
+        corpora.append(load_corpus(settings.random_corpus, tokenizer=model.tokenizer, max_sentences=cap, seed=ctx.seed))
     ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
-    ctx.note("n_boot", N_BOOT)
-    ctx.note("vocab_sample", VOCAB_SAMPLE)
+    ctx.note("settings", asdict(settings))
+    ctx.note("n_boot", settings.n_boot)
+    ctx.note("vocab_sample", settings.vocab_sample)
     ctx.note("repeated_random_meta", dict(corpora[-1].meta) if corpora[-1].name == RANDOM_CORPUS else None)
     ctx.note("conventions", CONVENTIONS)
     tables = []
@@ -90,15 +101,17 @@ def run(ctx: Any) -> pd.DataFrame:
                     model,
                     encoded,
                     corpus=corpus.name,
-                    n_boot=N_BOOT,
+                    n_boot=settings.n_boot,
                     seed=ctx.seed,
                     progress=lambda it, n, c=corpus.name: ctx.progress(it, f"{c}", total=n),
                 ),
             )
         )
-    tables.append(ctx.step("weights", lambda: weight_view(model, n_tokens=VOCAB_SAMPLE, seed=ctx.seed, n_boot=N_BOOT)))
+    tables.append(ctx.step(
+        "weights", lambda: weight_view(model, n_tokens=settings.vocab_sample, seed=ctx.seed, n_boot=settings.n_boot)
+    ))
     results = pd.concat(tables, ignore_index=True)
-    results.insert(0, "model", str(model.source))
+    results.insert(0, "model", ctx.model_id)
 
     fallback = results[results.metric.isin(DUPLICATE_METRICS) & (results.null_kind == "uniform")]
     for corpus in sorted(fallback.corpus.unique()):
@@ -106,7 +119,9 @@ def run(ctx: Any) -> pd.DataFrame:
             f"{corpus}: some copies sit at offsets where every content pair is a copy, so the offset-matched "
             "null is undefined there (null_offset = NaN); null/ratio use the uniform null (null_kind)"
         )
-    maps = ctx.step("example_maps", lambda: example_maps(model, corpora, results, max_tokens=EXAMPLE_MAX_TOKENS))
+    maps = ctx.step(
+        "example_maps", lambda: example_maps(model, corpora, results, max_tokens=settings.example_max_tokens)
+    )
     ctx.write_table(maps, "example_maps", formats=("parquet",))
     ctx.write_table(summary_table(results), "summary")
     return results
@@ -117,7 +132,7 @@ def measure(
     encoded: Iterable[Any],
     *,
     corpus: str,
-    n_boot: int = N_BOOT,
+    n_boot: int = 1000,
     seed: int = 0,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
 ) -> pd.DataFrame:
@@ -188,9 +203,9 @@ def measure(
 def weight_view(
     model: Any,
     *,
-    n_tokens: int = VOCAB_SAMPLE,
+    n_tokens: int = 2000,
     seed: int = 0,
-    n_boot: int = N_BOOT,
+    n_boot: int = 1000,
     token_ids: list[int] | None = None,
 ) -> pd.DataFrame:
     """Context-free self-preference: for a seeded sample of ``n_tokens`` vocabulary tokens (specials and

@@ -1,0 +1,250 @@
+"""The run context: what an experiment's ``run(ctx)`` gets, and the step cache that makes resuming safe.
+
+Only an experiment's ``run`` sees a :class:`Context`; the measurement code below it takes plain tensors, arrays
+and ``Settings``. Constructing a context touches nothing on disk: folders appear when something is written.
+
+Step cache. ``ctx.step(name, fn)`` / ``ctx.step_arrays(name, fn)`` store an intermediate result under
+``OUT/<exp>/steps/<name>-<key>.parquet|npz``. The key hashes everything that decides its content: the run's
+fingerprint (experiment, options that change numbers, device type, dtype, model and corpus sha256), the
+experiment's code hash (its package's source files), its ``Settings``, and the step's own ``key`` arguments.
+A resumed run reads a step only if all of those match; anything else recomputes it. A result is written
+atomically as soon as it is computed, so Ctrl-C loses at most the step in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from bertscope.experiments import io
+from bertscope.experiments.options import Inputs, RunOptions
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+T = TypeVar("T")
+STEPS = "steps"
+
+
+class Context:
+    """What an experiment's ``run(ctx)`` gets: inputs, options, settings, an output folder, and helpers.
+
+    Attributes: ``options``, ``model``, ``corpus``, ``out_dir`` (``OUT/<DIRNAME>``), ``device``, ``dtype``,
+    ``seed``, ``name``, ``settings`` (the experiment's ``Settings``), ``code_sha256`` (the experiment's source),
+    ``notes`` (dict recorded in the manifest: put the defaults you chose here). Creating one writes nothing.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        options: RunOptions,
+        inputs: Inputs,
+        out_dir: Path,
+        fingerprint: dict[str, Any] | None = None,
+        *,
+        settings: Any = None,
+        code_sha256: str | None = None,
+    ) -> None:
+        from bertscope.experiments.runner import run_fingerprint
+
+        self.name = name
+        self.options = options
+        self.inputs = inputs
+        self.model = inputs.model
+        self.corpus = inputs.corpus
+        self.device = inputs.device
+        self.dtype = inputs.dtype
+        self.seed = options.seed
+        self.out_dir = Path(out_dir)
+        self.fingerprint = fingerprint or run_fingerprint(name, options, inputs)
+        self.settings = settings
+        self.code_sha256 = code_sha256
+        self.notes: dict[str, Any] = {}
+        self.messages: list[str] = []
+        self.steps_used: set[str] = set()  # step files read or written by this run (the rest is stale)
+        from bertscope.experiments.runner import now
+
+        self.started_at = now()
+
+    def use_settings(self, settings: T | None) -> T:
+        """The experiment's settings for this run: ``settings`` if given (it replaces ``ctx.settings``, so the
+        step keys follow it), else ``ctx.settings``. Experiments start ``run`` with this."""
+        if settings is not None:
+            self.settings = settings
+        if self.settings is None:
+            raise ValueError(f"{self.name}: no Settings given to the context nor to run()")
+        return self.settings
+
+    @property
+    def model_id(self) -> str:
+        """The model identifier every table's ``model`` column holds: the source ``bertscope info`` prints."""
+        return str(self.model.source)
+
+    @property
+    def corpus_id(self) -> str:
+        """The corpus identifier every table's ``corpus`` column holds: the corpus's name."""
+        return str(self.corpus.name)
+
+    # -- progress and logging
+    def progress(self, iterable: Iterable[T], desc: str, total: int | None = None) -> Iterable[T]:
+        """Wrap a long loop in a tqdm bar (on stderr), silent with ``--quiet``. Returns the tqdm object."""
+        from tqdm.auto import tqdm
+
+        return tqdm(
+            iterable,
+            desc=f"{self.name}: {desc}",
+            total=total,
+            disable=self.options.quiet,
+            leave=False,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            file=sys.stderr,
+        )
+
+    def log(self, msg: str) -> None:
+        """Print ``[name] msg`` to stderr (unless ``--quiet``) and keep it in the manifest's log."""
+        self.messages.append(msg)
+        if not self.options.quiet:
+            print(f"[{self.name}] {msg}", file=sys.stderr, flush=True)
+
+    def warn(self, msg: str) -> None:
+        """Like :meth:`log`, but printed even with ``--quiet``."""
+        self.messages.append(f"warning: {msg}")
+        print(f"[{self.name}] warning: {msg}", file=sys.stderr, flush=True)
+
+    def note(self, key: str, value: Any) -> None:
+        """Record a fact about this run (a default chosen, a count) in the manifest's ``notes``."""
+        self.notes[key] = io.to_jsonable(value)
+
+    # -- inputs
+    def encode(
+        self,
+        corpus: Any = None,
+        *,
+        pair: bool = False,
+        max_length: int | None = None,
+        batch_size: int | None = None,
+        sort_by_length: bool = True,
+    ) -> Any:
+        """``corpus.encode`` with the run's ``--max-length`` / ``--batch-size``; the number of truncated
+        sentences is warned about and noted in the manifest (never silent). Returns ``Encoded``."""
+        import warnings
+
+        from bertscope.experiments import corpus as corpus_mod
+
+        corpus = corpus if corpus is not None else self.corpus
+        max_length = max_length or self.options.max_length
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            encoded = corpus_mod.encode(
+                corpus,
+                self.model.tokenizer,
+                max_length=max_length,
+                batch_size=batch_size or self.options.batch_size,
+                pair=pair,
+                sort_by_length=sort_by_length,
+            )
+        for w in caught:  # truncation and similar: printed even with --quiet, and kept in the manifest
+            self.warn(str(w.message))
+        key = "n_truncated_pair" if pair else "n_truncated"
+        self.notes[key] = self.notes.get(key, 0) + encoded.n_truncated
+        return encoded
+
+    def rng(self, *keys: str | int) -> np.random.Generator:
+        """A numpy Generator seeded from ``--seed`` and ``keys`` (distinct keys give independent streams)."""
+        import numpy as np
+
+        return np.random.default_rng(_seed_sequence(self.seed, keys))
+
+    # -- outputs
+    def step_key(self, name: str, **key: Any) -> str:
+        """16 hex digits identifying step ``name``'s content: fingerprint, code hash, settings and ``key``."""
+        import dataclasses
+
+        settings = self.settings
+        if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+            settings = {"type": type(settings).__qualname__, **dataclasses.asdict(settings)}
+        blob = {
+            "step": name,
+            "fingerprint": self.fingerprint,
+            "code_sha256": self.code_sha256,
+            "settings": settings,
+            "key": key,
+        }
+        text = json.dumps(io.to_jsonable(blob), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def step_path(self, name: str, suffix: str, **key: Any) -> Path:
+        """Where step ``name`` (with these ``key`` arguments) is cached: ``steps/<name>-<key>.<suffix>``."""
+        return self.out_dir / STEPS / f"{_safe_name(name)}-{self.step_key(name, **key)}.{suffix}"
+
+    def step(self, name: str, fn: Callable[[], pd.DataFrame], **key: Any) -> pd.DataFrame:
+        """Cached intermediate table: returned from ``steps/`` if a previous (interrupted) run with the same
+        key wrote it (see the module docstring); otherwise ``fn()`` is computed and saved atomically.
+        ``key``: whatever else the result depends on (JSON-able), e.g. a probe's target and site."""
+        import pandas as pd
+
+        path = self.step_path(name, "parquet", **key)
+        self.steps_used.add(path.name)
+        if path.is_file():
+            self.log(f"step {name}: reusing {_relative(path, self.out_dir)}")
+            return pd.read_parquet(path)
+        table = fn()
+        if not _is_dataframe(table):
+            raise TypeError(f"step {name!r} must return a pandas DataFrame, got {type(table).__name__}")
+        io.write_table(table, path, formats=("parquet",))
+        return table
+
+    def step_arrays(self, name: str, fn: Callable[[], dict[str, np.ndarray]], **key: Any) -> dict[str, np.ndarray]:
+        """Like :meth:`step` for a dict of numpy arrays (``steps/<name>-<key>.npz``)."""
+        import numpy as np
+
+        path = self.step_path(name, "npz", **key)
+        self.steps_used.add(path.name)
+        if path.is_file():
+            self.log(f"step {name}: reusing {_relative(path, self.out_dir)}")
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        arrays = {k: np.asarray(v) for k, v in fn().items()}
+        with io.atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        return arrays
+
+    def write_table(self, df: pd.DataFrame, name: str, formats: Iterable[str] = io.TABLE_FORMATS) -> list[Path]:
+        """Atomically write ``OUT/<exp>/<name>.parquet`` and ``.csv``; returns the paths."""
+        return io.write_table(df, self.out_dir / name, formats=formats)
+
+
+def _seed_sequence(seed: int, keys: tuple[str | int, ...]) -> Any:
+    import numpy as np
+
+    entropy = [seed % 2**32] + [zlib.crc32(str(k).encode("utf-8")) for k in keys]
+    return np.random.SeedSequence(entropy)
+
+
+def _is_dataframe(obj: Any) -> bool:
+    import pandas as pd
+
+    return isinstance(obj, pd.DataFrame)
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _safe_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".")
+    if not cleaned:
+        raise ValueError(f"step name {name!r} has no usable characters")
+    if cleaned != name:
+        cleaned += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return cleaned

@@ -1,0 +1,11 @@
+"""Experiment `positions` (see :mod:`bertscope.experiments.positions.experiment` for what it measures and writes).
+
+The package exposes what :class:`bertscope.experiments.registry.Experiment` asks for; files by role:
+``experiment`` (Settings, run: the one place that sees the run context), ``design`` (the probe steps of
+one run), ``data`` (windows, sentences, activations), ``measures`` (probe-free measures, pairs),
+``plots`` (figures from the tables).
+"""
+
+from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+
+__all__ = ["DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "plot", "run"]

@@ -1,0 +1,251 @@
+"""How much absolute and relative position each layer (and sublayer) carries, measured with linear probes.
+
+Self-attention is order-blind; BERT adds learned position embeddings. This experiment asks how much of that
+signal survives at every site (``embed.hook_word``, ``embed.hook_out``, and per block ``hook_attn_out``,
+``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``), and whether it is position itself or something
+correlated with it (word identity, sentence structure).
+
+Design (defaults in `Settings`, recorded in the manifest's ``notes``):
+
+- **Data.** Fixed-length windows of ``window_len`` word pieces cut from the corpus's token stream, fed as
+  ``[CLS] window [SEP]`` (every content position has one token per window, so position is not confounded
+  with length); natural sentences as a second design. [CLS] and the final [SEP] are never mixed into the
+  content-token probes: they get their own rows (``token="cls"`` / ``"sep"``: the [SEP] position and the
+  sentence length read from [CLS], in natural sentences where both vary). Every split is grouped by
+  window/sentence (``probes.evaluate``), never by token.
+- **Targets.** Absolute position of a content piece (0 .. P-1) as a class (logistic probe) and as a number
+  (ridge probe); relative order of two pieces of one window from ``[h_i; h_j]`` and from ``h_i - h_j``: is j
+  before i (binary), and the ``floor(log2 |i - j|)`` distance bucket.
+- **Controls beside every score.** Chance and majority baselines (columns); a Hewitt-Liang control task
+  (each token type a fixed random label drawn from the label distribution) with selectivity = task -
+  control; the same architecture with random weights (``models.random_encoder``); word order shuffled inside
+  each window/sentence (same tokens, same position ids); the position-embedding table itself probed
+  (absolute position by regression, relative order by pair classification, as in Wang & Chen 2020).
+- **Probe-free measures** per site: share of variance explained by position and linear CKA with the
+  position embeddings of the tokens' positions (windows; baseline: positions permuted inside windows).
+- **MDL**: online codelength / compression of absolute position and of its control task per layer.
+
+The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
+chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
+``embed.hook_out``, the middle and the last block; pairs at the middle block only), and then held fixed
+across sites and controls: every layer is read by a probe of the same capacity and no score is computed on
+rows that chose its alpha. The values are in the ``alpha`` column and the CV scores in the manifest notes.
+The [CLS]/[SEP] ridge probes, which exist only in sentences, use nested grouped CV at the middle block.
+
+Outputs in ``OUT/positions/``: ``results.parquet|csv`` (long table, columns `COLUMNS`), ``confusion``
+(true-vs-predicted counts for chosen sites), ``position_table_pca``, ``position_table_cosine``,
+``summary_absolute`` (per-layer accuracy and selectivity), and the figures drawn by `plot`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from bertscope.experiments.positions.data import (
+    Activations,
+    main_sites,
+    make_windows,
+    position_sites,
+    sentences_from_encoded,
+    shuffle_content,
+    subset,
+)
+from bertscope.experiments.positions.data import collect as collect_activations
+from bertscope.experiments.positions.design import COLUMNS, ProbeDesign
+from bertscope.experiments.positions.probing import position_table_views
+from threadpoolctl import threadpool_limits
+
+NAME = "positions"
+DIRNAME = "positions"
+SUMMARY_TABLES = ["summary_absolute.csv"]
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of the positions run. The defaults fit the default-run budget (about 3 min on 2 CPU cores with
+    the bundled model and the builtin corpus)."""
+
+    window_len: int = 32  # P content pieces per window; each window is fed as [CLS] + P + [SEP]
+    max_windows: int = 128  # windows drawn (seeded) from the corpus stream for the probes
+    tune_windows: int = 48  # further windows, disjoint from those, on which each probe family's alpha is chosen
+    max_sentences: int = 300  # natural sentences used (the first N of the corpus)
+    n_folds: int = 3  # grouped folds of every probe (and of the alpha selection on the tuning windows)
+    alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)  # alpha grid of the logistic probes
+    ridge_alphas: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0, 10000.0)  # alpha grid of the ridge probes
+    n_boot: int = 500  # group-bootstrap resamples behind every interval
+    pairs_per_window: int = 24  # ordered pairs drawn per window for the relative-order probes
+    table_pairs: int = 2000  # pairs of position-table rows for the Wang & Chen relative probe
+    mdl: bool = True  # MDL codelengths per layer (absolute position and its control)
+    mdl_blocks: int = 8  # doublings of the online code
+    sublayer_controls: bool = False  # shuffled / random-weights probes at the sublayer sites too
+    heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
+    batch_size: int = 32
+    blas_threads: int | None = 1  # BLAS threads while probing (None: leave as is)
+
+    def __post_init__(self) -> None:
+        if self.window_len < 4:
+            raise ValueError(f"window_len must be >= 4, got {self.window_len}")
+        if self.n_folds < 2:
+            raise ValueError(f"n_folds must be >= 2, got {self.n_folds}")
+        for name in ("max_windows", "tune_windows"):
+            if getattr(self, name) < 2 * self.n_folds:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be at least 2 * n_folds ({self.n_folds})")
+
+
+# ------------------------------------------------------------------------------------- public entry points
+
+
+def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
+    """Run the experiment into ``ctx.out_dir``; returns the main long table (the framework writes it).
+
+    Every expensive step is cached (each activation set, the alpha choices, each probe), so an interrupted
+    run resumes with what it finished."""
+    settings = ctx.use_settings(settings)
+    t0 = time.perf_counter()
+    ctx.note("settings", dataclasses.asdict(settings))
+    model = ctx.model
+    model.eval()
+    n_layers = model.config.n_layers
+    if settings.window_len + 2 > model.config.max_positions:
+        raise ValueError(
+            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_positions} "
+            "positions; use a smaller window length"
+        )
+    sites, residual = position_sites(n_layers), main_sites(n_layers)
+    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
+                         seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note)  # fmt: skip
+
+    windows, tuning = _windows_and_tuning(ctx, settings)
+    kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
+    sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
+    ctx.note("n_windows", len(windows))
+    ctx.note("n_tune_windows", len(tuning))
+    ctx.note("n_sentences", len(sentences))
+    ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
+            f"{len(sentences)} sentences")
+
+    from bertscope.models import random_encoder
+
+    random_model = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
+    random_model = random_model.to(device=ctx.device, dtype=ctx.dtype).eval()
+
+    def collect(name: str, m: Any, seqs: Any, at: list[str]) -> Activations:
+        arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size)
+                                 .to_arrays(), data=name, sites=at)  # fmt: skip
+        return Activations.from_arrays(arrays)
+
+    acts = {
+        ("windows", "none"): collect("windows", model, windows, sites),
+        ("windows", "shuffled"): collect("windows_shuffled", model, shuffle_content(windows, seed=ctx.seed), sites),
+        ("windows", "random_weights"): collect("windows_random_weights", random_model, windows, sites),
+        ("sentences", "none"): collect("sentences", model, sentences, residual),
+        ("sentences", "shuffled"): collect("sentences_shuffled", model, shuffle_content(sentences, seed=ctx.seed),
+                                           residual),  # fmt: skip
+    }
+    tables = {"W_pos": _numpy(model.W_pos), "W_pos_random": _numpy(random_model.W_pos)}
+    tuning_acts = collect("tuning", model, tuning, design.tuning_sites)
+    ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
+    ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
+    # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
+    with threadpool_limits(limits=settings.blas_threads):
+        design.tune(tuning_acts)
+        parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, settings).items()}
+    confusion = parts.pop("confusion")
+    results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
+
+    ctx.write_table(confusion, "confusion")
+    pca, cosine = position_table_views(tables["W_pos"])
+    ctx.write_table(pca, "position_table_pca")
+    ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
+    ctx.write_table(summary_absolute(results), "summary_absolute")
+    ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
+    ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
+    return results
+
+
+def _steps(design: ProbeDesign, acts: dict, tables: dict, settings: Settings) -> dict[str, Any]:
+    steps = {
+        "absolute_windows": lambda: design.absolute_windows(acts),
+        "absolute_sentences": lambda: design.absolute_sentences(acts),
+        "specials": lambda: design.specials(acts),
+        "relative_pairs": lambda: design.relative_pairs(acts),
+        "probe_free": lambda: design.probe_free(acts, tables),
+        "position_table": lambda: design.position_table(tables["W_pos"]),
+    }
+    if settings.mdl:
+        steps["mdl"] = lambda: design.mdl(acts)
+    steps["confusion"] = lambda: design.confusion(acts)
+    return steps
+
+
+def plot(out_dir: Path) -> list[Path]:
+    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
+    from bertscope.experiments.positions.plots import plot as draw
+
+    return draw(Path(out_dir))
+
+
+def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
+    """Per residual-stream site: absolute-position accuracy on windows with its interval, the control-task
+    accuracy, selectivity, the shuffled and random-weights accuracies, and the chance level."""
+    rows = results[
+        (results["data"] == "windows") & (results["target"] == "abs_class") & (results["metric"] == "accuracy")
+        & results["component"].isin(["word", "embed", "resid_post"])
+    ]  # fmt: skip
+    out = []
+    for (site, layer), g in rows.groupby(["site", "layer"], sort=False):
+        by = {c: r for c, r in zip(g["control"], g.itertuples(), strict=True)}
+        row: dict[str, Any] = {"site": site, "layer": layer}
+        for control, prefix in (("none", "accuracy"), ("control_task", "control_accuracy"),
+                                ("selectivity", "selectivity"), ("shuffled", "shuffled_accuracy"),
+                                ("random_weights", "random_accuracy")):  # fmt: skip
+            r = by.get(control)
+            row[prefix] = np.nan if r is None else r.value
+            row[f"{prefix}_ci_low"] = np.nan if r is None else r.ci_low
+            row[f"{prefix}_ci_high"] = np.nan if r is None else r.ci_high
+        row["chance"] = by["none"].baseline_chance if "none" in by else np.nan
+        row["majority"] = by["none"].baseline_majority if "none" in by else np.nan
+        out.append(row)
+    return pd.DataFrame(out)  # rows come in site (forward) order
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any]:
+    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream."""
+    want = settings.max_windows + settings.tune_windows
+    pool = make_windows(ctx.corpus, ctx.model.tokenizer, settings.window_len, max_windows=want, seed=ctx.seed)
+    n_tune = settings.tune_windows
+    if len(pool) < want:
+        n_tune = max(2 * settings.n_folds, len(pool) * settings.tune_windows // want)
+        ctx.warn(f"the corpus gives {len(pool)} windows of {settings.window_len}, fewer than the {want} asked for; "
+                 f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
+    if len(pool) - n_tune < 2 * settings.n_folds:
+        raise ValueError(
+            f"the corpus gives only {len(pool)} windows of {settings.window_len} pieces; need at least "
+            f"{2 * settings.n_folds} to probe plus {n_tune} to tune: use a larger corpus or a smaller window_len"
+        )
+    order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
+    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune]))
+
+
+def _timed(ctx: Any, name: str, fn: Any) -> pd.DataFrame:
+    # Probe steps cache each probe inside; the others are cached whole.
+    t0 = time.perf_counter()
+    out = ctx.step(name, fn) if name in ("probe_free", "position_table", "confusion") else fn()
+    seconds = round(time.perf_counter() - t0, 1)
+    ctx.note(f"seconds_{name}", seconds)
+    ctx.log(f"{name}: {len(out)} rows in {seconds}s")
+    return out
+
+
+def _numpy(t: Any) -> np.ndarray:
+    return t.detach().float().cpu().numpy()

