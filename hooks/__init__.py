@@ -3,5 +3,17 @@
 from bertscope.hooks.cache import ActivationCache
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
+from bertscope.hooks.mixing import contributions, mixing_ratio, token_decomposition
 
-__all__ = ["ActivationCache", "HookPoint", "HookedModule", "ablate_heads", "mean_z", "patch_activation", "patch_heads"]
+__all__ = [
+    "ActivationCache",
+    "HookPoint",
+    "HookedModule",
+    "ablate_heads",
+    "contributions",
+    "mean_z",
+    "mixing_ratio",
+    "patch_activation",
+    "patch_heads",
+    "token_decomposition",
+]
