@@ -5,7 +5,9 @@
     python benchmarks/mixing.py --slow                # also value_zeroing and loo (O(tokens) forwards), once
 
 Prints median seconds per call (round-robin timing, the order rotating each round) and each method's ratio to
-one forward pass. The target is attention_norm, residual_norm and alti <= 3x a forward pass.
+one forward pass. The target is attention_norm, residual_norm and alti <= 3x a forward pass. On a shared,
+oversubscribed CPU pass ``--threads 1``: with more threads than free cores, small kernels spin and the
+ratios become noise.
 
 ``--ln-check`` prints what the public implementations' LayerNorm divisor changes on real sentences: the max
 abs reconstruction error of the attention block's output from its per-token parts, and the max abs change of
@@ -45,11 +47,15 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (on a shared, oversubscribed machine 1 gives stable ratios)")
     parser.add_argument("--slow", action="store_true", help="also time value_zeroing and loo once")
     parser.add_argument("--ln-check", action="store_true", help="measure the torch.std divisor's effect")
     args = parser.parse_args()
 
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
     model = models.load(device=device)
     if args.ln_check:
@@ -92,7 +98,8 @@ def ln_check(model: models.Encoder) -> None:
             other = contributions(model, inputs, method, layer_norm=mode)
             diff = (other - exact).abs()
             rel = (diff / exact.abs().clamp_min(1e-12))[exact > 1e-6]
-            print(f"{method} {mode} vs exact: max abs diff {diff.max().item():.2e}, max rel diff {rel.max().item():.2e}")
+            print(f"{method} {mode} vs exact: max abs diff {diff.max().item():.2e}, "
+                  f"max rel diff {rel.max().item():.2e}")
 
 
 if __name__ == "__main__":

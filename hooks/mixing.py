@@ -143,11 +143,12 @@ class LayerParts:
     residual ``x_q`` (post-LN: ``gamma * centre(x_q)``); ``s`` ``[b, q, 1]``: the LN1 scale (1 in pre-LN);
     ``rest`` ``[b, q, m]``: what no token owns (post-LN: ``gamma * centre(b_O) / s + beta``; pre-LN: ``b_O``);
     ``output`` ``[b, q, m]``: the hooked output the parts rebuild (post-LN ``hook_resid_mid`` = LN1 output;
-    pre-LN ``hook_resid_mid`` = ``resid_pre + attn_out``); ``f`` ``[b, h, k, m]``: ``f^h(x_k)`` before LN1.
+    pre-LN ``hook_resid_mid`` = ``resid_pre + attn_out``); ``f`` ``[b, h, k, m]``: ``f^h(x_k)`` before LN1 (None
+    unless asked for).
     """
 
     pattern: torch.Tensor
-    f: torch.Tensor
+    f: torch.Tensor | None
     u: torch.Tensor
     r: torch.Tensor
     s: torch.Tensor
@@ -182,6 +183,7 @@ def token_decomposition(
 
 
 # ====================================================================== per-layer methods
+@torch.no_grad()
 def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens) -> torch.Tensor:
     layers = list(layers)
     if method == "value_zeroing":
@@ -194,7 +196,8 @@ def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens
         if method == "residual_norm":
             _require_post_ln(model, method)
         fn = {"attention_norm": _attention_norm, "residual_norm": _residual_norm, "alti": _alti}[method]
-        out = torch.stack([fn(p, chunk_tokens) for p in _collect(model, ids, mask, types, layers, layer_norm)], dim=1)
+        parts = _collect(model, ids, mask, types, layers, layer_norm, need_f=method == "attention_norm")
+        out = torch.stack([fn(p, chunk_tokens) for p in parts], dim=1)
     real = mask.to(out.dtype)
     return out * real[:, None, :, None] * real[:, None, None, :]
 
@@ -220,23 +223,31 @@ def _head_sum_norm2(pattern: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
     return rearrange((torch.matmul(a, gram) * a).sum(-1), "b k q -> b q k")
 
 
+@torch.no_grad()
 def _alti(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
     """ALTI ``[b, q, k]``: ``max(0, ||y_q||_1 - ||y_q - T_q(x_k)||_1)`` normalised over k, ``y_q = sum_k T_q(x_k) +
-    rest`` (Ferrando et al.'s ``resultant``). ``T`` is built in key chunks of ``[b, chunk, q, m]``."""
+    rest`` (Ferrando et al.'s ``resultant``).
+
+    ``T_q(x_k) - y_q`` is built per sentence for a few keys at a time (``[keys, q, m]``, at most ~2 MB, so it
+    stays in cache) as ``(alpha / s) @ u`` into one reused buffer, then reduced in place.
+    """
     b, h, q, k = p.pattern.shape
-    y = torch.einsum("bhqk,bhkm->bqm", p.pattern, p.u) / p.s + p.r / p.s + p.rest
-    a = rearrange(p.pattern, "b h q k -> b k q h")
-    u = rearrange(p.u, "b h k m -> b k h m")
-    step = max(1, chunk_tokens // max(1, b * q))
-    dist = []
-    for start in range(0, k, step):
-        ks = slice(start, min(k, start + step))
-        t = torch.matmul(a[:, ks], u[:, ks]) / p.s[:, None]  # [b, kc, q, m]
-        idx = torch.arange(ks.start, ks.stop, device=t.device)
-        t[:, idx - start, idx] += p.r[:, idx] / p.s[:, idx]
-        dist.append((t - y[:, None]).abs().sum(-1))  # [b, kc, q]
-    d = rearrange(torch.cat(dist, dim=1), "b k q -> b q k")
-    c = (y.abs().sum(-1, keepdim=True) - d).clamp_min(0)
+    m = p.u.shape[-1]
+    y = (torch.einsum("bhqk,bhkm->bqm", p.pattern, p.u) + p.r) / p.s + p.rest
+    a = rearrange(p.pattern / p.s[:, None], "b h q k -> b k q h").contiguous()
+    u = rearrange(p.u, "b h k m -> b k h m").contiguous()
+    own = p.r / p.s  # the residual: part of T_q(x_q)
+    step = max(1, min(chunk_tokens // q, (1 << 19) // (q * m)))
+    d = y.new_empty(b, k, q)
+    buffer = y.new_empty(step, q, m)
+    for i in range(b):
+        for start in range(0, k, step):
+            stop = min(k, start + step)
+            diff = torch.bmm(a[i, start:stop], u[i, start:stop], out=buffer[: stop - start])  # [keys, q, m]
+            j = torch.arange(start, stop, device=diff.device)
+            diff[j - start, j] += own[i, j]
+            d[i, start:stop] = diff.sub_(y[i]).abs_().sum(-1)  # ||T_q(x_k) - y_q||_1
+    c = (y.abs().sum(-1, keepdim=True) - rearrange(d, "b k q -> b q k")).clamp_min(0)
     return c / c.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
@@ -284,8 +295,11 @@ def _value_zeroing(model, ids, mask, types, layers, chunk_tokens) -> torch.Tenso
 
 # ====================================================================== shared plumbing
 @torch.no_grad()
-def _collect(model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None) -> list[LayerParts]:
-    """One cached forward pass, then each layer's ``LayerParts`` (computed in ``dtype``, default the model's)."""
+def _collect(
+    model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None, need_f: bool = False
+) -> list[LayerParts]:
+    """One cached forward pass, then each layer's ``LayerParts`` (computed in ``dtype``, default the model's;
+    ``f`` only when ``need_f``, else None)."""
     _check_architecture(model)
     sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "hook_attn_out", "hook_resid_mid")
     _, cache = model.run_with_cache(ids, mask, types, names_filter=[f"blocks.{L}.{s}" for L in layers for s in sites])
@@ -297,19 +311,21 @@ def _collect(model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | N
         def get(name: str, L: int = L) -> torch.Tensor:
             return cache[f"blocks.{L}.{name}"].to(dtype)
 
-        x = get("hook_resid_pre")
-        f = torch.einsum("bkhd,hdm->bhkm", get("attn.hook_v"), block.attn.W_O.to(dtype))
+        x, v, w_o = get("hook_resid_pre"), get("attn.hook_v"), block.attn.W_O.to(dtype)
+        f = torch.einsum("bkhd,hdm->bhkm", v, w_o) if need_f else None
         b_o = block.attn.b_O.to(dtype)
         if post:
             pre_ln = x + get("hook_attn_out")
             s = _ln_scale(pre_ln, block.ln1.eps, layer_norm)
             gamma = block.ln1.weight.to(dtype)
-            u = _centre(f) * gamma
+            # centring and gamma are linear: fold them into W_O instead of a pass over [b, h, k, m]
+            u = torch.einsum("bkhd,hdm->bhkm", v, _centre(w_o) * gamma)
             r = _centre(x) * gamma
             rest = (_centre(b_o) * gamma) / s + block.ln1.bias.to(dtype)
         else:
             s = x.new_ones(*x.shape[:2], 1)
-            u, r, rest = f, x, b_o.expand_as(x)
+            u = f if f is not None else torch.einsum("bkhd,hdm->bhkm", v, w_o)
+            r, rest = x, b_o.expand_as(x)
         parts.append(LayerParts(get("attn.hook_pattern"), f, u, r, s, rest, get("hook_resid_mid")))
     return parts
 
