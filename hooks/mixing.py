@@ -128,7 +128,7 @@ def mixing_ratio(
     for parts in _collect(model, ids, mask, types, chosen, layer_norm):
         own = (torch.einsum("bhq,bhqm->bqm", torch.diagonal(parts.pattern, dim1=-2, dim2=-1), parts.u)
                + parts.r) / parts.s
-        total = (torch.einsum("bhqk,bhkm->bqm", parts.pattern, parts.u) + parts.r) / parts.s
+        total = (parts.attn_sum + parts.r) / parts.s
         mix, keep = (total - own).norm(dim=-1), own.norm(dim=-1)
         out.append(mix / (mix + keep))
     return torch.stack(out, dim=1) * mask[:, None, :]
@@ -144,16 +144,17 @@ class LayerParts:
     ``rest`` ``[b, q, m]``: what no token owns (post-LN: ``gamma * centre(b_O) / s + beta``; pre-LN: ``b_O``);
     ``output`` ``[b, q, m]``: the hooked output the parts rebuild (post-LN ``hook_resid_mid`` = LN1 output;
     pre-LN ``hook_resid_mid`` = ``resid_pre + attn_out``); ``f`` ``[b, h, k, m]``: ``f^h(x_k)`` before LN1 (None
-    unless asked for).
+    unless asked for); ``attn_sum`` ``[b, q, m]``: ``sum_h sum_k alpha^h_qk u^h_k``, from ``hook_z``.
     """
 
     pattern: torch.Tensor
     f: torch.Tensor | None
-    u: torch.Tensor
+    u: torch.Tensor | None
     r: torch.Tensor
     s: torch.Tensor
     rest: torch.Tensor
     output: torch.Tensor
+    attn_sum: torch.Tensor | None = None
 
 
 def token_decomposition(
@@ -196,7 +197,8 @@ def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens
         if method == "residual_norm":
             _require_post_ln(model, method)
         fn = {"attention_norm": _attention_norm, "residual_norm": _residual_norm, "alti": _alti}[method]
-        parts = _collect(model, ids, mask, types, layers, layer_norm, need_f=method == "attention_norm")
+        norm_only = method == "attention_norm"
+        parts = _collect(model, ids, mask, types, layers, layer_norm, need_f=norm_only, need_u=not norm_only)
         out = torch.stack([fn(p, chunk_tokens) for p in parts], dim=1)
     real = mask.to(out.dtype)
     return out * real[:, None, :, None] * real[:, None, None, :]
@@ -233,7 +235,8 @@ def _alti(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
     """
     b, h, q, k = p.pattern.shape
     m = p.u.shape[-1]
-    y = (torch.einsum("bhqk,bhkm->bqm", p.pattern, p.u) + p.r) / p.s + p.rest
+    attn_sum = torch.einsum("bhqk,bhkm->bqm", p.pattern, p.u) if p.attn_sum is None else p.attn_sum
+    y = (attn_sum + p.r) / p.s + p.rest
     a = rearrange(p.pattern / p.s[:, None], "b h q k -> b k q h").contiguous()
     u = rearrange(p.u, "b h k m -> b k h m").contiguous()
     own = p.r / p.s  # the residual: part of T_q(x_q)
@@ -296,12 +299,13 @@ def _value_zeroing(model, ids, mask, types, layers, chunk_tokens) -> torch.Tenso
 # ====================================================================== shared plumbing
 @torch.no_grad()
 def _collect(
-    model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None, need_f: bool = False
+    model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None, need_f: bool = False,
+    need_u: bool = True,
 ) -> list[LayerParts]:
     """One cached forward pass, then each layer's ``LayerParts`` (computed in ``dtype``, default the model's;
-    ``f`` only when ``need_f``, else None)."""
+    ``f`` only when ``need_f``, ``u`` only when ``need_u``, else None)."""
     _check_architecture(model)
-    sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "hook_attn_out", "hook_resid_mid")
+    sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "attn.hook_z", "hook_attn_out", "hook_resid_mid")
     _, cache = model.run_with_cache(ids, mask, types, names_filter=[f"blocks.{L}.{s}" for L in layers for s in sites])
     post = model.config.norm_placement == "post"
     parts = []
@@ -319,14 +323,15 @@ def _collect(
             s = _ln_scale(pre_ln, block.ln1.eps, layer_norm)
             gamma = block.ln1.weight.to(dtype)
             # centring and gamma are linear: fold them into W_O instead of a pass over [b, h, k, m]
-            u = torch.einsum("bkhd,hdm->bhkm", v, _centre(w_o) * gamma)
+            w_u = _centre(w_o) * gamma
             r = _centre(x) * gamma
             rest = (_centre(b_o) * gamma) / s + block.ln1.bias.to(dtype)
         else:
             s = x.new_ones(*x.shape[:2], 1)
-            u = f if f is not None else torch.einsum("bkhd,hdm->bhkm", v, w_o)
-            r, rest = x, b_o.expand_as(x)
-        parts.append(LayerParts(get("attn.hook_pattern"), f, u, r, s, rest, get("hook_resid_mid")))
+            w_u, r, rest = w_o, x, b_o.expand_as(x)
+        u = torch.einsum("bkhd,hdm->bhkm", v, w_u) if need_u else None
+        attn_sum = torch.einsum("bqhd,hdm->bqm", get("attn.hook_z"), w_u)  # sum_h sum_k alpha u: from z, cheaply
+        parts.append(LayerParts(get("attn.hook_pattern"), f, u, r, s, rest, get("hook_resid_mid"), attn_sum))
     return parts
 
 
