@@ -144,7 +144,7 @@ class LayerParts:
     ``rest`` ``[b, q, m]``: what no token owns (post-LN: ``gamma * centre(b_O) / s + beta``; pre-LN: ``b_O``);
     ``output`` ``[b, q, m]``: the hooked output the parts rebuild (post-LN ``hook_resid_mid`` = LN1 output;
     pre-LN ``hook_resid_mid`` = ``resid_pre + attn_out``); ``f`` ``[b, h, k, m]``: ``f^h(x_k)`` before LN1 (None
-    unless asked for); ``attn_sum`` ``[b, q, m]``: ``sum_h sum_k alpha^h_qk u^h_k``, from ``hook_z``.
+    unless asked for); ``attn_sum`` ``[b, q, m]``: ``sum_h sum_k alpha^h_qk u^h_k``, read off ``hook_attn_out``.
     """
 
     pattern: torch.Tensor
@@ -305,7 +305,7 @@ def _collect(
     """One cached forward pass, then each layer's ``LayerParts`` (computed in ``dtype``, default the model's;
     ``f`` only when ``need_f``, ``u`` only when ``need_u``, else None)."""
     _check_architecture(model)
-    sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "attn.hook_z", "hook_attn_out", "hook_resid_mid")
+    sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "hook_attn_out", "hook_resid_mid")
     _, cache = model.run_with_cache(ids, mask, types, names_filter=[f"blocks.{L}.{s}" for L in layers for s in sites])
     post = model.config.norm_placement == "post"
     parts = []
@@ -318,19 +318,22 @@ def _collect(
         x, v, w_o = get("hook_resid_pre"), get("attn.hook_v"), block.attn.W_O.to(dtype)
         f = torch.einsum("bkhd,hdm->bhkm", v, w_o) if need_f else None
         b_o = block.attn.b_O.to(dtype)
+        attn_out = get("hook_attn_out")
         if post:
-            pre_ln = x + get("hook_attn_out")
+            pre_ln = x + attn_out
             s = _ln_scale(pre_ln, block.ln1.eps, layer_norm)
             gamma = block.ln1.weight.to(dtype)
             # centring and gamma are linear: fold them into W_O instead of a pass over [b, h, k, m]
             w_u = _centre(w_o) * gamma
             r = _centre(x) * gamma
+            attn_sum = _centre(attn_out - b_o) * gamma
             rest = (_centre(b_o) * gamma) / s + block.ln1.bias.to(dtype)
         else:
             s = x.new_ones(*x.shape[:2], 1)
             w_u, r, rest = w_o, x, b_o.expand_as(x)
-        u = torch.einsum("bkhd,hdm->bhkm", v, w_u) if need_u else None
-        attn_sum = torch.einsum("bqhd,hdm->bqm", get("attn.hook_z"), w_u)  # sum_h sum_k alpha u: from z, cheaply
+            attn_sum = attn_out - b_o
+        # stored key-major ([b, k, h, m] in memory, seen as [b, h, k, m]): the layout ALTI's bmm reads
+        u = torch.einsum("bkhd,hdm->bkhm", v, w_u).contiguous().transpose(1, 2) if need_u else None
         parts.append(LayerParts(get("attn.hook_pattern"), f, u, r, s, rest, get("hook_resid_mid"), attn_sum))
     return parts
 
