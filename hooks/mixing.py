@@ -191,7 +191,7 @@ def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens
         out = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
     elif method == "attention":
         names = [f"blocks.{L}.attn.hook_pattern" for L in layers]
-        _, cache = model.run_with_cache(ids, mask, types, names_filter=names)
+        _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
         out = torch.stack([cache[f"blocks.{L}.attn.hook_pattern"].mean(1) for L in layers], dim=1)
     else:
         if method == "residual_norm":
@@ -270,7 +270,7 @@ def _value_zeroing(model, ids, mask, types, layers, chunk_tokens) -> torch.Tenso
     The batch is replicated once per zeroed position (chunked to ``chunk_tokens`` tokens), one block at a time.
     """
     names = [f"blocks.{L}.{s}" for L in layers for s in ("hook_resid_pre", "hook_resid_post")]
-    _, cache = model.run_with_cache(ids, mask, types, names_filter=names)
+    _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
     b, n = ids.shape
     per = max(1, chunk_tokens // (b * n))
     out = []
@@ -306,7 +306,8 @@ def _collect(
     ``f`` only when ``need_f``, ``u`` only when ``need_u``, else None)."""
     _check_architecture(model)
     sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "hook_attn_out", "hook_resid_mid")
-    _, cache = model.run_with_cache(ids, mask, types, names_filter=[f"blocks.{L}.{s}" for L in layers for s in sites])
+    names = [f"blocks.{L}.{s}" for L in layers for s in sites]
+    _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
     post = model.config.norm_placement == "post"
     parts = []
     for L in layers:

@@ -276,7 +276,7 @@ def test_loo_against_direct_replacement():
     model.tokenizer = type("Tok", (), {"mask_token_id": 4, "pad_token_id": 0})()
     c = contributions(model, inp, "loo", baseline="mask", chunk_tokens=30)
     removed = contributions(model, inp, "loo", baseline="remove")
-    for b, n in ((0, 7), (1, 5)):
+    for b, n in ((1, 5),):  # the padded sentence
         ids = inp["input_ids"][b : b + 1, :n]
         clean = model(ids).mean(1)
         for j in range(n):
