@@ -8,6 +8,7 @@ caches, interventions), ``bertscope.probes`` (linear probes with controls) and `
 >>> import bertscope
 >>> model = bertscope.load()                      # the bundled all-MiniLM-L6-v2
 >>> last, cache = model.run_with_cache(**model.tokenize(["The cat sat."]))
+>>> bertscope.explore(model, ["The cat sat."]).save("explore.html")   # interactive attention views
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ def load_capture(*args, **kwargs):
     return _load_capture(*args, **kwargs)
 
 
+def explore(*args, **kwargs):
+    """Interactive attention explorer for a few texts (an object Jupyter shows and ``.save(path)`` writes as one
+    offline HTML page); see ``bertscope.experiments.explorer.explore``."""
+    from bertscope.experiments.explorer import explore as _explore
+
+    return _explore(*args, **kwargs)
+
+
 __all__ = [
     "ActivationCache",
     "CheckpointError",
@@ -50,6 +59,7 @@ __all__ = [
     "__version__",
     "ablate_heads",
     "evaluate",
+    "explore",
     "load",
     "load_capture",
     "mean_z",
