@@ -153,6 +153,8 @@ def explore(
         raise ValueError("texts must be a non-empty list of strings")
     if not attention and not maps:
         raise ValueError("nothing to show: attention=False and no maps")
+    if attention and "attention" in (maps or {}):
+        raise ValueError("'attention' is the model's own attention; give your map another name")
     cfg = model.config
     inputs = model.tokenize(texts)
     if qk == "auto":
@@ -180,8 +182,6 @@ def explore(
         name: data.sentence_maps(value, len(texts), caught.positions, padded_len, name)
         for name, value in (maps or {}).items()
     }
-    if attention and "attention" in extra:
-        raise ValueError("'attention' is the model's own attention; give your map another name")
     sentences = []
     for i, text in enumerate(texts):
         sentence_maps = {"attention": caught.pattern[i]} if attention else {}

@@ -165,17 +165,22 @@ def _b64(data: bytes) -> str:
 
 
 def encode_map(m: np.ndarray) -> dict:
-    """Quantise one map ``[layer, head, n, n]`` for the page.
+    """Quantise one map ``[layer, head, n, n]`` (query, key) for the page.
 
-    Each ``[n, n]`` map (one layer, one head) gets its own range ``lo = min(0, min)``, ``hi = max(0, max)``
-    and is stored as ``round((v - lo) / (hi - lo) * 255)`` (uint8; 0 stays 0 for non-negative maps, which
-    keeps the deflate stream small). Returns ``{"lo", "hi"}`` (base64 float32 ``[layer * head]``) and
-    ``"data"`` (base64 of zlib-compressed uint8 ``[layer, head, query, key]``).
+    Values within [0, 1] everywhere (probabilities, normalised contributions) are coded on that fixed scale,
+    ``lo = 0``, ``hi = 1`` for every (layer, head): a step of 1/255, and the many near-zero weights become
+    exact zeros. Otherwise each (layer, head) gets its own ``lo = min(0, min)``, ``hi = max(0, max)``. The
+    code is ``round((v - lo) / (hi - lo) * 255)`` (uint8), stored key-major ``[layer, head, key, query]``
+    (deflate finds the long runs of the near-zero columns: about 8% smaller on the bundled model). Returns
+    ``{"lo", "hi"}`` (base64 float32 ``[layer * head]``) and ``"data"`` (base64 of the zlib stream).
     """
-    flat = rearrange(m, "l h q k -> (l h) (q k)")
-    lo = np.minimum(flat.min(axis=1), 0.0) if flat.size else np.zeros(len(flat))
-    hi = np.maximum(flat.max(axis=1), 0.0) if flat.size else np.ones(len(flat))
-    hi = np.where(hi > lo, hi, lo + 1.0)
+    flat = rearrange(m, "l h q k -> (l h) (k q)")
+    if flat.size and (flat.min() < 0 or flat.max() > 1):
+        lo = np.minimum(flat.min(axis=1), 0.0)
+        hi = np.maximum(flat.max(axis=1), 0.0)
+        hi = np.where(hi > lo, hi, lo + 1.0)
+    else:
+        lo, hi = np.zeros(len(flat)), np.ones(len(flat))
     code = np.rint((flat - lo[:, None]) / (hi - lo)[:, None] * MAP_LEVELS).clip(0, MAP_LEVELS).astype(np.uint8)
     return {
         "lo": _b64(lo.astype("<f4").tobytes()),
@@ -185,12 +190,13 @@ def encode_map(m: np.ndarray) -> dict:
 
 
 def decode_map(encoded: Mapping, shape: tuple[int, int, int, int]) -> np.ndarray:
-    """Invert ``encode_map`` (up to quantisation): ``[layer, head, n, n]`` float32."""
+    """Invert ``encode_map`` (up to quantisation): ``[layer, head, n, n]`` (query, key) float32."""
+    layers, heads, n, _ = shape
     lo = np.frombuffer(base64.b64decode(encoded["lo"]), "<f4")
     hi = np.frombuffer(base64.b64decode(encoded["hi"]), "<f4")
     code = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), np.uint8).reshape(len(lo), -1)
     flat = lo[:, None] + code.astype(np.float32) / MAP_LEVELS * (hi - lo)[:, None]
-    return flat.reshape(shape).astype(np.float32)
+    return rearrange(flat, "(l h) (k q) -> l h q k", l=layers, h=heads, k=n, q=n).astype(np.float32)
 
 
 def encode_qk(q: np.ndarray, k: np.ndarray) -> dict:

@@ -5,8 +5,8 @@
  * view. Every string from the data reaches the page through textContent, an <option>'s text or a canvas'
  * fillText: never as markup.
  *
- * Data codes (see data.py): a map [layer, head, n, n] is uint8 in a zlib stream, value = lo + byte/255 *
- * (hi - lo) with lo/hi per (layer, head); queries and keys are int8 [2, layer, head, n, d_head], value =
+ * Data codes (see data.py): a map [layer, head, query, key] is uint8 in a zlib stream, stored key-major
+ * [layer, head, key, query], value = lo + byte/255 * (hi - lo) with lo/hi per (layer, head); queries and keys are int8 [2, layer, head, n, d_head], value =
  * byte * scale with one scale per (q|k, layer, head).
  */
 (function () {
@@ -53,7 +53,7 @@
   }
   function mapValue(m, l, h, i, j) {
     var b = l * m.heads + h;
-    return m.lo[b] + m.code[(b * m.n + i) * m.n + j] / 255 * (m.hi[b] - m.lo[b]);
+    return m.lo[b] + m.code[(b * m.n + j) * m.n + i] / 255 * (m.hi[b] - m.lo[b]); // stored key-major
   }
   function decodeQK(enc, layers, heads, n) {
     return inflate(enc.data).then(function (raw) {
@@ -245,10 +245,10 @@
     var n = m.n, r = Math.min(n, THUMB), acc = new Float32Array(r * r), bin = new Int32Array(n);
     for (var i = 0; i < n; i++) bin[i] = Math.floor((i * r) / n);
     var b = l * m.heads + h, lo = m.lo[b], step = (m.hi[b] - m.lo[b]) / 255, code = m.code, base = b * n * n, top = 0;
-    for (i = 0; i < n; i++) {
-      var row = bin[i] * r, off = base + i * n;
-      for (var j = 0; j < n; j++) {
-        var v = Math.abs(lo + code[off + j] * step), k = row + bin[j];
+    for (var j = 0; j < n; j++) { // key-major: one key's column at a time
+      var col = bin[j], off = base + j * n;
+      for (i = 0; i < n; i++) {
+        var v = Math.abs(lo + code[off + i] * step), k = bin[i] * r + col;
         if (v > acc[k]) acc[k] = v;
       }
     }
