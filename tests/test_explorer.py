@@ -15,6 +15,7 @@ import pytest
 import torch
 from bertscope.experiments import explorer
 from bertscope.experiments.explorer import data, page
+from helpers import corpus_texts
 
 from bertscope import models
 
@@ -100,7 +101,7 @@ def test_qk_code_round_trips_within_half_a_step():
     enc = data.encode_qk(q, k)
     q2, k2 = data.decode_qk(enc, 5)
     for orig, back in ((q, q2), (k, k2)):
-        step = np.abs(orig).max(axis=(1, 3), keepdims=True) / data.QK_LEVELS
+        step = np.abs(orig).max(axis=1, keepdims=True) / data.QK_LEVELS  # per layer, head and dimension
         assert np.all(np.abs(back - orig) <= step / 2 + 1e-6)
 
 
@@ -217,24 +218,9 @@ def test_import_bertscope_does_not_import_the_explorer():
     assert out.split() == ["False", "True"]
 
 
-def _corpus_texts(model, n_texts: int, n_tokens: int) -> list[str]:
-    """``n_texts`` texts of exactly ``n_tokens`` tokens each, from the built-in corpus."""
-    from bertscope.experiments.corpus import generate_builtin
-
-    words = [w for s in generate_builtin(400, seed=0) for w in s.words]
-    texts, at = [], 0
-    for _ in range(n_texts):
-        ids: list[int] = []
-        while len(ids) < n_tokens - 2:
-            ids += model.tokenizer(words[at], add_special_tokens=False)["input_ids"]
-            at += 1
-        texts.append(model.tokenizer.decode(ids[: n_tokens - 2]))
-    return texts
-
-
 @pytest.mark.slow
 def test_ten_sentences_of_128_tokens_fit_in_5_mb(bundled):
-    texts = _corpus_texts(bundled, 10, 128)
+    texts = corpus_texts(bundled.tokenizer, 10, 128)
     view = explorer.explore(bundled, texts)
     lengths = [len(s["tokens"]) for s in view.payload["sentences"]]
     assert min(lengths) >= 120 and max(lengths) <= 128

@@ -202,14 +202,15 @@ def decode_map(encoded: Mapping, shape: tuple[int, int, int, int]) -> np.ndarray
 def encode_qk(q: np.ndarray, k: np.ndarray) -> dict:
     """Quantise queries and keys ``[layer, n, head, d_head]`` for the query-key view.
 
-    Stored as int8 ``[2 (q, k), layer, head, n, d_head]``, each ``[n, d_head]`` block with its own scale
-    ``max|x| / 127``. Returns ``"layers"``, ``"heads"``, ``"scale"`` (base64 float32 ``[2 * layer * head]``)
-    and ``"data"`` (base64 of zlib-compressed int8).
+    Stored as int8 ``[2 (q, k), layer, head, n, d_head]`` with one scale ``max|x| / 127`` per (q|k, layer,
+    head, dimension): BERT's queries and keys have a few outlier dimensions, and a scale shared with them
+    would leave the others a handful of levels. Returns ``"layers"``, ``"heads"``, ``"scale"`` (base64
+    float32 ``[2 * layer * head * d_head]``) and ``"data"`` (base64 of zlib-compressed int8).
     """
-    qk = rearrange(np.stack([q, k]), "two l n h d -> (two l h) (n d)")
+    qk = rearrange(np.stack([q, k]), "two l n h d -> (two l h) n d")
     scale = np.abs(qk).max(axis=1) / QK_LEVELS
     scale = np.where(scale > 0, scale, 1.0)
-    code = np.rint(qk / scale[:, None]).clip(-QK_LEVELS, QK_LEVELS).astype(np.int8)
+    code = np.rint(qk / scale[:, None, :]).clip(-QK_LEVELS, QK_LEVELS).astype(np.int8)
     return {
         "layers": int(q.shape[0]),
         "heads": int(q.shape[2]),
@@ -221,8 +222,8 @@ def encode_qk(q: np.ndarray, k: np.ndarray) -> dict:
 def decode_qk(encoded: Mapping, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Invert ``encode_qk`` (up to quantisation) for ``n`` tokens: ``q``, ``k`` ``[layer, n, head, d_head]``."""
     n_layers, n_heads = encoded["layers"], encoded["heads"]
-    scale = np.frombuffer(base64.b64decode(encoded["scale"]), "<f4")
-    code = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), np.int8).reshape(len(scale), -1)
-    flat = code.astype(np.float32) * scale[:, None]
-    q, k = rearrange(flat, "(two l h) (n d) -> two l n h d", two=2, l=n_layers, h=n_heads, n=n)
+    scale = np.frombuffer(base64.b64decode(encoded["scale"]), "<f4").reshape(2 * n_layers * n_heads, 1, -1)
+    code = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), np.int8)
+    flat = code.reshape(len(scale), n, -1).astype(np.float32) * scale
+    q, k = rearrange(flat, "(two l h) n d -> two l n h d", two=2, l=n_layers, h=n_heads)
     return q, k

@@ -7,7 +7,7 @@
  *
  * Data codes (see data.py): a map [layer, head, query, key] is uint8 in a zlib stream, stored key-major
  * [layer, head, key, query], value = lo + byte/255 * (hi - lo) with lo/hi per (layer, head); queries and keys are int8 [2, layer, head, n, d_head], value =
- * byte * scale with one scale per (q|k, layer, head).
+ * byte * scale with one scale per (q|k, layer, head, dimension).
  */
 (function () {
   "use strict";
@@ -58,14 +58,14 @@
   function decodeQK(enc, layers, heads, n) {
     return inflate(enc.data).then(function (raw) {
       var scale = floats(enc.scale), d = raw.length / (2 * layers * heads * n);
-      if (scale.length !== 2 * layers * heads || d !== Math.floor(d)) throw new Error("query/key data has the wrong size");
+      if (scale.length !== 2 * layers * heads * d || d !== Math.floor(d)) throw new Error("query/key data has the wrong size");
       return { code: new Int8Array(raw.buffer, raw.byteOffset, raw.length), scale: scale, layers: layers, heads: heads, n: n, d: d };
     });
   }
   function qkVector(qk, which, l, h, i) { // which: 0 = query, 1 = key; returns d_head floats
-    var b = (which * qk.layers + l) * qk.heads + h, s = qk.scale[b], off = (b * qk.n + i) * qk.d;
+    var b = (which * qk.layers + l) * qk.heads + h, off = (b * qk.n + i) * qk.d;
     var v = new Float32Array(qk.d);
-    for (var t = 0; t < qk.d; t++) v[t] = qk.code[off + t] * s;
+    for (var t = 0; t < qk.d; t++) v[t] = qk.code[off + t] * qk.scale[b * qk.d + t]; // one scale per dimension
     return v;
   }
 
@@ -245,11 +245,23 @@
     var n = m.n, r = Math.min(n, THUMB), acc = new Float32Array(r * r), bin = new Int32Array(n);
     for (var i = 0; i < n; i++) bin[i] = Math.floor((i * r) / n);
     var b = l * m.heads + h, lo = m.lo[b], step = (m.hi[b] - m.lo[b]) / 255, code = m.code, base = b * n * n, top = 0;
-    for (var j = 0; j < n; j++) { // key-major: one key's column at a time
-      var col = bin[j], off = base + j * n;
-      for (i = 0; i < n; i++) {
-        var v = Math.abs(lo + code[off + i] * step), k = bin[i] * r + col;
-        if (v > acc[k]) acc[k] = v;
+    var rowBase = new Int32Array(n), k;
+    for (i = 0; i < n; i++) rowBase[i] = bin[i] * r;
+    if (lo === 0) { // non-negative map: the largest code is the largest value (integer work only)
+      var best = new Uint8Array(r * r);
+      for (var j = 0; j < n; j++) { // key-major: one key's column at a time
+        var col = bin[j], off = base + j * n;
+        for (i = 0; i < n; i++) { k = rowBase[i] + col; if (code[off + i] > best[k]) best[k] = code[off + i]; }
+      }
+      for (k = 0; k < acc.length; k++) acc[k] = best[k] * step;
+    } else {
+      for (j = 0; j < n; j++) {
+        col = bin[j]; off = base + j * n;
+        for (i = 0; i < n; i++) {
+          var v = Math.abs(lo + code[off + i] * step);
+          k = rowBase[i] + col;
+          if (v > acc[k]) acc[k] = v;
+        }
       }
     }
     for (k = 0; k < acc.length; k++) if (acc[k] > top) top = acc[k];
@@ -310,9 +322,24 @@
     for (j = 0; j < n; j++) probs[j] /= z;
     return { i: i, l: l, h: h, q: q, ks: ks, dots: dots, probs: probs };
   }
-  function diverging(v, scale) { // blue for positive, orange for negative
+  function diverging(v, scale) { // blue for positive, orange for negative: [r, g, b]
     var t = Math.min(1, Math.abs(v) / (scale || 1)), c = v >= 0 ? [31, 111, 235] : [230, 120, 20];
-    return "rgb(" + Math.round(255 - t * (255 - c[0])) + "," + Math.round(255 - t * (255 - c[1])) + "," + Math.round(255 - t * (255 - c[2])) + ")";
+    return [255 - t * (255 - c[0]), 255 - t * (255 - c[1]), 255 - t * (255 - c[2])];
+  }
+  function cells(ctx, rows, d, scale, x, y, cell) { // rows of d values, one pixel each, drawn scaled up
+    var off = document.createElement("canvas");
+    off.width = d;
+    off.height = rows.length;
+    var octx = off.getContext("2d"), img = octx.createImageData(d, rows.length), px = img.data;
+    rows.forEach(function (row, j) {
+      for (var t = 0; t < d; t++) {
+        var c = diverging(row[t], scale), p = 4 * (j * d + t);
+        px[p] = c[0]; px[p + 1] = c[1]; px[p + 2] = c[2]; px[p + 3] = 255;
+      }
+    });
+    octx.putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, x, y, d * cell, rows.length * ROW);
   }
   function drawQKView() {
     var canvas = $("bs-qk-canvas"), msg = $("bs-qk-message"), att = methods.filter(function (x) { return x.id === "attention"; })[0];
@@ -337,33 +364,42 @@
     ctx.clearRect(0, 0, L.width, height);
     ctx.font = "12px system-ui, sans-serif";
     ctx.textBaseline = "middle";
-    var vs = 0, ps = 0, t, j;
+    var vs = 0, ps = 0, t, j, products = [];
     for (t = 0; t < d; t++) vs = Math.max(vs, Math.abs(r.q[t]));
-    r.ks.forEach(function (k) { for (var u = 0; u < d; u++) { vs = Math.max(vs, Math.abs(k[u])); ps = Math.max(ps, Math.abs(k[u] * r.q[u])); } });
+    r.ks.forEach(function (k) {
+      var p = new Float32Array(d);
+      for (var u = 0; u < d; u++) { p[u] = k[u] * r.q[u]; vs = Math.max(vs, Math.abs(k[u])); ps = Math.max(ps, Math.abs(p[u])); }
+      products.push(p);
+    });
     ctx.fillStyle = "#222";
     ctx.fillText("q " + tokenLabel(r.i), 2, ROW / 2, QK.label - 4);
-    for (t = 0; t < d; t++) { ctx.fillStyle = diverging(r.q[t], vs); ctx.fillRect(L.kx + t * L.cell, 1, L.cell - 1, ROW - 2); }
+    cells(ctx, [r.q], d, vs, L.kx, 0, L.cell);
     ctx.fillStyle = "#555";
     ctx.fillText("k (per key)", L.kx, ROW * 1.5 + 2);
     ctx.fillText("q \u00d7 k", L.px, ROW * 1.5 + 2);
     ctx.fillText("q\u00b7k/\u221ad", L.sx, ROW * 1.5 + 2);
     ctx.fillText("softmax", L.bx, ROW * 1.5 + 2);
+    cells(ctx, r.ks, d, vs, L.kx, L.top, L.cell);
+    cells(ctx, products, d, ps, L.px, L.top, L.cell);
+    // Cell borders: white lines between the columns and between the rows.
+    ctx.strokeStyle = "#fff";
+    ctx.lineWidth = 1;
+    var grid = new Path2D();
+    [L.kx, L.px].forEach(function (x0) {
+      for (var u = 0; u <= d; u++) { grid.moveTo(x0 + u * L.cell - 0.5, 0); grid.lineTo(x0 + u * L.cell - 0.5, height); }
+    });
+    for (j = 0; j <= n; j++) { grid.moveTo(L.kx, L.top + j * ROW + 0.5); grid.lineTo(L.px + d * L.cell, L.top + j * ROW + 0.5); }
+    ctx.stroke(grid);
+    ctx.fillStyle = "#1f6feb";
+    for (j = 0; j < n; j++) ctx.fillRect(L.bx, L.top + j * ROW + 2, Math.max(0.5, r.probs[j] * QK.bar), ROW - 4);
+    ctx.fillStyle = "#222";
     for (j = 0; j < n; j++) {
-      var y = L.top + j * ROW, k = r.ks[j];
-      ctx.fillStyle = j === r.i ? "#1f6feb" : "#222";
-      ctx.fillText(tokens[j], 2, y + ROW / 2, QK.label - 6);
-      for (t = 0; t < d; t++) {
-        ctx.fillStyle = diverging(k[t], vs);
-        ctx.fillRect(L.kx + t * L.cell, y + 1, L.cell - 1, ROW - 2);
-        ctx.fillStyle = diverging(k[t] * r.q[t], ps);
-        ctx.fillRect(L.px + t * L.cell, y + 1, L.cell - 1, ROW - 2);
-      }
-      ctx.fillStyle = "#222";
-      ctx.fillText(r.dots[j].toFixed(2), L.sx, y + ROW / 2, QK.num - 4);
-      ctx.fillStyle = "#1f6feb";
-      ctx.fillRect(L.bx, y + 2, Math.max(0.5, r.probs[j] * QK.bar), ROW - 4);
-      ctx.fillStyle = "#222";
-      ctx.fillText(r.probs[j].toFixed(3), L.bx + QK.bar + 4, y + ROW / 2);
+      var y = L.top + j * ROW + ROW / 2;
+      if (j === r.i) ctx.fillStyle = "#1f6feb";
+      ctx.fillText(tokens[j], 2, y, QK.label - 6);
+      if (j === r.i) ctx.fillStyle = "#222";
+      ctx.fillText(r.dots[j].toFixed(2), L.sx, y, QK.num - 4);
+      ctx.fillText(r.probs[j].toFixed(3), L.bx + QK.bar + 4, y);
     }
     canvas.dataset.query = String(r.i);
     canvas.dataset.head = String(r.h);
@@ -387,9 +423,15 @@
   }
 
   // ------------------------------------------------------------------------------------------ flow
-  function redraw() { drawHeadView(); updateThumbs(); updateSwatches(); updateTokenClasses(); drawQKView(); }
+  function redraw() {
+    var t0 = performance.now();
+    drawHeadView(); updateThumbs(); updateSwatches(); updateTokenClasses();
+    var t1 = performance.now();
+    drawQKView();
+    api.redrawMs = { head: t1 - t0, qk: performance.now() - t1 };
+  }
   function load() { // decode what the current sentence and method need, then draw everything
-    var mine = ++ticket, s = state.sentence;
+    var mine = ++ticket, s = state.sentence, startedAt = performance.now();
     var hasAtt = methods.some(function (x) { return x.id === "attention"; });
     return Promise.all([getMap(s, state.method), getQK(s), hasAtt ? getMap(s, "attention") : Promise.resolve(null)])
       .then(function (got) {
@@ -401,11 +443,16 @@
         if (!state.heads.length) state.heads = Array.from({ length: m.heads }, function (_, h) { return h; });
         if (current.qk) state.qkHead = Math.min(state.qkHead, current.qk.heads - 1);
         fillSelect($("bs-qk-head"), current.qk ? Array.from({ length: current.qk.heads }, function (_, h) { return String(h); }) : [], state.qkHead);
+        var t = [performance.now()];
         $("bs-text").textContent = sentence().text;
         renderControls();
         renderTokens();
+        t.push(performance.now());
         renderModelView();
+        t.push(performance.now());
         redraw();
+        t.push(performance.now());
+        api.timings = { decodeMs: t[0] - startedAt, tokensMs: t[1] - t[0], modelViewMs: t[2] - t[1], drawMs: t[3] - t[2] };
       });
   }
   function fail(err) {
@@ -484,12 +531,14 @@
     grid.addEventListener("click", function (e) {
       var c = e.target;
       if (!c.classList.contains("bs-thumb")) return;
+      var t0 = performance.now();
       state.layer = Number(c.dataset.layer);
       state.heads = [Number(c.dataset.head)];
       if (current.qk) state.qkHead = Math.min(Number(c.dataset.head), current.qk.heads - 1);
       $("bs-layer").value = String(state.layer);
       $("bs-qk-head").value = String(state.qkHead);
       redraw();
+      api.lastClickMs = performance.now() - t0; // click handled and every view redrawn
     });
     grid.addEventListener("mousemove", function (e) {
       var c = e.target;
@@ -498,7 +547,7 @@
       var i = Math.min(n - 1, Math.floor(((e.clientY - rect.top) / rect.height) * n));
       var j = Math.min(n - 1, Math.floor(((e.clientX - rect.left) / rect.width) * n));
       var l = Number(c.dataset.layer), h = Number(c.dataset.head);
-      setHover(method().label + ", layer " + l + (method().heads > 1 ? " head " + h : "") + ": " + tokenLabel(i) + " -> " + tokenLabel(j) + " = " + fmt(mapValue(current.map, l, h, i, j)) + (n > THUMB ? "  (thumbnail pixels show the max of " + Math.ceil(n / THUMB) + "x" + Math.ceil(n / THUMB) + " cells)" : ""));
+      setHover(method().label + ", layer " + l + (method().heads > 1 ? " head " + h : "") + ": " + tokenLabel(i) + " (" + i + ") -> " + tokenLabel(j) + " (" + j + ") = " + fmt(mapValue(current.map, l, h, i, j)) + (n > THUMB ? "  (thumbnail pixels show the max of " + Math.ceil(n / THUMB) + "x" + Math.ceil(n / THUMB) + " cells)" : ""));
     });
     $("bs-qk-canvas").addEventListener("mousemove", function (e) {
       var rect = e.target.getBoundingClientRect();
