@@ -342,12 +342,18 @@ def test_a_512_token_page_is_interactive_within_2_s(browser, bundled, tmp_path, 
         assert time.perf_counter() - start < 10
     round_trip_ms = (time.perf_counter() - start) * 1000
     click_ms = browser.execute_script("return window.bertscopeExplorer.lastClickMs")
+    # Until the next frame is on screen: canvas drawing is rasterised then, and that is what a user waits for.
+    paint = None
+    while paint is None and time.perf_counter() - start < 15:
+        paint = browser.execute_script("return window.bertscopeExplorer.lastClickPaintMs")
+    ready_paint = browser.execute_script("return window.bertscopeExplorer.readyPaintMs")
     print(
         f"\n512-token page ({n} tokens, {path.stat().st_size / 1e6:.1f} MB): ready {ready_ms:.0f} ms after "
-        f"navigation start ({ {k: round(v) for k, v in timings.items()} }); thumbnail click -> all views redrawn "
-        f"in {click_ms:.0f} ms in the page ({round_trip_ms:.0f} ms through WebDriver)"
+        f"navigation start ({ {k: round(v) for k, v in timings.items()} }; first frame at {ready_paint:.0f} ms); "
+        f"thumbnail click -> all views redrawn in {click_ms:.0f} ms in the page, next frame after {paint} ms "
+        f"({round_trip_ms:.0f} ms through WebDriver)"
     )
     browser.save_screenshot(str(shots / "09_512_tokens.png"))
     assert problems(browser) == []
-    assert ready_ms <= 2000
-    assert click_ms <= 500
+    assert ready_ms <= 2000 and ready_paint <= 2000
+    assert click_ms <= 500 and paint is not None and paint <= 1000

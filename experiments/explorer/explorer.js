@@ -26,6 +26,12 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  function size(canvas, width, height) { // resize only when needed: a resize reallocates the backing store
+    var w = Math.round(width * DPR), h = Math.round(height * DPR);
+    if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
+    canvas.style.width = width + "px";
+    canvas.style.height = height + "px";
+  }
   function fmt(v) { return (Math.abs(v) >= 100 ? v.toFixed(1) : v.toFixed(3)); }
 
   // ------------------------------------------------------------------------------------------ decoding
@@ -173,16 +179,14 @@
     var t0 = performance.now();
     var m = current.map, n = m.n, meth = method(), canvas = $("bs-hv-canvas");
     var height = n * ROW;
-    canvas.width = Math.round(HV_WIDTH * DPR);
-    canvas.height = Math.round(height * DPR);
-    canvas.style.width = HV_WIDTH + "px";
-    canvas.style.height = height + "px";
+    size(canvas, HV_WIDTH, height);
     var ctx = canvas.getContext("2d");
     ctx.setTransform(DPR, 0, 0, DPR, 0, 0);
     ctx.clearRect(0, 0, HV_WIDTH, height);
     var rows = activeRows(), all = rows === null;
     if (all) rows = Array.from({ length: n }, function (_, i) { return i; });
-    var minAlpha = all ? MIN_ALPHA_ALL : 1 / 255, vmax = meth.vmax || 1;
+    // Every row of a long sentence: only the clear lines (each costs raster time; faint ones are invisible).
+    var minAlpha = all ? MIN_ALPHA_ALL * Math.max(1, n / 64) : 1 / 255, vmax = meth.vmax || 1;
     ctx.lineWidth = 1.5;
     state.heads.forEach(function (h) {
       var paths = new Array(BUCKETS);
@@ -355,10 +359,7 @@
     var qk = current.qk, n = qk.n, d = qk.d, L = qkLayout(d), r = qkModel(), tokens = sentence().tokens;
     $("bs-qk-title").textContent = "(attention, layer " + r.l + ", head " + r.h + ", query " + tokenLabel(r.i) + "; click a token on the left to change it)";
     var height = L.top + n * ROW + 4;
-    canvas.width = Math.round(L.width * DPR);
-    canvas.height = Math.round(height * DPR);
-    canvas.style.width = L.width + "px";
-    canvas.style.height = height + "px";
+    size(canvas, L.width, height);
     var ctx = canvas.getContext("2d");
     ctx.setTransform(DPR, 0, 0, DPR, 0, 0);
     ctx.clearRect(0, 0, L.width, height);
@@ -386,7 +387,11 @@
     ctx.lineWidth = 1;
     var grid = new Path2D();
     [L.kx, L.px].forEach(function (x0) {
-      for (var u = 0; u <= d; u++) { grid.moveTo(x0 + u * L.cell - 0.5, 0); grid.lineTo(x0 + u * L.cell - 0.5, height); }
+      for (var u = 0; u <= d; u++) {
+        var x = x0 + u * L.cell - 0.5;
+        grid.moveTo(x, L.top); grid.lineTo(x, height); // keys' rows, not the header text
+        if (x0 === L.kx) { grid.moveTo(x, 0); grid.lineTo(x, ROW); } // the query's row
+      }
     });
     for (j = 0; j <= n; j++) { grid.moveTo(L.kx, L.top + j * ROW + 0.5); grid.lineTo(L.px + d * L.cell, L.top + j * ROW + 0.5); }
     ctx.stroke(grid);
@@ -539,6 +544,8 @@
       $("bs-qk-head").value = String(state.qkHead);
       redraw();
       api.lastClickMs = performance.now() - t0; // click handled and every view redrawn
+      api.lastClickPaintMs = null;
+      requestAnimationFrame(function () { setTimeout(function () { api.lastClickPaintMs = performance.now() - t0; }, 0); });
     });
     grid.addEventListener("mousemove", function (e) {
       var c = e.target;
@@ -587,6 +594,7 @@
     load().then(function () {
       api.ready = true;
       api.readyMs = performance.now();
+      requestAnimationFrame(function () { setTimeout(function () { api.readyPaintMs = performance.now(); }, 0); });
       document.documentElement.setAttribute("data-bs-ready", "1");
     }).catch(fail);
   }
