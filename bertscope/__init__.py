@@ -14,6 +14,8 @@ caches, interventions), ``bertscope.probes`` (linear probes with controls) and `
 Interventions take the model first (``ablate_heads(model, heads)``, ``patch_heads(model, heads, source)``,
 ``patch_activation(model, names, source)``). A walk-through: ``docs/tutorial.md``; the hook reference:
 ``docs/hooks.md``.
+
+>>> bertscope.explore(model, ["The cat sat."]).save("explore.html")   # interactive attention views
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ def load_capture(*args, **kwargs):
     return _load_capture(*args, **kwargs)
 
 
+def explore(*args, **kwargs):
+    """Interactive attention explorer for a few texts (an object Jupyter shows and ``.save(path)`` writes as one
+    offline HTML page); see ``bertscope.experiments.explorer.explore``."""
+    from bertscope.experiments.explorer import explore as _explore
+
+    return _explore(*args, **kwargs)
+
+
 __all__ = [
     "ActivationCache",
     "CheckpointError",
@@ -59,6 +69,7 @@ __all__ = [
     "ablate_heads",
     "contributions",
     "evaluate",
+    "explore",
     "load",
     "load_capture",
     "mean_z",
