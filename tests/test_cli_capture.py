@@ -154,7 +154,7 @@ def test_hook_glob_matching_nothing_is_one_line_status_2(
     args = ["capture", "--model", str(tiny_model_dir), "--hooks", "blocks.*.hook_nothing", "--out", str(tmp_path)]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "matches no hook point" in err and not list(tmp_path.iterdir())
+    assert err.count("\n") == 1 and "no hook point matches" in err and not list(tmp_path.iterdir())
 
 
 def test_bad_shard_size_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,9 +163,13 @@ def test_bad_shard_size_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[
     assert exc.value.code == 2 and "'lots' is not a number of bytes" in capsys.readouterr().err
 
 
-def test_parse_size_and_select_hooks() -> None:
-    names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "blocks.1.attn.hook_q"]
-    assert capture_mod.select_hooks(names, "blocks.*.hook_resid_post, embed.*") == names[:3]
-    assert capture_mod.select_hooks(names, ["blocks.1.*"]) == names[2:]
-    with pytest.raises(capture_mod.CaptureError, match="close names: blocks.0.hook_resid_post"):
-        capture_mod.select_hooks(names, "blocks.7.hook_resid_post")
+def test_select_hooks_uses_the_models_globbing(tiny_model_dir: Path) -> None:
+    model = models.load(tiny_model_dir)
+    names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert capture_mod.select_hooks(model, "blocks.*.hook_resid_post, embed.hook_out") == names
+    assert capture_mod.select_hooks(model, ["blocks.1.hook_resid_p*"]) == names[2:]
+    assert capture_mod.select_hooks(model, "blocks.*.hook_resid_post") == model.select_hooks("blocks.*.hook_resid_post")
+    with pytest.raises(capture_mod.CaptureError, match="blocks.0.hook_resid_post"):  # close names offered
+        capture_mod.select_hooks(model, "blocks.7.hook_resid_post")
+    with pytest.raises(capture_mod.CaptureError, match="no hook given"):
+        capture_mod.select_hooks(model, " , ")
