@@ -167,7 +167,7 @@ def test_select_hooks_uses_the_models_globbing(tiny_model_dir: Path) -> None:
     model = models.load(tiny_model_dir)
     names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     assert capture_mod.select_hooks(model, "blocks.*.hook_resid_post, embed.hook_out") == names
-    assert capture_mod.select_hooks(model, ["blocks.1.hook_resid_p*"]) == names[2:]
+    assert capture_mod.select_hooks(model, ["blocks.1.hook_resid_po*"]) == names[2:]
     assert capture_mod.select_hooks(model, "blocks.*.hook_resid_post") == model.select_hooks("blocks.*.hook_resid_post")
     with pytest.raises(capture_mod.CaptureError, match="blocks.0.hook_resid_post"):  # close names offered
         capture_mod.select_hooks(model, "blocks.7.hook_resid_post")
