@@ -550,15 +550,19 @@ class _ShardWriter:
         return self.shards_of_batch.get(batch_number, set()) <= self.done
 
     def add_batch(self, batch_number: int, batch: Any, cache: Any) -> None:
+        mask = batch.attention_mask.bool()  # [batch, pos]
+        wanted = [j for j in range(mask.shape[0]) if self.shard_of[(batch_number, j)] not in self.done]
+        if not wanted:
+            return
+        lengths = mask.sum(dim=1).tolist()
+        if not all(bool(mask[j, :n].all()) for j, n in enumerate(lengths)):
+            raise RuntimeError("capture expects right padding: real tokens first in every row")
         rows = _batch_rows(batch, cache, self.specs)  # {name: [batch, pos, ...]}
-        mask = batch.attention_mask.bool()
-        for j in range(mask.shape[0]):
+        for j in wanted:
             number = self.shard_of[(batch_number, j)]
-            if number in self.done:
-                continue
             store = self.pending.setdefault(number, {})
             for name, t in rows.items():
-                store.setdefault(name, []).append(t[j][mask[j]])  # real tokens only, never padding
+                store.setdefault(name, []).append(t[j, : lengths[j]])  # real tokens only, never padding (a view)
             self.remaining[number] -= 1
             if self.remaining[number] == 0:
                 self._write(number)
