@@ -76,6 +76,16 @@ def test_two_gloo_processes_write_the_one_process_bytes_and_resume_per_rank(
     assert {name: (two / name).stat().st_mtime_ns for name in kept} == kept
     assert shard_hashes(two) == hashes
 
+    # The plan does not depend on the number of processes: one process finishes what two started.
+    (two / "index.json").unlink()
+    (two / files[len(files) // 2]).unlink()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(capture_args(tiny_model_dir, two, "--quiet")) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "wrote 1 shard(s)" in capfd.readouterr().out and shard_hashes(two) == hashes
+
 
 def test_nproc_is_checked_before_any_worker_starts(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
