@@ -134,11 +134,12 @@ def capture(
     index_path = out_dir / INDEX
     existing = io.read_json(index_path) if index_path.is_file() else None
     on_disk = {n for n in mine if _shard_is_done(out_dir / plan[n].file, fingerprint, n)}
-    complete = all(group.gather(existing is not None and on_disk == mine))
+    # Complete: rank 0 has the index and every rank its shards (on a folder that is not shared, too).
+    complete = all(group.gather(on_disk == mine and (existing is not None or group.rank != 0)))
     if complete:
         run = {"already_complete": True, "shards_written": 0, "shards_reused": len(plan),
                "world_size": group.world, "ranks": []}  # fmt: skip
-        return existing | {"run": run}
+        return group.broadcast(existing) | {"run": run}
     group.barrier()  # every rank has read the old index before rank 0 removes it
     if group.rank == 0 and index_path.is_file():  # same fingerprint, but shards were deleted since
         index_path.unlink()
@@ -344,6 +345,7 @@ def launch(args: argparse.Namespace, nproc: int) -> int:
     import logging
 
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     argv = ["--standalone", "--nproc-per-node", str(nproc), "-m", "bertscope.experiments.capture",
@@ -365,6 +367,9 @@ def launch(args: argparse.Namespace, nproc: int) -> int:
         print(f"bertscope: error: capture worker rank {rank} failed with exit code {failure.exitcode} "
               "(its traceback is above); rerun the same command to resume", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
+    except SignalException:  # Ctrl-C or SIGTERM reached the launcher: the workers were stopped with it
+        print("\nbertscope: interrupted; finished shards are kept, rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         elastic.setLevel(level)
         os.environ.clear()
