@@ -124,9 +124,9 @@ MEMORY_SCRIPT = textwrap.dedent(
     def peak():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
 
-    # A first, smaller capture brings every code path, buffer and allocator arena up to its working size.
-    capture(model, load_corpus("builtin", max_sentences=100), "*", out / "warm", shard_size=shard_size, quiet=True)
+    # A first capture of the same corpus brings every code path, buffer and allocator arena to its working size.
     corpus = load_corpus("builtin", max_sentences=400)
+    capture(model, corpus, "*", out / "warm", shard_size=shard_size, quiet=True)
     before = peak()
     index = capture(model, corpus, "*", out / "big", shard_size=shard_size, quiet=True)
     growth = peak() - before
