@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -126,13 +127,16 @@ MEMORY_SCRIPT = textwrap.dedent(
 
     # A first capture of the same corpus brings every code path, buffer and allocator arena to its working size.
     corpus = load_corpus("builtin", max_sentences=400)
-    capture(model, corpus, "*", out / "warm", shard_size=shard_size, quiet=True)
+    loaded = peak()
+    capture(model, corpus, "*", out / "warm", shard_size=shard_size, batch_size=8, quiet=True)
+    first_growth = peak() - loaded
     before = peak()
-    index = capture(model, corpus, "*", out / "big", shard_size=shard_size, quiet=True)
+    index = capture(model, corpus, "*", out / "big", shard_size=shard_size, batch_size=8, quiet=True)
     growth = peak() - before
     # Control: the same capture in one shard holds everything until the end, as a non-streaming one would.
-    capture(model, corpus, "*", out / "one", shard_size=10**12, quiet=True)
-    print(json.dumps({"growth": growth, "control_growth": peak() - before, "shards": len(index["shards"]),
+    capture(model, corpus, "*", out / "one", shard_size=10**12, batch_size=8, quiet=True)
+    print(json.dumps({"growth": growth, "control_growth": peak() - before, "first_growth": first_growth,
+                      "shards": len(index["shards"]),
                       "total": sum(s["bytes"] for s in index["shards"])}))
     """
 )
@@ -144,11 +148,14 @@ def test_capture_memory_is_bounded_by_the_shard_size_not_the_corpus(tiny_model_d
     result = subprocess.run(
         [sys.executable, "-c", MEMORY_SCRIPT, str(tiny_model_dir), str(tmp_path), str(shard_size)],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        # a fixed mmap threshold: glibc then returns every large freed buffer at once, so the peak RSS follows
+        # the memory in use (its default adapts the threshold and may keep freed buffers in the heap)
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     m = json.loads(result.stdout.strip().splitlines()[-1])
     assert m["shards"] > 20 and m["total"] > 40e6  # all hooks: tens of MB, far more than one shard
     # Holding the capture (as a non-streaming implementation must, then concatenating it) would raise the peak
     # by at least `total`; streaming keeps the growth to a few shards and batches.
-    assert m["growth"] < m["total"] / 3, m
+    assert m["growth"] < m["total"] / 4, m
     assert m["control_growth"] > m["total"], m  # the measurement does see a capture held in memory
