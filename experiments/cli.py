@@ -1,7 +1,7 @@
 """The ``bertscope`` command line.
 
     bertscope info [--model M] [--json]
-    bertscope capture --hooks GLOB [--corpus C] [--out DIR] [--shard-size 256MB]
+    bertscope capture --hooks GLOB [--corpus C] [--out DIR] [--shard-size 256MB] [--nproc N]
     bertscope run {same-token,heads,positions,all} [shared options]
     bertscope report [OUT]
 
@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the model over a corpus and stream the activations at the selected hook points to "
         "OUT/shard-*.safetensors (one row per real token, never padding; row metadata rows.* maps each row "
         "to its sentence and position) with OUT/index.json and OUT/sentences.parquet. Memory stays "
-        "within about one shard; an interrupted capture resumes where it stopped.",
+        "within about one shard; an interrupted capture resumes where it stopped. Load it back with "
+        "bertscope.load_capture(OUT).",
     )
     p.add_argument(
         "--hooks",
@@ -83,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="256MB",
         type=_size,
         help="bytes per shard, e.g. 64MB, 1GiB (default 256MB); bounds memory use",
+    )
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=None,
+        help="split the corpus over N local processes launched with torchrun (same bytes as one process); "
+        "for several machines run torchrun -m bertscope.experiments.capture yourself (docs/capture.md)",
     )
     _add_shared_options(p, out_default=Path("results/capture"))
     p.set_defaults(handler=cmd_capture)
@@ -148,41 +156,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    """``bertscope capture``: stream activations to shards."""
-    from bertscope.experiments.capture import CaptureError, capture
-    from bertscope.experiments.options import prepare_inputs
-    from bertscope.experiments.runner import device_summary, package_versions
+    """``bertscope capture``: stream activations to shards (one process, N with --nproc, or under torchrun)."""
+    from bertscope.experiments.capture import run_command
 
-    options = _options(args)
-    inputs = prepare_inputs(options)
-    info = {
-        "model": inputs.model_info,
-        "corpus": inputs.corpus_info,
-        "options": options.to_dict() | {"hooks": args.hooks, "shard_size": args.shard_size},
-        "device": device_summary(inputs.device),
-        "packages": package_versions(),
-    }
-    try:
-        index = capture(
-            inputs.model, inputs.corpus, args.hooks, options.out,
-            max_length=options.max_length, batch_size=options.batch_size, shard_size=args.shard_size,
-            force=options.force, quiet=options.quiet, info=info,
-        )  # fmt: skip
-    except CaptureError as e:
-        raise UsageError(str(e)) from e
-    n_bytes = sum(s["bytes"] for s in index["shards"])
-    if index.get("n_truncated"):
-        print(
-            f"warning: {index['n_truncated']} sentences were longer than --max-length {options.max_length} "
-            "and were truncated (see sentences.parquet, column truncated)",
-            file=sys.stderr,
-        )
-    print(
-        f"captured {len(index['hooks'])} hook(s), {index['n_rows']:,} token rows from {index['n_sentences']:,} "
-        f"sentences into {len(index['shards'])} shard(s), {n_bytes / 1e6:,.1f} MB\n"
-        f"index: {options.out / 'index.json'}"
-    )
-    return EXIT_OK
+    return run_command(args, _options(args))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
