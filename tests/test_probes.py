@@ -62,7 +62,7 @@ def test_linearly_separable_labels_reach_099(backend):
     top2 = np.sort(scores, axis=1)[:, -2:]
     keep = top2[:, 1] - top2[:, 0] > 1.0  # separable with a margin: drop rows near a class boundary
     X, groups, y = X[keep], groups[keep], np.argmax(scores[keep], axis=1)
-    table = evaluate(X, y, groups, alphas=0.01, n_folds=3, n_boot=100, backend=backend)
+    table = evaluate(X, y, groups, alphas=2e-5, n_folds=3, n_boot=100, backend=backend)
     acc = row(table, "accuracy")
     assert acc.value >= 0.99
     assert acc.value > acc.baseline_majority + 0.5
@@ -74,7 +74,7 @@ def test_backends_agree_on_classification(n_classes):
     X = X * rng.uniform(0.2, 5.0, size=20) + rng.normal(size=20) * 3  # unequal scales and offsets
     y = planted_classes(rng, X, n_classes, noise=2.0)
     train, test = slice(0, 1200), slice(1200, None)
-    fits = {b: LinearProbe(alpha=3.0, backend=b).fit(X[train], y[train]) for b in BACKENDS}
+    fits = {b: LinearProbe(alpha=2.5e-3, backend=b).fit(X[train], y[train]) for b in BACKENDS}
     acc = {b: fits[b].score(X[test], y[test]) for b in BACKENDS}
     assert abs(acc["sklearn"] - acc["torch"]) <= 0.01
     assert acc["sklearn"] > 1.5 / n_classes  # the task is learnable, so agreement is not trivial
@@ -87,7 +87,7 @@ def test_backends_agree_on_classification(n_classes):
 def test_backends_agree_on_regression():
     rng, X, _ = grouped_data(2, n_groups=200, per_group=5, d=12)
     y = X @ rng.normal(size=12) + rng.normal(size=len(X)) * 2.0
-    for alpha in (0.0, 10.0, 1000.0):
+    for alpha in (0.0, 0.01, 1.0):
         sk = LinearProbe("regression", alpha=alpha).fit(X[:700], y[:700])
         tt = LinearProbe("regression", alpha=alpha, backend="torch").fit(X[:700], y[:700])
         assert abs(sk.score(X[700:], y[700:]) - tt.score(X[700:], y[700:])) < 0.01
@@ -95,16 +95,47 @@ def test_backends_agree_on_regression():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_alpha_is_inverse_of_sklearn_C(backend):
+def test_alpha_is_on_the_mean_loss(backend):
+    # alpha penalises the MEAN loss: scikit-learn's C = 1 / (alpha n) and Ridge(alpha * n), n = 500 rows here
     rng, X, _ = grouped_data(3, n_groups=100, per_group=5, d=10)
     X = X * rng.uniform(0.5, 3.0, size=10) + 2.0
     y = planted_classes(rng, X, 3, noise=1.0)
-    reference = make_pipeline(StandardScaler(), LogisticRegression(C=1 / 5.0, tol=1e-8, max_iter=5000)).fit(X, y)
-    probe = LinearProbe(alpha=5.0, backend=backend, tol=1e-5).fit(X, y)
+    reference = make_pipeline(StandardScaler(), LogisticRegression(C=1 / (0.01 * 500), tol=1e-8, max_iter=5000))
+    reference.fit(X, y)
+    probe = LinearProbe(alpha=0.01, backend=backend, tol=1e-5).fit(X, y)
     np.testing.assert_allclose(probe.decision_function(X), reference.decision_function(X), atol=2e-3)
-    ridge = make_pipeline(StandardScaler(), Ridge(alpha=5.0)).fit(X, X[:, 0] + y)
-    rprobe = LinearProbe("regression", alpha=5.0, backend=backend).fit(X, X[:, 0] + y)
+    ridge = make_pipeline(StandardScaler(), Ridge(alpha=0.01 * 500)).fit(X, X[:, 0] + y)
+    rprobe = LinearProbe("regression", alpha=0.01, backend=backend).fit(X, X[:, 0] + y)
     np.testing.assert_allclose(rprobe.predict(X), ridge.predict(X), atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_alpha_transfers_between_training_set_sizes(backend):
+    # Every row three times over is the same mean loss: the same alpha must give the same probe. (Under a
+    # summed loss the copies would cut the effective L2 by 3 and move the solution.)
+    rng, X, _ = grouped_data(23, n_groups=60, per_group=5, d=8)
+    y = planted_classes(rng, X, 3, noise=1.0)
+    X3, y3 = np.tile(X, (3, 1)), np.tile(y, 3)
+    for task, target, target3 in (("classification", y, y3), ("regression", X[:, 0] + y, X3[:, 0] + y3)):
+        once = LinearProbe(task, alpha=0.05, backend=backend, tol=1e-6).fit(X, target)
+        thrice = LinearProbe(task, alpha=0.05, backend=backend, tol=1e-6).fit(X3, target3)
+        np.testing.assert_allclose(thrice.coef_, once.coef_, atol=2e-3)
+        summed = LinearProbe(task, alpha=0.05 / 3, backend=backend, tol=1e-6).fit(X, target)
+        assert np.abs(summed.coef_ - once.coef_).max() > 0.05  # the test can fail: alpha / 3 is another probe
+
+
+def test_backends_agree_along_an_alpha_path():
+    rng, X, _ = grouped_data(24, n_groups=100, per_group=6, d=12)
+    y = planted_classes(rng, X, 4, noise=1.5)
+    grid = [1e-4, 1e-2, 1.0]
+    for task, target in (("classification", y), ("regression", X[:, 0] - y)):
+        paths = {b: LinearProbe(task, backend=b, tol=1e-6).fit_path(X, target, grid) for b in BACKENDS}
+        for i, alpha in enumerate(grid):
+            single = LinearProbe(task, alpha=alpha, backend="sklearn", tol=1e-6).fit(X, target)
+            for b in BACKENDS:
+                assert paths[b][i].alpha == alpha
+                np.testing.assert_allclose(paths[b][i].decision_function(X), single.decision_function(X),
+                                           atol=5e-3)  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -112,13 +143,13 @@ def test_coef_is_in_input_space_and_tensor_input(backend):
     rng, X, _ = grouped_data(4, n_groups=60, per_group=5, d=8)
     X = X * 4.0 + 1.0
     y = np.array(["noun", "verb", "adj"])[planted_classes(rng, X, 3, noise=1.0)]
-    probe = LinearProbe(alpha=1.0, backend=backend).fit(X, y)
+    probe = LinearProbe(alpha=3e-3, backend=backend).fit(X, y)
     np.testing.assert_allclose(probe.decision_function(X), X @ probe.coef_.T + probe.intercept_, atol=1e-4)
     assert set(probe.predict(X)) <= set(probe.classes_)
     assert probe.predict(X[:1]).shape == (1,) and probe.predict_proba(X[:1]).shape == (1, 3)
     np.testing.assert_allclose(probe.predict_proba(X).sum(1), 1.0, atol=1e-9)
     if backend == "torch":
-        from_tensor = LinearProbe(alpha=1.0, backend="torch").fit(torch.from_numpy(X).float(), y)
+        from_tensor = LinearProbe(alpha=3e-3, backend="torch").fit(torch.from_numpy(X).float(), y)
         np.testing.assert_allclose(from_tensor.coef_, probe.coef_, atol=1e-5)
 
 
@@ -126,10 +157,10 @@ def test_works_with_sklearn_model_selection():
     rng, X, groups = grouped_data(5, n_groups=60, per_group=5, d=8)
     y = planted_classes(rng, X, 3, noise=0.5)
     assert is_classifier(LinearProbe()) and is_regressor(LinearProbe("regression"))
-    scores = cross_val_score(LinearProbe(alpha=1.0), X, y, groups=groups, cv=GroupKFold(3))
+    scores = cross_val_score(LinearProbe(alpha=3e-3), X, y, groups=groups, cv=GroupKFold(3))
     assert scores.min() > 0.7
-    search = GridSearchCV(LinearProbe(), {"alpha": [0.1, 1e6]}, cv=GroupKFold(3)).fit(X, y, groups=groups)
-    assert search.best_params_["alpha"] == 0.1  # alpha = 1e6 shrinks the probe to the majority class
+    search = GridSearchCV(LinearProbe(), {"alpha": [3e-4, 1e3]}, cv=GroupKFold(3)).fit(X, y, groups=groups)
+    assert search.best_params_["alpha"] == 3e-4  # alpha = 1e3 shrinks the probe to the majority class
     twin = clone(LinearProbe(alpha=2.0, backend="torch"))
     assert twin.get_params()["alpha"] == 2.0 and not hasattr(twin, "coef_")
 
@@ -137,9 +168,9 @@ def test_works_with_sklearn_model_selection():
 def test_warm_start_reaches_the_same_optimum():
     rng, X, _ = grouped_data(6, n_groups=100, per_group=5, d=10)
     y = planted_classes(rng, X, 4, noise=1.0)
-    cold = LinearProbe(alpha=1.0, backend="torch", tol=1e-5).fit(X, y)
-    warm = LinearProbe(alpha=100.0, backend="torch", tol=1e-5, warm_start=True).fit(X, y)
-    warm.set_params(alpha=1.0).fit(X, y)
+    cold = LinearProbe(alpha=2e-3, backend="torch", tol=1e-5).fit(X, y)
+    warm = LinearProbe(alpha=0.2, backend="torch", tol=1e-5, warm_start=True).fit(X, y)
+    warm.set_params(alpha=2e-3).fit(X, y)
     np.testing.assert_allclose(warm.predict_proba(X), cold.predict_proba(X), atol=1e-3)
 
 
@@ -150,7 +181,7 @@ def test_warm_start_reaches_the_same_optimum():
 def test_labels_independent_of_X_stay_at_chance(backend):
     rng, X, groups = grouped_data(7, n_groups=200, per_group=6)
     y = rng.permutation(np.arange(len(X)) % 4)  # balanced, so chance = majority = 1/4
-    table = evaluate(X, y, groups, alphas=1.0, n_boot=500, backend=backend)
+    table = evaluate(X, y, groups, alphas=1e-3, n_boot=500, backend=backend)
     acc = row(table, "accuracy")
     assert acc.ci_low <= acc.baseline_chance <= acc.ci_high
     assert abs(acc.value - 0.25) < 0.04 and acc.baseline_chance == 0.25
@@ -163,7 +194,7 @@ def test_interval_covers_chance_in_most_random_datasets():
     for seed in range(20):
         rng, X, groups = grouped_data(100 + seed, n_groups=80, per_group=5, d=6)
         y = rng.integers(0, 3, size=len(X))
-        acc = row(evaluate(X, y, groups, alphas=10.0, n_folds=4, n_boot=300, seed=seed), "accuracy")
+        acc = row(evaluate(X, y, groups, alphas=0.03, n_folds=4, n_boot=300, seed=seed), "accuracy")
         covered.append(acc.ci_low <= acc.baseline_chance <= acc.ci_high)
     # Nominal 95%. The interval holds the fitted probes fixed, and out-of-fold predictions of different folds
     # are dependent, so true coverage is a little lower (~88-90% in 80-dataset simulations of this setting);
@@ -180,8 +211,8 @@ def test_token_split_leaks_but_grouped_split_does_not():
     groups = np.repeat(np.arange(n_groups), per_group)
     X = centers[groups] + 0.01 * rng.normal(size=(n_groups * per_group, d))
     y = rng.integers(0, 2, size=n_groups)[groups]
-    token = row(evaluate(X, y, np.arange(len(X)), alphas=0.01, n_boot=200), "accuracy")
-    grouped = row(evaluate(X, y, groups, alphas=0.01, n_boot=200), "accuracy")
+    token = row(evaluate(X, y, np.arange(len(X)), alphas=1.5e-5, n_boot=200), "accuracy")
+    grouped = row(evaluate(X, y, groups, alphas=1.5e-5, n_boot=200), "accuracy")
     assert token.value >= 0.95
     assert grouped.ci_low <= grouped.baseline_chance <= grouped.ci_high
     assert grouped.value < 0.7
@@ -191,10 +222,10 @@ def test_fixed_seed_gives_identical_results():
     rng, X, groups = grouped_data(9, n_groups=60, per_group=5)
     y = planted_classes(rng, X, 3, noise=3.0)
     ctrl = control_labels(rng.integers(0, 30, size=len(X)), y, seed=0)
-    runs = [evaluate(X, y, groups, alphas=[0.1, 10.0], n_boot=200, seed=3, control=ctrl) for _ in range(2)]
+    runs = [evaluate(X, y, groups, alphas=[4e-4, 0.04], n_boot=200, seed=3, control=ctrl) for _ in range(2)]
     pd.testing.assert_frame_equal(runs[0], runs[1])
     assert runs[0].converged.all()
-    other = evaluate(X, y, groups, alphas=[0.1, 10.0], n_boot=200, seed=4, control=ctrl)
+    other = evaluate(X, y, groups, alphas=[4e-4, 0.04], n_boot=200, seed=4, control=ctrl)
     assert not np.allclose(other.ci_low, runs[0].ci_low)  # the seed really drives folds and resamples
     assert mdl_probe(X, y, groups, seed=3)["online_codelength"] == mdl_probe(X, y, groups, seed=3)["online_codelength"]
 
@@ -243,7 +274,7 @@ def test_regression_and_ordinal_metrics():
     assert row(reg, "accuracy_within_1").value > 0.95
     assert row(reg, "spearman").value > row(reg, "spearman").ci_low > 0.9
     assert reg.alpha_by_fold.iloc[0].count(";") == 4
-    cls = evaluate(X, position, groups, within_k=[1, 2], alphas=0.1, n_boot=200)
+    cls = evaluate(X, position, groups, within_k=[1, 2], alphas=1e-4, n_boot=200)
     assert list(cls.metric) == ["accuracy", "macro_f1", "accuracy_within_1", "accuracy_within_2", "mae", "spearman"]
     assert row(cls, "accuracy_within_2").value >= row(cls, "accuracy_within_1").value >= row(cls, "accuracy").value
     assert row(cls, "mae").value < row(cls, "mae").baseline_majority
@@ -253,8 +284,8 @@ def test_inner_cv_picks_the_alpha_the_data_call_for():
     rng, X, groups = grouped_data(13, n_groups=60, per_group=5, d=40)
     noise_only = rng.normal(size=len(X))
     clean = X @ rng.normal(size=40) + 0.01 * rng.normal(size=len(X))
-    grid = [0.01, 1.0, 1e5]
-    for y, expected in ((noise_only, 1e5), (clean, 0.01)):
+    grid = [1e-4, 1e-2, 1e3]
+    for y, expected in ((noise_only, 1e3), (clean, 1e-4)):
         cv = grouped_cross_val_predict(X, y, groups, task="regression", alphas=grid)
         assert set(cv.alpha_by_fold) == {expected}
 
@@ -303,13 +334,13 @@ def test_selectivity_separates_structure_from_memorisation():
     label_vectors = rng.normal(size=(3, 12))
     # features carry word identity AND the label: the task is learnable, the control only by memorising types
     X = np.c_[type_vectors[types], 3 * label_vectors[y]] + 0.1 * rng.normal(size=(len(groups), 60))
-    table = selectivity(X, y, types, groups, alphas=0.1, n_boot=300)
+    table = selectivity(X, y, types, groups, alphas=1e-4, n_boot=300)
     task, control, sel = (row(table, "accuracy", k) for k in ("task", "control", "selectivity"))
     assert task.value > 0.95 and control.value > 0.8  # identity is linearly memorisable here
     assert sel.value == pytest.approx(task.value - control.value)
     assert sel.ci_low <= sel.value <= sel.ci_high
     # without word identity in the features the control falls to chance and selectivity is large
-    table2 = selectivity(X[:, 48:], y, types, groups, alphas=0.1, n_boot=300)
+    table2 = selectivity(X[:, 48:], y, types, groups, alphas=1e-4, n_boot=300)
     control2 = row(table2, "accuracy", "control")
     assert control2.ci_low <= control2.baseline_chance + 0.05
     assert row(table2, "accuracy", "selectivity").ci_low > sel.ci_high
@@ -385,7 +416,7 @@ def test_early_stopped_fits_are_flagged():
     rng, X, groups = grouped_data(21, n_groups=40, per_group=5)
     y = planted_classes(rng, X, 3, noise=1.0)
     with pytest.warns(ConvergenceWarning):
-        table = evaluate(X, y, groups, alphas=0.01, max_iter=2, n_boot=0, backend="torch")
+        table = evaluate(X, y, groups, alphas=5e-5, max_iter=2, n_boot=0, backend="torch")
     assert not table.converged.any() and table.ci_low.isna().all()
 
 
@@ -393,9 +424,9 @@ def test_thread_cap_is_scoped_and_keeps_results():
     rng, X, groups = grouped_data(22, n_groups=60, per_group=5)
     y = planted_classes(rng, X, 3, noise=1.0)
     before = torch.get_num_threads()
-    capped = evaluate(X, y, groups, alphas=1.0, n_boot=100, backend="torch", n_threads=1)
+    capped = evaluate(X, y, groups, alphas=4e-3, n_boot=100, backend="torch", n_threads=1)
     assert torch.get_num_threads() == before
-    free = evaluate(X, y, groups, alphas=1.0, n_boot=100, backend="torch")
+    free = evaluate(X, y, groups, alphas=4e-3, n_boot=100, backend="torch")
     np.testing.assert_allclose(capped.value, free.value, atol=0.01)
 
 
@@ -406,4 +437,4 @@ def test_single_class_in_a_training_split_is_named():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=r"training split of outer fold \d\) has a single class"):
-            evaluate(X, y, groups, n_folds=4, alphas=1.0)
+            evaluate(X, y, groups, n_folds=4, alphas=0.1)
