@@ -153,6 +153,22 @@ def test_coef_is_in_input_space_and_tensor_input(backend):
         np.testing.assert_allclose(from_tensor.coef_, probe.coef_, atol=1e-5)
 
 
+def test_torch_loss_and_gradient_match_autograd_even_for_huge_logits():
+    from bertscope.probes import _torch_solvers
+
+    torch.manual_seed(0)
+    X, y = torch.randn(500, 7), torch.randint(0, 5, (500,))
+    for scale in (0.1, 30.0):  # 30: some true-class probabilities underflow float32
+        W, b = torch.randn(5, 7) * scale, torch.randn(5)
+        f, gW, gb = _torch_solvers._loss_grad(W, b, X, y, 0.1, 128)
+        Wd, bd = W.double().requires_grad_(), b.double().requires_grad_()
+        ref = torch.nn.functional.cross_entropy(X.double() @ Wd.T + bd, y) + 0.05 * Wd.square().sum()
+        ref.backward()
+        assert f == pytest.approx(ref.item(), rel=1e-6)
+        np.testing.assert_allclose(gW.numpy(), Wd.grad.numpy(), atol=1e-5)
+        np.testing.assert_allclose(gb.numpy(), bd.grad.numpy(), atol=1e-5)
+
+
 def test_works_with_sklearn_model_selection():
     rng, X, groups = grouped_data(5, n_groups=60, per_group=5, d=8)
     y = planted_classes(rng, X, 3, noise=0.5)
@@ -416,6 +432,7 @@ def test_mdl_compression_learnable_vs_random():
     assert result["blocks"].alpha.iloc[-1] < 1.0 and result["control"]["blocks"].alpha.iloc[-1] >= 1.0
 
 
+@pytest.mark.slow
 def test_mdl_alpha_is_chosen_from_the_prefix_only():
     # Follow the leader on the blocks already sent: the alpha of block j+1 must be the grid alpha with the
     # least total bits on blocks 2..j, recomputed here from fixed-alpha codes (which share folds and order).
@@ -432,6 +449,7 @@ def test_mdl_alpha_is_chosen_from_the_prefix_only():
         assert chosen.bits.iloc[j] == pytest.approx(fixed[chosen.alpha.iloc[j]].bits.iloc[j], rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_blocks", [3, 6, 10])
 def test_mdl_random_labels_never_compress_below_one(n_blocks):
     # a valid online code cannot beat the uniform code on labels independent of X by more than luck, and
