@@ -193,8 +193,18 @@ def evaluate(
 
 
 def _one_repeat(
-    X: Any, y: Any, groups: Any, control: Any, names: list[str], numeric: bool, *, task: str, n_boot: int,
-    seed: int, n_threads: int | None, **cv_kwargs: Any,
+    X: Any,
+    y: Any,
+    groups: Any,
+    control: Any,
+    names: list[str],
+    numeric: bool,
+    *,
+    task: str,
+    n_boot: int,
+    seed: int,
+    n_threads: int | None,
+    **cv_kwargs: Any,
 ) -> dict[str, Any]:
     """Points, bootstrap replicates, baselines and convergence of one cross-validation run (one seed)."""
     cv = grouped_cross_val_predict(X, y, groups, task=task, seed=seed, control=control, n_threads=n_threads,
