@@ -43,6 +43,29 @@ class EncoderConfig:
     position_encoding: PositionEncoding = "learned"
     attention_projections: bool = True
     pad_token_id: int = 0
+    # ---- other architectures (defaults leave BERT unchanged) ------------------------------------------------
+    # ``arch`` names the family whose modules ``Encoder`` subclasses build: "bert" here; "deberta-v2" is
+    # ``models.deberta.DebertaEncoder``, "modernbert" is ``models.modernbert.ModernBertEncoder``.
+    arch: str = "bert"
+    # DeBERTa-v2/v3 (transformers' DebertaV2Config names)
+    relative_attention: bool = False
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    pos_att_type: tuple[str, ...] = ()
+    share_att_key: bool = False
+    norm_rel_ebd: str = "none"
+    position_biased_input: bool = True
+    # ModernBERT (ModernBertConfig names; the biases are on for BERT)
+    layer_types: tuple[str, ...] = ()
+    local_attention: int = 128
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
+    head_bias: bool = True
+    decoder_bias: bool = True
+    head_activation: str = "gelu"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_mlp", "max_positions"):
@@ -91,6 +114,9 @@ class EncoderConfig:
         elif not isinstance(config, dict):
             config = config.to_dict()
         model_type = config.get("model_type", "bert")
+        family = _family_config_builder(model_type)
+        if family is not None:
+            return family(config, **overrides)
         if model_type not in ("bert",):
             raise ValueError(
                 f"config has model_type={model_type!r}; bertscope implements BERT encoders "
@@ -138,3 +164,16 @@ class EncoderConfig:
             attention_probs_dropout_prob=self.attention_dropout,
             pad_token_id=self.pad_token_id,
         )
+
+
+def _family_config_builder(model_type: str) -> Any:
+    """``config_from_hf(dict, **overrides)`` of a family with its own module (DeBERTa-v2/v3, ModernBERT), or None."""
+    if model_type == "deberta-v2":
+        from bertscope.models.deberta import config_from_hf
+
+        return config_from_hf
+    if model_type == "modernbert":
+        from bertscope.models.modernbert import config_from_hf
+
+        return config_from_hf
+    return None
