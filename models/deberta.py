@@ -320,7 +320,10 @@ class DebertaEncoder(Encoder):
         *,
         stop_at_layer: int | None = None,
     ) -> torch.Tensor:
-        """Last hidden state ``[batch, pos, d_model]``; arguments as ``Encoder.forward``."""
+        """Last hidden state ``[batch, pos, d_model]``; arguments as ``Encoder.forward``. Without token-type
+        embeddings (``type_vocab_size == 0``, DeBERTa-v3) ``token_type_ids`` are ignored, as transformers does."""
+        if self.config.type_vocab_size == 0:
+            token_type_ids = None
         input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
         x = self.embed(input_ids, token_type_ids, attention_mask)
         return self.forward_from(0, x, attention_mask, stop_at_layer=stop_at_layer)

@@ -129,7 +129,7 @@ def random_encoder(
     dtype: torch.dtype | str | None = None,
 ) -> Encoder:
     """The same architecture with BERT's random initialisation, deterministic for ``seed``."""
-    model = Encoder(config)
+    model = _family_encoder_class(config.arch)(config)
     model.init_weights(torch.Generator().manual_seed(seed))
     model.tokenizer = tokenizer
     model.source = f"random initialisation (seed {seed})"
@@ -210,6 +210,19 @@ def _family_from_state_dict(arch: str) -> Any:
     else:
         return None
     return build
+
+
+def _family_encoder_class(arch: str) -> type[Encoder]:
+    """The ``Encoder`` subclass that builds ``arch`` ("bert": ``Encoder`` itself)."""
+    if arch == "deberta-v2":
+        from bertscope.models.deberta import DebertaEncoder
+
+        return DebertaEncoder
+    if arch == "modernbert":
+        from bertscope.models.modernbert import ModernBertEncoder
+
+        return ModernBertEncoder
+    return Encoder
 
 
 def _rename_legacy(key: str) -> str:

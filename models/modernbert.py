@@ -280,8 +280,8 @@ class ModernBertEncoder(Encoder):
         *,
         stop_at_layer: int | None = None,
     ) -> torch.Tensor:
-        """Last hidden state ``[batch, pos, d_model]``. ``token_type_ids`` (ModernBERT has none) must be all 0."""
-        input_ids, attention_mask, _ = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        """Last hidden state ``[batch, pos, d_model]``. ``token_type_ids`` are ignored (ModernBERT has none)."""
+        input_ids, attention_mask, _ = self._check_inputs(input_ids, attention_mask, None)
         return self.forward_from(0, self.embed(input_ids), attention_mask, stop_at_layer=stop_at_layer)
 
     def forward_from(

@@ -68,8 +68,19 @@ def test_mlm_parity_new_head(tmp_path):
 def test_sequence_classification_checkpoint_loads_and_encoder_matches(tmp_path):
     hf = save_tiny_deberta(tmp_path, transformers.DebertaV2ForSequenceClassification, num_labels=3)
     ours = models.load(tmp_path)
-    assert ours.mlm_head is None
-    assert_parity(ours, hf, _batch(ours, pairs=False), hf_base=hf.deberta)
+    assert ours.mlm_head is None and ours.config.type_vocab_size == 0
+    batch = _batch(ours)  # v3 has no token types: the tokenizer's segment ids are ignored, as transformers does
+    assert batch["token_type_ids"].max() == 1
+    assert_parity(ours, hf, batch, hf_base=hf.deberta)
+
+
+def test_random_encoder_builds_the_family():
+    config = models.EncoderConfig.from_hf(dict(model_type="deberta-v2", hidden_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=32, vocab_size=50,
+                                               relative_attention=True, pos_att_type="p2c|c2p"))
+    model = models.random_encoder(config, seed=1)
+    assert isinstance(model, DebertaEncoder) and config.pos_att_type == ("p2c", "c2p")
+    assert model(torch.tensor([[1, 2, 3]])).shape == (1, 3, 16)
 
 
 @pytest.mark.parametrize(
