@@ -64,6 +64,29 @@ class EncoderConfig:
     layer_groups: int | None = None
     mlm_activation: str | None = None
     model_type: str = "bert"
+    # ---- other architectures (defaults leave BERT unchanged) ------------------------------------------------
+    # ``arch`` names the family whose modules ``Encoder`` subclasses build: "bert" here; "deberta-v2" is
+    # ``models.deberta.DebertaEncoder``, "modernbert" is ``models.modernbert.ModernBertEncoder``.
+    arch: str = "bert"
+    # DeBERTa-v2/v3 (transformers' DebertaV2Config names)
+    relative_attention: bool = False
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    pos_att_type: tuple[str, ...] = ()
+    share_att_key: bool = False
+    norm_rel_ebd: str = "none"
+    position_biased_input: bool = True
+    # ModernBERT (ModernBertConfig names; the biases are on for BERT)
+    layer_types: tuple[str, ...] = ()
+    local_attention: int = 128
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
+    head_bias: bool = True
+    decoder_bias: bool = True
+    head_activation: str = "gelu"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_mlp", "max_positions"):
@@ -145,9 +168,13 @@ class EncoderConfig:
             config = json.loads(path.read_text(encoding="utf-8"))
         elif not isinstance(config, dict):
             config = config.to_dict()
+        model_type = config.get("model_type", "bert")
+        family = _family_config_builder(model_type)  # DeBERTa-v2/v3 and ModernBERT build their own config
+        if family is not None:
+            return family(config, **overrides)
         from bertscope.models.families import family_for
 
-        fields = family_for(config.get("model_type", "bert")).config_fields(config)
+        fields = family_for(model_type).config_fields(config)
         fields.update(overrides)
         return cls(**fields)
 
@@ -172,3 +199,16 @@ class EncoderConfig:
             attention_probs_dropout_prob=self.attention_dropout,
             pad_token_id=self.pad_token_id,
         )
+
+
+def _family_config_builder(model_type: str) -> Any:
+    """``config_from_hf(dict, **overrides)`` of a family with its own module (DeBERTa-v2/v3, ModernBERT), or None."""
+    if model_type == "deberta-v2":
+        from bertscope.models.deberta import config_from_hf
+
+        return config_from_hf
+    if model_type == "modernbert":
+        from bertscope.models.modernbert import config_from_hf
+
+        return config_from_hf
+    return None

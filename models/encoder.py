@@ -224,7 +224,8 @@ class Encoder(HookedModule):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, LayerNorm):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, MLMHead):
                 nn.init.zeros_(module.bias)
 
@@ -535,11 +536,11 @@ class LayerNorm(nn.Module):
     The output comes from the fused kernel unless a hook replaces the scale or the normalised input.
     """
 
-    def __init__(self, d: int, eps: float) -> None:
+    def __init__(self, d: int, eps: float, *, bias: bool = True) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
         self.hook_scale = HookPoint()  # [batch, pos, 1]
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
@@ -554,7 +555,8 @@ class LayerNorm(nn.Module):
         hooked_normalized = self.hook_normalized(normalized)
         if hooked_scale is scale and hooked_normalized is normalized:
             return fused  # only observed: keep the fused kernel's exact numbers
-        return hooked_normalized * self.weight + self.bias
+        out = hooked_normalized * self.weight
+        return out + self.bias if self.bias is not None else out
 
 
 class Pooler(nn.Module):

@@ -263,8 +263,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBE
 
 
 def supported_model_types() -> list[str]:
-    """Every ``model_type`` bertscope can load, sorted."""
-    return sorted(FAMILIES)
+    """Every ``model_type`` bertscope can load, sorted (the table's families plus those with modules of their own:
+    ``deberta-v2`` in ``models/deberta.py``, ``modernbert`` in ``models/modernbert.py``)."""
+    return sorted({*FAMILIES, "deberta-v2", "modernbert"})
 
 
 def family_for(model_type: str) -> Family:

@@ -48,7 +48,8 @@ def load(
     config = EncoderConfig.from_hf(folder / "config.json", **config_overrides)
     files = _weight_files(folder)
     state = _read_state_dict(files)
-    model = from_state_dict(config, state, source=str(folder) if source is not None else f"bundled:{folder}")
+    build = _family_from_state_dict(config.arch) or from_state_dict
+    model = build(config, state, source=str(folder) if source is not None else f"bundled:{folder}")
     model.weight_files = files
     model.tokenizer = _load_tokenizer(folder)
     return model.to(device=_device(device), dtype=_dtype(dtype)).eval()
@@ -91,7 +92,8 @@ def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, so
 def from_hf_model(hf_model: Any) -> Encoder:
     """Convert an in-memory ``transformers`` model of a supported family (base or task model) to an ``Encoder``."""
     config = EncoderConfig.from_hf(hf_model.config)
-    return from_state_dict(config, hf_model.state_dict(), source=f"in-memory {type(hf_model).__name__}")
+    build = _family_from_state_dict(config.arch) or from_state_dict
+    return build(config, hf_model.state_dict(), source=f"in-memory {type(hf_model).__name__}")
 
 
 def random_encoder(
@@ -103,7 +105,7 @@ def random_encoder(
     dtype: torch.dtype | str | None = None,
 ) -> Encoder:
     """The same architecture with BERT's random initialisation, deterministic for ``seed``."""
-    model = Encoder(config)
+    model = _family_encoder_class(config.arch)(config)
     model.init_weights(torch.Generator().manual_seed(seed))
     model.tokenizer = tokenizer
     model.source = f"random initialisation (seed {seed})"
@@ -192,6 +194,30 @@ def resolve_source(source: str | Path | None) -> Path:
 
 
 # ====================================================================== helpers
+def _family_from_state_dict(arch: str) -> Any:
+    """``from_state_dict`` of a family with its own module (DeBERTa-v2/v3, ModernBERT), or None for BERT."""
+    if arch == "deberta-v2":
+        from bertscope.models.deberta import from_state_dict as build
+    elif arch == "modernbert":
+        from bertscope.models.modernbert import from_state_dict as build
+    else:
+        return None
+    return build
+
+
+def _family_encoder_class(arch: str) -> type[Encoder]:
+    """The ``Encoder`` subclass that builds ``arch`` ("bert": ``Encoder`` itself)."""
+    if arch == "deberta-v2":
+        from bertscope.models.deberta import DebertaEncoder
+
+        return DebertaEncoder
+    if arch == "modernbert":
+        from bertscope.models.modernbert import ModernBertEncoder
+
+        return ModernBertEncoder
+    return Encoder
+
+
 def _rename_legacy(key: str) -> str:
     """Old TF-converted checkpoints name LayerNorm parameters gamma/beta."""
     if ".LayerNorm." in key:
