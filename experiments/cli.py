@@ -28,7 +28,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bertscope`` console script; returns the exit status."""
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -37,6 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except UsageError as e:
         return _fail(str(e))
+    except BrokenPipeError:  # `bertscope info --json | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except KeyboardInterrupt:
         print(
             "\nbertscope: interrupted; finished files are kept, rerun the same command to resume",
@@ -45,13 +50,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser with every subcommand (``--help`` works on each)."""
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bertscope")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argparse parser with every subcommand (``--help`` works on each; ``run NAME --help`` describes
+    experiment NAME, so ``argv`` is looked at for that name)."""
     parser = argparse.ArgumentParser(
         prog="bertscope",
         description="Mechanistic interpretability for BERT-family encoders: inspect, capture, experiment, report.",
         epilog="Quick start: bertscope run all && bertscope report results",
     )
+    parser.add_argument("--version", action="version", version=f"bertscope {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser(
@@ -95,12 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared_options(p, out_default=Path("results/capture"))
     p.set_defaults(handler=cmd_capture)
 
+    from bertscope.experiments.registry import help_text
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv[argv.index("run") + 1:] if a in EXPERIMENTS), None) if "run" in argv else None
     p = sub.add_parser(
         "run",
         help="run an experiment (or all of them) and write tables, figures and manifests",
-        description="Run an experiment, or all that are installed, writing OUT/<experiment>/results.parquet "
+        description=(f"{chosen}: {help_text(chosen)}\n\n" if chosen else "")
+        + "Run an experiment, or all that are installed, writing OUT/<experiment>/results.parquet "
         "and .csv, figures (PNG and PDF) and manifest.json, then OUT/index.html. Finished experiments with "
         "the same settings are skipped unless --force.",
+        epilog=None if chosen else "experiments:\n" + "\n".join(f"  {n}: {help_text(n)}" for n in EXPERIMENTS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which experiment")
     _add_shared_options(p, out_default=Path("results"))

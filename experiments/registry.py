@@ -17,6 +17,31 @@ EXPERIMENTS: dict[str, str] = {
     "positions": "bertscope.experiments.positions",
 }
 
+#: What ``bertscope run NAME --help`` says about each experiment: what it measures, what it writes, and how long
+#: it took on the bundled model and builtin corpus on 2 CPU cores (measured with ``bertscope run NAME``).
+HELP: dict[str, str] = {
+    "same-token": "Does raw dot-product attention (Q = K = V = the embeddings) put very large weight on identical "
+    "tokens, and do the learned heads escape it? Self and duplicate attention mass for raw attention at every "
+    "layer and for every head, against uniform and offset-matched nulls, norm-weighted too. Writes "
+    "OUT/same_token/: results, summary and example-map tables, figures, manifest.json.",
+    "heads": "What does each head do? Attention statistics, rule-based roles, head similarity, dependency syntax "
+    "against gold trees (Clark et al. 2019), and importance by ablation and gradients, with pruning curves. "
+    "Writes OUT/heads/: results, roles, syntax and importance tables, figures, manifest.json.",
+    "positions": "How much absolute and relative position does each layer and sublayer carry? Linear probes with "
+    "control tasks and selectivity (Hewitt & Liang 2019), baselines, probe-free measures and MDL (Voita & Titov "
+    "2020). Writes OUT/positions/: results and side tables, figures, manifest.json.",
+}
+#: Seconds ``bertscope run NAME`` took on the bundled model and builtin corpus, 2 CPU cores, default settings.
+MEASURED_SECONDS: dict[str, float] = {}
+
+
+def help_text(name: str) -> str:
+    """``HELP[name]``, with its measured run time when there is one."""
+    text = HELP.get(name, f"Experiment {name}.")
+    if name in MEASURED_SECONDS:
+        text += f" On the bundled model and builtin corpus it took about {MEASURED_SECONDS[name]:.0f} s on 2 CPU cores."
+    return text
+
 
 @runtime_checkable
 class Experiment(Protocol):
