@@ -5,8 +5,9 @@ experiments' optional ``findings(out_dir)`` generated from their tables (``repor
 experiment folder (``OUT/<dir>/manifest.json``): its findings, status and provenance (model, corpus, device,
 seed, times, git), the notes the experiment recorded (as text), every figure with its ``CAPTIONS`` caption
 (PNG embedded as base64 by default, so the page opens offline on its own; the PDF linked relatively), the key
-tables as HTML, and the full manifest. Capture folders (``index.json``) are listed with their hooks and shards. No network: plain HTML
-with inline CSS; the only script is an embedded explorer's, inside an ``<iframe srcdoc>`` when one is asked for.
+tables as HTML, and the full manifest. Capture folders (``index.json``) are listed with their hooks and shards.
+No network: plain HTML with inline CSS; the only script is an embedded explorer's, inside an
+``<iframe srcdoc>`` when one is asked for.
 
 >>> build_report(Path("results"))      # -> results/index.html
 """
