@@ -25,6 +25,7 @@ import pandas as pd
 from bertscope.experiments import io
 from bertscope.experiments.context import STEPS
 from bertscope.experiments.registry import EXPERIMENTS
+from bertscope.experiments.report_explore import ExploreChoice
 from bertscope.experiments.report_findings import CSS as WORDS_CSS
 from bertscope.experiments.report_findings import (
     ExperimentWords,
@@ -46,14 +47,14 @@ def build_report(
     *,
     embed_figures: bool = True,
     title: str = "bertscope results",
-    explorer_html: str | None = None,
+    explorer: ExploreChoice | None = None,
 ) -> Path:
     """Write ``out/index.html`` from the manifests, tables and figures under ``out``; returns its path.
 
     The page opens with a Findings section (each of the tutorials' claims, answered by the experiments'
-    ``findings``); ``explorer_html``, when given, is a whole explorer page embedded in an ``<iframe srcdoc>``
-    (see ``report_explore``). Raises ``FileNotFoundError`` if ``out`` is not a folder, ``ValueError`` if it
-    holds no results.
+    ``findings``); ``explorer`` (``report_explore.choose``), when given, adds an Explorer section: its page in
+    an ``<iframe srcdoc>`` with the chosen sentences listed, or the reason none is embedded. Raises
+    ``FileNotFoundError`` if ``out`` is not a folder, ``ValueError`` if it holds no results.
     """
     out = Path(out)
     if not out.is_dir():
@@ -64,8 +65,8 @@ def build_report(
         raise ValueError(f"{out} holds no experiment results (no */{MANIFEST}); run `bertscope run all` first")
     words = {d: experiment_words(_manifest(d).get("experiment", d.name), d) for d in experiments}
     body = [findings_section([(_anchor(d), w) for d, w in words.items()]), _overview(out, experiments)]
-    if explorer_html is not None:
-        body.append(_explorer_section(explorer_html))
+    if explorer is not None:
+        body.append(_explorer_section(explorer))
     body += [_experiment_section(out, d, embed_figures, words[d]) for d in experiments]
     body += [_capture_section(out, d) for d in captures]
     generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -74,7 +75,7 @@ def build_report(
         css=_CSS,
         css_words=WORDS_CSS,
         generated=html.escape(generated),
-        toc=_toc(experiments, captures, explorer_html is not None),
+        toc=_toc(experiments, captures, explorer is not None),
         body="\n".join(body),
     )
     return io.write_text(out / INDEX_HTML, page)
@@ -303,13 +304,19 @@ def _fmt_float(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _explorer_section(document: str) -> str:
+def _explorer_section(choice: ExploreChoice) -> str:
     from bertscope.experiments.explorer import page
 
+    intro = f"<p>{html.escape(choice.message)}.</p>"
+    if choice.html is None:
+        return f'<section id="explorer"><h2>Explorer</h2>{intro}</section>'
+    rows = [{"index": str(r["index"]), "sentence id": html.escape(str(r["id"])), "text": html.escape(r["text"]),
+             "score": "" if r["score"] is None else f'{r["score"]:.2f}'} for r in choice.rows]  # fmt: skip
     return (
-        '<section id="explorer"><h2>Explorer</h2><p class="muted">Attention of a few corpus sentences, '
-        "interactive (head view, model view, query-key view). The page below is self-contained.</p>"
-        f"{page.iframe(document, height=900)}</section>"
+        f'<section id="explorer"><h2>Explorer</h2>{intro}<p class="muted">Interactive attention views (head view, '
+        "model view, query-key view; pick the sentence in the page's menu). Score: the mean activity rank of the "
+        "notable heads (1 = most active).</p>"
+        f"{_html_rows(rows)}{page.iframe(choice.html, height=900)}</section>"
     )
 
 
