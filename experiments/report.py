@@ -316,7 +316,8 @@ def _explorer_section(choice: ExploreChoice) -> str:
         f'<section id="explorer"><h2>Explorer</h2>{intro}<p class="muted">Interactive attention views (head view, '
         "model view, query-key view; pick the sentence in the page's menu). Score: the mean activity rank of the "
         "notable heads (1 = most active).</p>"
-        f"{_html_rows(rows)}{page.iframe(choice.html, height=900)}</section>"
+        + _html_rows(rows).replace('class="data"', 'class="data explore"', 1)
+        + f"{page.iframe(choice.html, height=900)}</section>"
     )
 
 

@@ -198,8 +198,12 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
+_ACRONYMS = {"ci": "CI", "cls": "[CLS]", "sep": "[SEP]", "mlm": "MLM", "mdl": "MDL", "qk": "QK", "id": "id"}
+
+
 def _humanise(key: str) -> str:
-    text = key.replace("_", " ").strip()
+    words = [_ACRONYMS.get(w.lower(), w) for w in key.replace("_", " ").split()]
+    text = " ".join(words)
     return text[:1].upper() + text[1:] if text else key
 
 
@@ -209,6 +213,7 @@ CSS = """
 .verdict { margin: .3em 0; } .badge.none { background: #e8e8e8; color: #444; }
 .findings { background: #f6f9ff; border: 1px solid #d5e2f5; padding: .3em 1em; margin: .6em 0; }
 .errorbox { background: #fbd5d5; border: 1px solid #e09a9a; color: #6b0d0d; padding: .5em 1em; margin: .6em 0; }
+table.explore td:nth-child(3) { text-align: left; }
 .caption { color: #222; font-size: 13px; } .nocaption { background: #fff1c2; color: #7a5a00; font-size: 11px;
   padding: 0 6px; border-radius: 6px; } ul.notes { margin: .3em 0 1em; }
 """
