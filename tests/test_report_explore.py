@@ -31,8 +31,9 @@ def fake_run(out: Path, model: Path | None, tables: bool = True, max_sentences: 
     (d / "manifest.json").write_text(json.dumps({"experiment": "same-token", "status": "complete",
                                                  "options": options}))  # fmt: skip
     if tables:
-        pd.DataFrame({"stat": ["heads max", "top duplicate ratio", "top duplicate ratio"], "layer": [None, 1, 0],
-                      "head": [None, 0, 2], "ratio": [None, 9.0, 3.0]}).to_csv(d / "summary.csv", index=False)  # fmt: skip
+        summary = pd.DataFrame({"stat": ["heads max", "top duplicate ratio", "top duplicate ratio"],
+                                "layer": [None, 1, 0], "head": [None, 0, 2], "ratio": [None, 9.0, 3.0]})  # fmt: skip
+        summary.to_csv(d / "summary.csv", index=False)
         (out / "heads").mkdir()
         pd.DataFrame({"relation": ["ALL", "punct", "nsubj", "amod"], "layer": [1, 1, 0, 1], "head": [1, 1, 1, 3],
                       "gain": [0.5, 0.9, 0.2, -0.1]}).to_csv(out / "heads" / "syntax.csv", index=False)  # fmt: skip
