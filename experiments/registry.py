@@ -43,6 +43,10 @@ def help_text(name: str) -> str:
     return text
 
 
+#: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS")
+
+
 @runtime_checkable
 class Experiment(Protocol):
     """What an experiment package exposes in its ``__init__``.
@@ -51,6 +55,15 @@ class Experiment(Protocol):
     shows; ``Settings``: a frozen dataclass of the experiment's defaults (part of the step-cache key);
     ``run(ctx, settings=None)``: computes everything, writes side tables with ``ctx.write_table`` and returns
     the main long table; ``plot(out_dir)``: redraws the figures from the saved tables only.
+
+    Optional members (``OPTIONAL_MEMBERS``; the report uses them when present):
+
+    - ``findings(out_dir) -> list[findings.Finding]``: the sentences the report states, each formatted from the
+      numbers in the tables the experiment saved under ``out_dir`` (never the model); a finding whose ``claim``
+      is a key of ``findings.CLAIMS`` answers that tutorial claim, with its verdict ``holds``. If it raises, the
+      report shows an error box naming the experiment.
+    - ``CAPTIONS: dict[str, str]``: figure file stem (``fig_argmax_offset``) -> a caption saying what the figure
+      shows and how to read it; a figure without one is marked "no caption" in the report.
     """
 
     NAME: str
