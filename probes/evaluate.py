@@ -40,8 +40,9 @@ from ._checks import (
     infer_task,
     thread_limit,
 )
+from .bootstrap import iter_resample_counts, percentile_interval
 from .estimator import LinearProbe, _to_tensor
-from .metrics import GroupScorer, bootstrap_counts, chance_baseline, metric_names, percentile_interval
+from .metrics import GroupScorer, chance_baseline, metric_names
 
 DEFAULT_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
 
@@ -177,7 +178,7 @@ def evaluate(
     rows = []
     for labels, values in points.items():
         for m in names:
-            lo, hi = percentile_interval(replicates[labels][m], ci) if n_boot else (np.nan, np.nan)
+            lo, hi = (float(b) for b in percentile_interval(replicates[labels][m], ci)) if n_boot else (np.nan, np.nan)
             majority, chance = baselines.get(labels, {}).get(m, (np.nan, np.nan))
             rows.append({"labels": labels, "metric": m, "value": values[m], "ci_low": lo, "ci_high": hi,
                          "baseline_majority": majority, "baseline_chance": chance, **common,
@@ -372,7 +373,7 @@ def _bootstrap(
 ) -> dict[str, dict[str, np.ndarray]]:
     """Replicates {labels: {metric: [n_boot]}}; every label set sees the same group resamples (paired)."""
     parts: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in s.metrics} for k, s in scorers.items()}
-    for counts in bootstrap_counts(n_groups, n_boot, [seed, 1]):
+    for counts in iter_resample_counts(n_groups, n_boot, [seed, 1]):
         for labels, scorer in scorers.items():
             for m, v in scorer(counts).items():
                 parts[labels][m].append(v)

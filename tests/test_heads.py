@@ -154,20 +154,6 @@ def test_statistics_reject_bad_shapes():
         )  # fmt: skip
 
 
-def test_bootstrap_mean_weights_sentences_equally_and_skips_undefined():
-    values = np.array([[1.0, np.nan], [3.0, 2.0], [5.0, 4.0]])
-    mean, low, high, n = hs.bootstrap_mean(values, n_boot=500, seed=0)
-    np.testing.assert_allclose(mean, [3.0, 3.0])
-    np.testing.assert_array_equal(n, [3, 2])
-    assert 1.0 <= low[0] < 3.0 < high[0] <= 5.0
-    constant = hs.bootstrap_mean(np.full((10, 2), 0.25), n_boot=200)
-    np.testing.assert_allclose(constant[1:3], 0.25)  # no spread, no interval
-    a = hs.bootstrap_mean(values, seed=3)
-    b = hs.bootstrap_mean(values, seed=3)
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
-
-
 # ------------------------------------------------------------------------------------------ tables and roles
 
 

@@ -35,6 +35,7 @@ from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
 from bertscope.experiments.heads.roles import assign_roles, role_summary
+from bertscope.probes.bootstrap import group_bootstrap, mean_of_groups
 
 NAME = "heads"
 DIRNAME = "heads"
@@ -289,21 +290,20 @@ def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.
 def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
     """Within/between-layer distance ratio, overall and per layer, bootstrapped over sentences."""
     layer_of = np.repeat(np.arange(n_layers), n_heads)
-    point = sim.within_between_ratio(distances.mean(0), layer_of)
-    rng = np.random.default_rng(seed)
     s = len(distances)
     flat = distances.reshape(s, -1).astype(np.float64)
-    boot = []
-    for counts in rng.multinomial(s, np.full(s, 1.0 / s), size=settings.n_boot):
-        boot.append(sim.within_between_ratio((counts @ flat / s).reshape(distances.shape[1:]), layer_of))
-    tail = (1 - settings.ci) / 2
-    rows = []
-    for key, value in point.items():
-        samples = np.asarray([b[key] for b in boot])
-        low, high = np.nanquantile(samples, [tail, 1 - tail]) if settings.n_boot else (np.nan, np.nan)
-        rows.append({"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": value,
-                     "ci_low": low, "ci_high": high, "n": s})  # fmt: skip
-    return pd.DataFrame(rows)
+    keys = list(sim.within_between_ratio(distances.mean(0), layer_of))
+
+    def ratios(counts: np.ndarray) -> np.ndarray:  # [m, sentence] -> [m, key]
+        means = (counts @ flat / s).reshape(-1, *distances.shape[1:])
+        return np.asarray([[sim.within_between_ratio(m, layer_of)[k] for k in keys] for m in means])
+
+    out = group_bootstrap(ratios, s, n_boot=settings.n_boot, level=settings.ci, seed=seed)
+    return pd.DataFrame([
+        {"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": out.value[i],
+         "ci_low": out.low[i], "ci_high": out.high[i], "n": s}
+        for i, key in enumerate(keys)
+    ])  # fmt: skip
 
 
 def _syntax_rows(acc: pd.DataFrame) -> pd.DataFrame:
@@ -335,7 +335,7 @@ def _importance_rows(importance: dict[str, np.ndarray], settings: Settings, seed
 def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
     curves = importance["pruning"]  # [sentence, order, count, measure]
     orders, counts = importance["pruning_orders"].tolist(), importance["pruning_counts"].tolist()
-    mean, low, high, n = hs.bootstrap_mean(curves, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    mean, low, high, n = _mean_over_sentences(curves, settings, seed)
     rows = []
     for o, order in enumerate(orders):
         for c, count in enumerate(counts):
@@ -345,9 +345,15 @@ def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: 
     return pd.DataFrame(rows)
 
 
+def _mean_over_sentences(values: np.ndarray, settings: Settings, seed: int) -> tuple[np.ndarray, ...]:
+    """``values [sentence, ...]`` (NaN = undefined) -> (mean, ci_low, ci_high, n), each ``[...]``."""
+    out, n = mean_of_groups(values, n_boot=settings.n_boot, level=settings.ci, seed=seed)
+    return out.value, out.low, out.high, n
+
+
 def _rows_from(values: np.ndarray, names: list[str], settings: Settings, seed: int) -> pd.DataFrame:
     """``values [sentence, layer, head, metric]`` -> long rows with bootstrap CIs."""
-    mean, low, high, n = hs.bootstrap_mean(values, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    mean, low, high, n = _mean_over_sentences(values, settings, seed)
     n_layers, n_heads, n_metrics = mean.shape
     layer, head, metric = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n_metrics), indexing="ij")
     return pd.DataFrame({

@@ -127,42 +127,6 @@ def value_norms(v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(f, dim=-1)
 
 
-def bootstrap_mean(
-    values: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over sentences with a percentile bootstrap CI, resampling sentences (rows).
-
-    Args:
-        values: ``[sentence, ...]``; NaN marks a sentence where the statistic is undefined (it is left out).
-
-    Returns:
-        ``(mean, ci_low, ci_high, n)``, each shaped ``values.shape[1:]``; ``n`` counts the defined sentences.
-    """
-    x = np.asarray(values, dtype=np.float64)
-    if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError(f"bootstrap_mean needs at least one sentence (a [sentence, ...] array), got {x.shape}")
-    if not 0 < ci < 1:
-        raise ValueError(f"ci must be in (0, 1), got {ci}")
-    flat = x.reshape(x.shape[0], -1)
-    defined = ~np.isnan(flat)
-    filled = np.where(defined, flat, 0.0)
-    n = defined.sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = filled.sum(0) / n
-    rng = np.random.default_rng(seed)
-    s = flat.shape[0]
-    # Resampling with replacement = multinomial counts per sentence; means are then two matrix products.
-    counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)  # [boot, sentence]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boots = (counts @ filled) / (counts @ defined)
-    tail = (1.0 - ci) / 2.0
-    low, high = np.nanquantile(boots, [tail, 1.0 - tail], axis=0) if n_boot > 0 else (mean, mean)
-    low = np.where(n > 0, low, np.nan)
-    high = np.where(n > 0, high, np.nan)
-    shape = x.shape[1:]
-    return mean.reshape(shape), low.reshape(shape), high.reshape(shape), n.reshape(shape)
-
-
 # ----------------------------------------------------------------------------------------------- helpers
 
 

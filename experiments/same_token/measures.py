@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.probes.bootstrap import percentile_interval, resample_counts
 from torch import Tensor
 
 DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
@@ -312,16 +313,11 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     n_sent = tallies.n_sentences
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(0, n_sent, (n_boot, n_sent), generator=generator)
-    weights = torch.zeros(n_boot + 1, n_sent, dtype=torch.float64)
-    weights[0] = 1.0  # row 0: the full sample; rows 1..: bootstrap multiplicities
-    weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
-    quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
+    weights = torch.ones(n_boot + 1, n_sent, dtype=torch.float64)  # row 0: the full sample
+    weights[1:] = torch.from_numpy(resample_counts(n_sent, n_boot, seed))  # rows 1..: bootstrap multiplicities
 
-    def interval(x: Tensor) -> tuple[Tensor, Tensor]:  # [draw, head] -> CI bounds over draws 1.., [head] each
-        quantile = torch.quantile if bool(torch.isfinite(x[1:]).all()) else torch.nanquantile
-        return tuple(quantile(x[1:], quantiles, dim=0))
+    def interval(x: Tensor) -> tuple[np.ndarray, np.ndarray]:  # [draw, head] -> CI bounds over draws 1.., [head]
+        return percentile_interval(x[1:].numpy(), ci)
 
     frames = []
     for metric in tallies.metrics:
@@ -346,13 +342,13 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
                     "head": np.arange(value.shape[1]),
                     "metric": metric,
                     "value": value[0].numpy(),
-                    "ci_low": ci_low.numpy(),
-                    "ci_high": ci_high.numpy(),
+                    "ci_low": ci_low,
+                    "ci_high": ci_high,
                     "null": null[0].numpy(),
                     "null_kind": kind,
                     "ratio": ratio[0].numpy(),
-                    "ratio_ci_low": ratio_low.numpy(),
-                    "ratio_ci_high": ratio_high.numpy(),
+                    "ratio_ci_low": ratio_low,
+                    "ratio_ci_high": ratio_high,
                     "null_offset": offset[0].numpy(),
                     "ratio_offset": _divide(value, offset)[0].numpy(),
                     "null_uniform": uniform[0].numpy(),
