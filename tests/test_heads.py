@@ -131,15 +131,6 @@ def test_norm_weighted_masses_follow_kobayashi():
         torch.testing.assert_close(same[f"norm_{name}"], same[f"mass_{name}"])
 
 
-def test_value_norms_are_norms_of_head_writes():
-    v = torch.randn(2, 3, 4, 5)
-    W_O = torch.randn(4, 5, 6)
-    expected = torch.stack([torch.linalg.vector_norm(v[:, :, h] @ W_O[h], dim=-1) for h in range(4)], dim=1)
-    torch.testing.assert_close(hs.value_norms(v, W_O), expected)
-    with pytest.raises(ValueError, match="W_O"):
-        hs.value_norms(v, torch.randn(3, 5, 6))
-
-
 def test_statistics_reject_bad_shapes():
     batch = planted_batch()
     with pytest.raises(ValueError, match="cls_mask"):

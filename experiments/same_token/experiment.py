@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from bertscope.experiments.attention import value_norms
 from bertscope.experiments.same_token.measures import (
     DUPLICATE_METRICS,
     Positions,
@@ -157,8 +158,7 @@ def measure(
     special_ids = {"cls": tok.cls_token_id, "sep": tok.sep_token_id}
     raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
     names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
-    # ||v W_O[h]||^2 = v (W_O[h] W_O[h]^T) v^T: a [d_head, d_head] Gram matrix per head instead of d_model.
-    grams = [torch.einsum("hdm,hem->hde", b.attn.W_O.float(), b.attn.W_O.float()) for b in model.blocks]
+    W_O = [b.attn.W_O.float() for b in model.blocks]
     max_length = max(b.input_ids.shape[1] for b in batches)
     device = model.device
 
@@ -173,24 +173,11 @@ def measure(
             )
             pos = Positions.from_batch(ids, mask, batch.special_mask.to(device), special_ids)
             for site in raw_sites:
-                logits, pattern = raw_attention(cache[site].float(), mask)
-                per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
-                raw_parts[site].append(tally(per_query, pattern[:, None], pos, max_length))
-            pattern = rearrange(
-                torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)]).float(),
-                "layer b h q k -> b (layer h) q k",
-            )
-            norms = torch.stack(
-                [
-                    torch.einsum("bphd,hde,bphe->bhp", v, g, v).clamp(min=0).sqrt()
-                    for i, g in enumerate(grams)
-                    for v in [cache[f"blocks.{i}.attn.hook_v"].float()]
-                ]
-            )
-            norms = rearrange(norms, "layer b h k -> b (layer h) k")
-            head_parts["attention"].append(tally(attention_masses(pattern, pos), pattern, pos, max_length))
-            weighted = norm_weighted(pattern, norms)
-            head_parts["norm"].append(tally(attention_masses(weighted, pos), weighted, pos, max_length))
+                raw_parts[site].append(_raw_tallies(cache[site].float(), mask, pos, max_length))
+            patterns = [cache[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)]
+            values = [cache[f"blocks.{i}.attn.hook_v"] for i in range(n_layers)]
+            for weighting, t in _head_tallies(patterns, values, W_O, pos, max_length).items():
+                head_parts[weighting].append(t)
 
     frames = []
     for site, parts in raw_parts.items():
@@ -205,6 +192,30 @@ def measure(
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "corpus", corpus)
     return out
+
+
+def _raw_tallies(x: torch.Tensor, mask: torch.Tensor, pos: Positions, max_length: int) -> Tallies:
+    """Tallies of raw attention ``softmax(x x^T / sqrt(d))`` on one site's vectors ``x [batch, pos, d]``."""
+    logits, pattern = raw_attention(x, mask)
+    per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
+    return tally(per_query, pattern[:, None], pos, max_length)
+
+
+def _head_tallies(
+    patterns: list[torch.Tensor], values: list[torch.Tensor], W_O: list[torch.Tensor], pos: Positions, max_length: int
+) -> dict[str, Tallies]:
+    """Tallies of every learned head, plain (``attention``) and norm-weighted (``norm``).
+
+    patterns per layer ``[batch, head, q, k]``; values per layer ``[batch, pos, head, d_head]`` (``hook_v``);
+    W_O per layer ``[head, d_head, d_model]``. Heads are flattened layer-major: index ``layer * n_heads + head``.
+    """
+    pattern = rearrange(torch.stack(patterns).float(), "layer b h q k -> b (layer h) q k")
+    norms = torch.stack([value_norms(v.float(), w) for v, w in zip(values, W_O, strict=True)])
+    weighted = norm_weighted(pattern, rearrange(norms, "layer b h k -> b (layer h) k"))
+    return {
+        "attention": tally(attention_masses(pattern, pos), pattern, pos, max_length),
+        "norm": tally(attention_masses(weighted, pos), weighted, pos, max_length),
+    }
 
 
 def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_tokens: int = 40) -> pd.DataFrame:
