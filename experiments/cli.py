@@ -46,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser with every subcommand (``--help`` works on each)."""
+    """The argparse parser with every subcommand (``--help`` works on each).
+
+    Longer than 60 lines: a flat list of argparse declarations, one per option, read top to bottom like the
+    ``--help`` output; splitting it would scatter the CLI's options across helpers.
+    """
     parser = argparse.ArgumentParser(
         prog="bertscope",
         description="Mechanistic interpretability for BERT-family encoders: inspect, capture, experiment, report.",
