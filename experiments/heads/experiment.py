@@ -206,17 +206,17 @@ def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Se
     layer_of = np.repeat(np.arange(n_layers), n_heads)
     s = len(distances)
     flat = distances.reshape(s, -1).astype(np.float64)
-    keys = list(sim.within_between_ratio(distances.mean(0), layer_of))
+    point = sim.within_between_ratio(distances.mean(0), layer_of)  # from the mean_distance of distances.parquet
 
     def ratios(counts: np.ndarray) -> np.ndarray:  # [m, sentence] -> [m, key]
         means = (counts @ flat / s).reshape(-1, *distances.shape[1:])
-        return np.asarray([[sim.within_between_ratio(m, layer_of)[k] for k in keys] for m in means])
+        return np.asarray([list(sim.within_between_ratio(m, layer_of).values()) for m in means])
 
     out = group_bootstrap(ratios, s, n_boot=settings.n_boot, level=settings.ci, seed=seed)
     return pd.DataFrame([
-        {"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": out.value[i],
+        {"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": point[key],
          "ci_low": out.low[i], "ci_high": out.high[i], "n": s}
-        for i, key in enumerate(keys)
+        for i, key in enumerate(point)
     ])  # fmt: skip
 
 
