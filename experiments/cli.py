@@ -62,7 +62,11 @@ def _version() -> str:
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The argparse parser with every subcommand (``--help`` works on each; ``run NAME --help`` describes
-    experiment NAME, so ``argv`` is looked at for that name)."""
+    experiment NAME, so ``argv`` is looked at for that name).
+
+    Longer than 60 lines: a flat list of argparse declarations, one per option, read top to bottom like the
+    ``--help`` output; splitting it would scatter the CLI's options across helpers.
+    """
     parser = argparse.ArgumentParser(
         prog="bertscope",
         description="Mechanistic interpretability for BERT-family encoders: inspect, capture, experiment, report.",
