@@ -114,7 +114,7 @@ def per_layer_pass(ctx: Any, corpus: Any, methods: tuple[str, ...]) -> pd.DataFr
     encoded = ctx.encode(corpus)
     frames = []
     for batch in ctx.progress(encoded.batches, "per-layer methods", total=len(encoded.batches)):
-        frames += _layer_frames(model, _inputs(batch, model.device), batch.sentence_index, methods)
+        frames += _layer_frames(model, _inputs(batch, model.device), batch.sentence_index, methods)[0]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -131,7 +131,8 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
         inputs = _inputs(batch, model.device)
         sentences = batch.sentence_index
         mask = inputs["attention_mask"]
-        frames += _layer_frames(model, inputs, sentences, settings.costly_methods)
+        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods)
+        frames += layer_frames
         if mlm:  # one content token per sentence masked: the loss there is the target, its row is read out
             inputs, labels, rows = _mask_one(inputs, batch.special_mask.to(model.device), model.tokenizer, rng)
         else:
@@ -140,7 +141,7 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
                             labels=labels)[:, 0]  # fmt: skip
         attributions = {"loo": ref}
         for m in (*settings.methods, *settings.costly_methods):
-            c = contributions(model, inputs, m)
+            c = known[m] if m in known and not mlm else contributions(model, inputs, m)  # masked input: recompute
             attributions[m] = measures.read_out(c[:, last], rows)
             attributions[f"rollout:{m}"] = measures.read_out(mixing_graph.rollout(c, mask, m)[:, last], rows)
         attributions["grad_x_input"] = contributions(model, inputs, "grad_x_input", target=targets["grad_x_input"],
@@ -206,16 +207,19 @@ def _inputs(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
     }
 
 
-def _layer_frames(model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...]) -> list[pd.DataFrame]:
+def _layer_frames(
+    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...]
+) -> tuple[list[pd.DataFrame], dict[str, torch.Tensor]]:
+    """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers)."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     groups = measures.token_groups(ids, mask, model.tokenizer)
-    frames = []
+    frames, computed = [], {}
     for m in methods:
-        c = contributions(model, inputs, m)
+        c = computed[m] = contributions(model, inputs, m)
         ratio = mixing_ratio(model, inputs, "residual_norm") if m == "residual_norm" else None
         frames.append(measures.layer_rows(m, c, mask, groups, sentences, ratio=ratio))
         frames.append(measures.layer_rows(f"rollout:{m}", mixing_graph.rollout(c, mask, m), mask, groups, sentences))
-    return frames
+    return frames, computed
 
 
 def _mask_one(inputs: dict, special: torch.Tensor, tokenizer: Any, rng: np.random.Generator):
