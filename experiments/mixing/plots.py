@@ -18,7 +18,7 @@ Formats = tuple[str, ...]
 LABELS = {
     "attention": "attention weights",
     "attention_norm": "attention norm (Kobayashi 2020)",
-    "residual_norm": "attention + residual + LayerNorm norm (Kobayashi 2021)",
+    "residual_norm": "norm with residual + LayerNorm (Kobayashi 2021)",
     "alti": "ALTI (Ferrando 2022)",
     "value_zeroing": "value zeroing (Mohebbi 2023)",
     "grad_x_input": "gradient x input",
@@ -132,7 +132,8 @@ def plot_special_tokens(results: pd.DataFrame, out_dir: Path, formats: Formats =
         ax.set_xticks(sorted(results.layer.unique()))
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("share of contributions")
-    axes[0, -1].legend(fontsize=8)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.2))
     fig.suptitle("Do [CLS], [SEP] and punctuation keep their attention mass under other methods?")
     return io.save_figure(fig, out_dir / "fig_special_tokens", formats)
 
@@ -172,8 +173,9 @@ def plot_example_maps(maps: pd.DataFrame, out_dir: Path, formats: Formats = FORM
         return []
     sentences = list(dict.fromkeys(maps.sentence))
     methods = list(dict.fromkeys(maps.method))
-    fig, axes = plt.subplots(len(sentences), len(methods), figsize=(2.9 * len(methods), 3.0 * len(sentences)),
+    fig, axes = plt.subplots(len(sentences), len(methods), figsize=(3.3 * len(methods), 3.2 * len(sentences)),
                              squeeze=False)  # fmt: skip
+    fig.subplots_adjust(wspace=0.5, hspace=0.45)
     image = None
     for r, sid in enumerate(sentences):
         for c, m in enumerate(methods):
