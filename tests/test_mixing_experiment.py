@@ -18,9 +18,9 @@ from bertscope.experiments.mixing import plots as mixing_plots
 MAX_SENTENCES = "5"
 
 
-def _run(model_dir: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _run(model_dir: Path, out: Path, monkeypatch: pytest.MonkeyPatch, max_sentences: str = MAX_SENTENCES) -> Path:
     monkeypatch.setattr(mixing_plots, "FORMATS", ("png",))  # PDFs cost time and prove nothing more here
-    code = cli.main(["run", "mixing", "--model", str(model_dir), "--max-sentences", MAX_SENTENCES, "--out", str(out),
+    code = cli.main(["run", "mixing", "--model", str(model_dir), "--max-sentences", max_sentences, "--out", str(out),
                      "--device", "cpu", "--quiet", "--no-report"])  # fmt: skip
     assert code == 0
     return out / "mixing"
@@ -40,6 +40,7 @@ def test_registered_after_positions_and_satisfies_the_protocol() -> None:
     assert set(mixing.CAPTIONS) == {"fig_mixing_ratio", "fig_special_tokens", "fig_faithfulness", "fig_example_maps"}
 
 
+@pytest.mark.slow
 def test_cli_run_writes_the_documented_table_and_figures(pooled_run: Path, tiny_model_dir: Path) -> None:
     results = pd.read_parquet(pooled_run / "results.parquet")
     assert list(results.columns) == experiment.RESULT_COLUMNS
@@ -71,11 +72,12 @@ def test_cli_run_writes_the_documented_table_and_figures(pooled_run: Path, tiny_
     assert sorted(p.name for p in mixing.plot(pooled_run, formats=("png",))) == figures  # from the tables alone
 
 
+@pytest.mark.slow
 def test_mlm_checkpoint_uses_the_masked_lm_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers import save_tiny_bert
 
     save_tiny_bert(tmp_path / "mlm", cls=transformers.BertForMaskedLM)
-    out = _run(tmp_path / "mlm", tmp_path / "r", monkeypatch)
+    out = _run(tmp_path / "mlm", tmp_path / "r", monkeypatch, max_sentences="3")
     manifest = (out / "manifest.json").read_text()
     assert '"loo": "mlm_loss"' in manifest
     results = pd.read_parquet(out / "results.parquet")
