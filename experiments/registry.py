@@ -15,6 +15,7 @@ EXPERIMENTS: dict[str, str] = {
     "same-token": "bertscope.experiments.same_token",
     "heads": "bertscope.experiments.heads",
     "positions": "bertscope.experiments.positions",
+    "mixing": "bertscope.experiments.mixing",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures, what it writes, and how long
