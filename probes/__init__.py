@@ -5,6 +5,7 @@
   chance baselines, and optional control-task / selectivity rows, as a long pandas table.
 - `control_labels`, `selectivity`: Hewitt & Liang (2019) control tasks.
 - `mdl_probe`: Voita & Titov (2020) online codelength and compression.
+- `StructuralProbe`: Hewitt & Manning (2019) distance / depth probes (metrics in `probes.structural`).
 """
 
 from .controls import control_labels, selectivity
@@ -18,6 +19,7 @@ from .evaluate import (
     strata_of,
 )
 from .mdl import mdl_probe
+from .structural import StructuralProbe
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -30,4 +32,5 @@ __all__ = [
     "mdl_probe",
     "selectivity",
     "strata_of",
+    "StructuralProbe",
 ]
