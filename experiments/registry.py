@@ -15,6 +15,7 @@ EXPERIMENTS: dict[str, str] = {
     "same-token": "bertscope.experiments.same_token",
     "heads": "bertscope.experiments.heads",
     "positions": "bertscope.experiments.positions",
+    "structure": "bertscope.experiments.structure",
 }
 
 

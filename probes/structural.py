@@ -252,6 +252,18 @@ class StructuralProbe:
             setattr(self, k, v)
         return self
 
+    @classmethod
+    def from_projection(cls, proj: Any, kind: str = "distance", **params: Any) -> StructuralProbe:
+        """A fitted probe from a saved ``proj_`` (``[d, k]`` or ``[n_sites, d, k]``), e.g. one cached to disk."""
+        probe = cls(kind, **params)
+        proj = torch.as_tensor(np.asarray(proj), dtype=torch.float32)
+        if proj.ndim not in (2, 3):
+            raise ValueError(f"proj must be [d, k] or [n_sites, d, k], got {tuple(proj.shape)}")
+        probe.proj_ = proj.to(probe._device([]))
+        probe._squeeze = proj.ndim == 2
+        probe.n_features_in_ = proj.shape[-2]
+        return probe
+
     # -- fitting
     def fit(self, X: Sequence[Any], trees: Sequence[Sequence[int]], X_dev: Sequence[Any] | None = None,
             trees_dev: Sequence[Sequence[int]] | None = None) -> StructuralProbe:
