@@ -291,7 +291,8 @@ class StructuralProbe:
         k = train.d if self.rank is None else self.rank
         gen = torch.Generator().manual_seed(int(self.seed))
         S = train.n_sites
-        proj = ((torch.rand(S, train.d, k, generator=gen) * 2 - 1) * self.init_scale).to(device)
+        init = (torch.rand(train.d, k, generator=gen) * 2 - 1) * self.init_scale  # the same start at every site
+        proj = init.expand(S, -1, -1).contiguous().to(device)
         adam = _Adam(proj, self.lr)
         best = proj.clone()
         best_loss, best_epoch = np.full(S, np.inf), np.full(S, -1)

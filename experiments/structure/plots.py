@@ -11,6 +11,7 @@ import pandas as pd
 
 METRIC_LABEL = {"uuas": "UUAS (distance probe)", "dspr": "DSpr. (distance Spearman)",
                 "root_acc": "root accuracy (depth probe)", "nspr": "NSpr. (norm Spearman)"}
+FORMATS = ("png", "pdf")  # figure files written per figure
 SUBLAYER_X = {"attn_out": -0.5, "resid_mid": -0.5, "mlp_out": -0.25}
 SUBLAYER_STYLE = {"attn_out": dict(color="C1", marker="^"), "resid_mid": dict(color="C4", marker="s"),
                   "mlp_out": dict(color="C6", marker="v")}
@@ -75,7 +76,7 @@ def _layers(results: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.suptitle(f"Structural probes per layer: {Path(str(model)).name} on {corpus} "
                  f"(test: {n_test} sentences; bands: 95% bootstrap over sentences)", fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, out_dir / "structure_layers")
+    return save_figure(fig, out_dir / "structure_layers", formats=FORMATS)
 
 
 def _ranks(sweep: pd.DataFrame, out_dir: Path) -> list[Path]:
@@ -96,7 +97,7 @@ def _ranks(sweep: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    return save_figure(fig, out_dir / "structure_rank")
+    return save_figure(fig, out_dir / "structure_rank", formats=FORMATS)
 
 
 def _arcs(ax, edges: pd.DataFrame, sign: float, color: str, gold: set) -> None:
@@ -139,6 +140,6 @@ def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path) -> list[Path
                      f"({hits}/{len(gold)} gold edges; red dashed = wrong edge; punctuation grey, left out)",
                      fontsize=9)
     fig.tight_layout()
-    return save_figure(fig, out_dir / "structure_trees")
+    return save_figure(fig, out_dir / "structure_trees", formats=FORMATS)
 
 
