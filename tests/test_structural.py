@@ -248,6 +248,10 @@ def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypat
     assert summary["layer"].tolist() == [0, 1, 2]
     sweep = pd.read_parquet(out / "rank_sweep.parquet")
     assert sorted(sweep["rank"].unique()) == [1, 4, 32]
+    assert sweep.groupby(["metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4 and full, per metric
+    best = summary.loc[summary["smallest_rank"].notna()]
+    for r in best.itertuples():  # the smallest rank's UUAS reaches the full-rank interval
+        assert r.uuas_at_smallest_rank >= r.uuas_ci_low - 1e-12
     for stem in ("structure_layers", "structure_rank", "structure_trees"):
         assert (out / f"{stem}.png").is_file() and stem in structure.CAPTIONS
     found = structure.findings(out)

@@ -131,7 +131,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         torch.set_num_threads(old_threads)
     results = pd.concat(rows, ignore_index=True)[COLUMNS]
     full = results[(results["encoder"] == "trained") & (results["kind"] == "distance")
-                   & (results["metric"] == "uuas") & results["site"].isin(residual)]  # fmt: skip
+                   & results["site"].isin(residual)]  # fmt: skip  (UUAS and DSpr at full rank)
     rank_sweep = pd.concat([*sweep, full], ignore_index=True)[COLUMNS] if sweep else full[COLUMNS]
     ctx.write_table(rank_sweep, "rank_sweep")
     ctx.write_table(summary_table(results, rank_sweep), "summary")
@@ -237,7 +237,7 @@ def summary_table(results: pd.DataFrame, rank_sweep: pd.DataFrame) -> pd.DataFra
             row[f"random_{r.metric}"] = r.value
         row["linear_chain_uuas"] = base.get("linear_chain", np.nan)
         row["random_tree_uuas"] = base.get("random_tree", np.nan)
-        sw = rank_sweep[rank_sweep["site"] == site]
+        sw = rank_sweep[(rank_sweep["site"] == site) & (rank_sweep["metric"] == "uuas")]
         full = sw[sw["rank"] == sw["rank"].max()]
         k = measures.smallest_rank(dict(zip(sw["rank"], sw["value"], strict=True)),
                                    float(full["ci_low"].iloc[0])) if len(full) else None

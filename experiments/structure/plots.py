@@ -28,7 +28,8 @@ def plot(out_dir: Path) -> list[Path]:
     results = pd.read_parquet(path)
     written = _layers(results, out_dir)
     if (out_dir / "rank_sweep.parquet").is_file():
-        written += _ranks(pd.read_parquet(out_dir / "rank_sweep.parquet"), out_dir)
+        sweep = pd.read_parquet(out_dir / "rank_sweep.parquet")
+        written += _ranks(sweep[sweep["metric"] == "uuas"], out_dir)
     if (out_dir / "example_edges.parquet").is_file():
         written += _trees(pd.read_parquet(out_dir / "examples.parquet"),
                           pd.read_parquet(out_dir / "example_edges.parquet"), out_dir)
@@ -61,11 +62,11 @@ def _layers(results: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.errorbar(x, g["value"], yerr=[g["value"] - g["ci_low"], g["ci_high"] - g["value"]], ls="none",
                         ms=4, label=f"{comp} (inside block)", **SUBLAYER_STYLE[comp])
         if metric == "uuas":
-            for name, ls in (("linear_chain", "--"), ("random_tree", "-.")):
+            for name, ls in (("linear_chain", "--"), ("random_tree", "-.")):  # trees using no vectors
                 b = base[base["encoder"] == f"baseline:{name}"]
                 if len(b):
                     ax.axhline(b["value"].iloc[0], color="C3", ls=ls, lw=1,
-                               label=f"{name.replace('_', ' ')} tree ({b['value'].iloc[0]:.2f})")
+                               label=f"{name.replace('_', ' ')} ({b['value'].iloc[0]:.2f})")
         ax.set_title(METRIC_LABEL[metric])
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
