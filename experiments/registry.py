@@ -16,6 +16,7 @@ EXPERIMENTS: dict[str, str] = {
     "heads": "bertscope.experiments.heads",
     "positions": "bertscope.experiments.positions",
     "mixing": "bertscope.experiments.mixing",
+    "structure": "bertscope.experiments.structure",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures, what it writes, and how long

@@ -7,6 +7,7 @@
 - `group_bootstrap`, `ratio_of_sums`, `mean_of_groups`: the group bootstrap with percentile intervals
   (`probes/bootstrap.py`), used by every experiment.
 - `mdl_probe`: Voita & Titov (2020) online codelength and compression.
+- `StructuralProbe`: Hewitt & Manning (2019) distance / depth probes (metrics in `probes.structural`).
 """
 
 from .bootstrap import Interval, group_bootstrap, mean_of_groups, percentile_interval, ratio_of_sums, resample_counts
@@ -21,6 +22,7 @@ from .evaluate import (
     strata_of,
 )
 from .mdl import mdl_probe
+from .structural import StructuralProbe
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -39,4 +41,5 @@ __all__ = [
     "resample_counts",
     "selectivity",
     "strata_of",
+    "StructuralProbe",
 ]
