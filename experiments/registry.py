@@ -32,6 +32,14 @@ HELP: dict[str, str] = {
     "positions": "How much absolute and relative position does each layer and sublayer carry? Linear probes with "
     "control tasks and selectivity (Hewitt & Liang 2019), baselines, probe-free measures and MDL (Voita & Titov "
     "2020). Writes OUT/positions/: results and side tables, figures, manifest.json.",
+    "mixing": "Where does each token's representation come from? Context mixing by attention, attention norms, "
+    "residual+LayerNorm norms, ALTI and value zeroing (and their rollouts): mixing ratio per layer, the share of "
+    "[CLS]/[SEP]/punctuation, and faithfulness against leave-one-out. Writes OUT/mixing/: results, summary and "
+    "example-map tables, figures, manifest.json.",
+    "structure": "Is the parse tree in each layer's geometry? Hewitt & Manning (2019) structural probes (UUAS, "
+    "distance Spearman, root accuracy, norm Spearman) per layer, against the embedding layer, random weights and "
+    "linear-chain trees, with a rank sweep. Needs gold trees (builtin or CoNLL-U). Writes OUT/structure/: "
+    "results, summary, rank-sweep and example tables, figures, manifest.json.",
 }
 #: Seconds ``bertscope run NAME`` took on the bundled model and builtin corpus, 2 CPU cores, default settings.
 MEASURED_SECONDS: dict[str, float] = {}
