@@ -110,9 +110,9 @@ def spearman_rows(
 
 def summarize(per_sentence: pd.DataFrame, *, n_boot: int, seed: int, ci: float = 0.95) -> pd.DataFrame:
     """``value = sum(sum) / sum(count)`` per ``(method, layer, metric)`` with a percentile group-bootstrap
-    interval that resamples sentences (``probes.metrics.bootstrap_counts``; the same draws for every row that
+    interval that resamples sentences (``probes.bootstrap.iter_resample_counts``; the same draws for every row that
     covers the same sentences, so methods are compared on paired resamples). ``n``: sentences."""
-    from bertscope.probes.metrics import bootstrap_counts, percentile_interval
+    from bertscope.probes.bootstrap import iter_resample_counts, percentile_interval
 
     rows = []
     draws: dict[tuple[int, ...], np.ndarray] = {}
@@ -122,13 +122,13 @@ def summarize(per_sentence: pd.DataFrame, *, n_boot: int, seed: int, ci: float =
         sums, counts = part["sum"].to_numpy(float), part["count"].to_numpy(float)
         value = sums.sum() / counts.sum() if counts.sum() > 0 else np.nan
         if groups not in draws:
-            draws[groups] = np.concatenate(list(bootstrap_counts(len(groups), n_boot, seed)), axis=0).astype(float)
+            draws[groups] = np.concatenate(list(iter_resample_counts(len(groups), n_boot, seed)), axis=0).astype(float)
         b = draws[groups]
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = (b @ sums) / (b @ counts)
         low, high = percentile_interval(boot, ci)
         rows.append({"method": method, "layer": int(layer), "metric": metric, "value": float(value),
-                     "ci_low": low, "ci_high": high, "n": len(groups)})  # fmt: skip
+                     "ci_low": float(low), "ci_high": float(high), "n": len(groups)})  # fmt: skip
     return pd.DataFrame(rows, columns=["method", "layer", "metric", "value", "ci_low", "ci_high", "n"])
 
 

@@ -1,7 +1,7 @@
 """Metrics of the structure experiment with group-bootstrap intervals over test sentences, and the baselines.
 
 Point values are the reporter's (`bertscope.probes.structural`); an interval resamples whole test sentences
-(`probes.metrics.bootstrap_counts`) and recomputes the same statistic: UUAS and root accuracy as ratios of
+(`probes.bootstrap.iter_resample_counts`) and recomputes the same statistic: UUAS and root accuracy as ratios of
 sums, DSpr / NSpr as the macro-average over sentence lengths 5-50 of the per-length means.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from bertscope.probes.metrics import bootstrap_counts, percentile_interval
+from bertscope.probes.bootstrap import iter_resample_counts, percentile_interval
 from bertscope.probes.structural import (
     length_macro_mean,
     linear_chain_distances,
@@ -34,8 +34,10 @@ class _Stat:
     def interval(self, n_boot: int, seed: Sequence[int], ci: float) -> tuple[float, float]:
         if n_boot < 1:
             return float("nan"), float("nan")
-        samples = np.concatenate([self.fn(c.astype(np.float64)) for c in bootstrap_counts(self.n_sent, n_boot, seed)])
-        return percentile_interval(samples, ci)
+        draws = iter_resample_counts(self.n_sent, n_boot, seed)
+        samples = np.concatenate([self.fn(c.astype(np.float64)) for c in draws])
+        low, high = percentile_interval(samples, ci)
+        return float(low), float(high)
 
 
 def _ratio(numer: np.ndarray, denom: np.ndarray):
