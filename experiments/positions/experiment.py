@@ -63,8 +63,10 @@ from threadpoolctl import threadpool_limits
 
 NAME = "positions"
 DIRNAME = "positions"
-SUMMARY_TABLES = ["summary_absolute.csv"]
+SUMMARY_TABLES = ["summary_absolute.csv", "capacity_sweep.csv"]
 
+#: The null model: the trained weights with the position embeddings zeroed (``embed.hook_pos`` -> 0).
+ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,12 @@ class Settings:
     alphas: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1)  # alpha grid of the logistic probes
     ridge_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0)  # alpha grid of the ridge probes
     n_boot: int = 500  # group-bootstrap resamples behind every interval
+    repeats: int = 3  # repeated CV (fold and control-label seeds) behind the headline rows (abs_class, residual)
+    # capacity sweep (Hewitt & Liang): alphas swept at the tuning sites; the operating point is the alpha with
+    # the best selectivity on the tuning windows, then reported on the probed windows
+    sweep_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0)
+    sweep_sites: tuple[str, ...] | None = None  # None: embed.hook_out and the last block
+    sweep_boot: int = 200  # bootstrap resamples behind the sweep's intervals
     pairs_per_window: int = 24  # ordered pairs drawn per window for the relative-order probes
     table_pairs: int = 2000  # pairs of position-table rows for the Wang & Chen relative probe
     mdl: bool = True  # MDL codelengths per layer (absolute position and its control)
@@ -93,6 +101,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.window_len < 4:
             raise ValueError(f"window_len must be >= 4, got {self.window_len}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds must be >= 2, got {self.n_folds}")
         for name in ("max_windows", "tune_windows"):
@@ -132,31 +142,27 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
             f"{len(sentences)} sentences")
 
-    from bertscope.models import random_encoder
-
-    random_model = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
-    random_model = random_model.to(device=ctx.device, dtype=ctx.dtype).eval()
-
-    def collect(name: str, m: Any, seqs: Any, at: list[str]) -> Activations:
-        arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size)
-                                 .to_arrays(), data=name, sites=at)  # fmt: skip
+    def collect(name: str, m: Any, seqs: Any, at: list[str], hooks: tuple = ()) -> Activations:
+        arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size,
+                                 fwd_hooks=hooks).to_arrays(), data=name, sites=at)  # fmt: skip
         return Activations.from_arrays(arrays)
 
     acts = {
         ("windows", "none"): collect("windows", model, windows, sites),
         ("windows", "shuffled"): collect("windows_shuffled", model, shuffle_content(windows, seed=ctx.seed), sites),
-        ("windows", "random_weights"): collect("windows_random_weights", random_model, windows, sites),
+        ("windows", "zeroed_positions"): collect("windows_zeroed_positions", model, windows, sites, ZERO_POSITIONS),
         ("sentences", "none"): collect("sentences", model, sentences, residual),
         ("sentences", "shuffled"): collect("sentences_shuffled", model, shuffle_content(sentences, seed=ctx.seed),
                                            residual),  # fmt: skip
     }
-    tables = {"W_pos": _numpy(model.W_pos), "W_pos_random": _numpy(random_model.W_pos)}
+    tables = {"W_pos": _numpy(model.W_pos)}
     tuning_acts = collect("tuning", model, tuning, design.tuning_sites)
     ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
     ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
     # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
     with threadpool_limits(limits=settings.blas_threads):
         design.tune(tuning_acts)
+        design.tune_capacity(tuning_acts)
         parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, settings).items()}
     confusion = parts.pop("confusion")
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
@@ -166,6 +172,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.write_table(pca, "position_table_pca")
     ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     ctx.write_table(summary_absolute(results), "summary_absolute")
+    ctx.write_table(capacity_sweep(results), "capacity_sweep")
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
     return results
@@ -176,6 +183,7 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict, settings: Settings) ->
         "absolute_windows": lambda: design.absolute_windows(acts),
         "absolute_sentences": lambda: design.absolute_sentences(acts),
         "specials": lambda: design.specials(acts),
+        "capacity_sweep": lambda: design.capacity_sweep(acts),
         "relative_pairs": lambda: design.relative_pairs(acts),
         "probe_free": lambda: design.probe_free(acts, tables),
         "position_table": lambda: design.position_table(tables["W_pos"]),
@@ -195,7 +203,8 @@ def plot(out_dir: Path) -> list[Path]:
 
 def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
     """Per residual-stream site: absolute-position accuracy on windows with its interval, the control-task
-    accuracy, selectivity, the shuffled and random-weights accuracies, and the chance level."""
+    accuracy beside its memorisation ceiling, selectivity, the shuffled and zeroed-position accuracies, the
+    chance level, and ``ci_covers`` (the variance the task / control / selectivity intervals cover)."""
     rows = results[
         (results["data"] == "windows") & (results["target"] == "abs_class") & (results["metric"] == "accuracy")
         & results["component"].isin(["word", "embed", "resid_post"])
@@ -206,15 +215,44 @@ def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
         row: dict[str, Any] = {"site": site, "layer": layer}
         for control, prefix in (("none", "accuracy"), ("control_task", "control_accuracy"),
                                 ("selectivity", "selectivity"), ("shuffled", "shuffled_accuracy"),
-                                ("random_weights", "random_accuracy")):  # fmt: skip
+                                ("zeroed_positions", "zeroed_accuracy"),
+                                ("memorisation_ceiling", "memorisation_ceiling")):  # fmt: skip
             r = by.get(control)
             row[prefix] = np.nan if r is None else r.value
             row[f"{prefix}_ci_low"] = np.nan if r is None else r.ci_low
             row[f"{prefix}_ci_high"] = np.nan if r is None else r.ci_high
         row["chance"] = by["none"].baseline_chance if "none" in by else np.nan
         row["majority"] = by["none"].baseline_majority if "none" in by else np.nan
+        row["alpha"] = by["none"].alpha if "none" in by else np.nan
+        row["repeats"] = by["none"].repeats if "none" in by else np.nan
+        row["ci_covers"] = by["none"].ci_covers if "none" in by else ""
         out.append(row)
     return pd.DataFrame(out)  # rows come in site (forward) order
+
+
+def capacity_sweep(results: pd.DataFrame) -> pd.DataFrame:
+    """The capacity sweep as a wide table: per site and alpha, accuracy, control accuracy and selectivity with
+    intervals, the memorisation ceiling, and ``chosen`` (True at the alpha chosen by selectivity on the tuning
+    windows: chosen held-out, never on the rows reported here)."""
+    rows = results[(results["target"] == "abs_class") & (results["probe"] == "sweep")
+                   & (results["metric"] == "accuracy")]  # fmt: skip
+    ceiling = results[(results["control"] == "memorisation_ceiling") & (results["data"] == "windows")]
+    ceil = float(ceiling["value"].iloc[0]) if len(ceiling) else np.nan
+    out = []
+    for (site, layer, alpha), g in rows.groupby(["site", "layer", "alpha"], sort=False):
+        by = {c: r for c, r in zip(g["control"], g.itertuples(), strict=True)}
+        row: dict[str, Any] = {"site": site, "layer": layer, "alpha": alpha}
+        for control, prefix in (("none", "accuracy"), ("control_task", "control_accuracy"),
+                                ("selectivity", "selectivity")):  # fmt: skip
+            r = by.get(control)
+            row[prefix] = np.nan if r is None else r.value
+            row[f"{prefix}_ci_low"] = np.nan if r is None else r.ci_low
+            row[f"{prefix}_ci_high"] = np.nan if r is None else r.ci_high
+        row["memorisation_ceiling"] = ceil
+        row["chosen"] = bool(by["none"].chosen == "tuning_selectivity") if "none" in by else False
+        row["ci_covers"] = by["none"].ci_covers if "none" in by else ""
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 # ------------------------------------------------------------------------------------------------ helpers

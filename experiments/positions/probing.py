@@ -66,13 +66,12 @@ def table_probes(
     kw = dict(n_folds=n_folds, n_boot=n_boot, seed=seed, inner_folds=3)
     absolute = evaluate(table, y, groups, task="regression", alphas=list(alphas),
                         metrics=list(REGRESSION_METRICS), **kw)  # fmt: skip
-    alpha = float(absolute["alpha"].iloc[0])
-    pred = grouped_oof_predict(table, y, groups, task="regression", alpha=alpha, n_folds=n_folds, seed=seed)
-    exact = float(np.mean(np.rint(pred) == y))
+    exact = table_exact(table, alphas=alphas, n_folds=n_folds, n_boot=n_boot, seed=seed)
     parts = [
-        absolute.assign(target="abs_reg", features="table", probe="ridge"),
-        pd.DataFrame([{**absolute.iloc[0].to_dict(), "labels": "task", "metric": "exact", "value": exact,
-                       "ci_low": np.nan, "ci_high": np.nan, "baseline_majority": np.nan,
+        absolute.assign(target="abs_reg", features="table", probe="ridge", chosen="nested"),
+        pd.DataFrame([{**absolute.iloc[0].to_dict(), "labels": "task", "metric": "exact", "value": exact["value"],
+                       "ci_low": exact["ci_low"], "ci_high": exact["ci_high"], "alpha": exact["alpha"],
+                       "chosen": "nested", "ci_covers": "groups", "baseline_majority": np.nan,
                        "baseline_chance": np.nan, "target": "abs_reg", "features": "table",
                        "probe": "ridge"}]),  # fmt: skip
     ]
@@ -86,8 +85,58 @@ def table_probes(
                 warnings.simplefilter("ignore")
                 res = evaluate(X, labels, pair_groups, alphas=list(pair_alphas), metrics=["accuracy", "macro_f1"],
                                **kw)  # fmt: skip
-            parts.append(res.assign(target=target, features=features, probe="logistic"))
+            parts.append(res.assign(target=target, features=features, probe="logistic", chosen="nested"))
     return pd.concat(parts, ignore_index=True)
+
+
+def table_exact(
+    table: np.ndarray, *, alphas: tuple[float, ...] = TABLE_ALPHAS, n_folds: int = 5, n_boot: int = 500,
+    seed: int = 0, inner_folds: int = 3,
+) -> dict[str, float]:
+    """``exact``: share of the rows of ``table [positions, d]`` whose out-of-fold ridge prediction of the row
+    index rounds to the index, with alpha chosen per outer fold by an inner CV on that fold's training rows
+    only (nested: no row is scored by an alpha it helped choose), and a percentile bootstrap over rows.
+    Returns ``{"value", "ci_low", "ci_high", "alpha"}`` (alpha: the median per-fold choice)."""
+    from bertscope.experiments.positions.measures import _bootstrap
+    from bertscope.probes import grouped_cross_val_predict
+
+    table = np.asarray(table, dtype=np.float64)
+    n_pos = table.shape[0]
+    y = np.arange(n_pos, dtype=np.float64)
+    cv = grouped_cross_val_predict(table, y, np.arange(n_pos), task="regression", n_folds=n_folds,
+                                   alphas=list(alphas), seed=seed, inner_folds=inner_folds)  # fmt: skip
+    hit = (np.rint(cv.y_pred) == y).astype(np.float64)
+    low, high = _bootstrap(lambda c: (c @ hit) / c.sum(1), n_pos, n_boot, 0.95, seed)
+    return {"value": float(hit.mean()), "ci_low": low, "ci_high": high, "alpha": float(np.median(cv.alpha_by_fold))}
+
+
+def memorisation_ceiling(
+    types: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_folds: int, seed: int = 0, repeats: int = 1,
+) -> dict[str, float]:
+    """The accuracy a probe that memorises type -> control label would reach on the control task: the share
+    of test tokens whose type (word piece) occurs in the training folds, computed per fold from the same
+    grouped, stratified splits `probes.evaluate` makes (seeds seed .. seed + repeats - 1).
+
+    types, y (the task labels the folds are stratified by), groups: ``[n]``. Returns ``{"value"`` (pooled
+    share over all test tokens, averaged over repeats), ``"low"``, ``"high"`` (the range of the per-fold
+    shares)}``."""
+    from bertscope.probes import grouped_folds, strata_of
+    from bertscope.probes._checks import check_groups
+
+    types, y = np.asarray(types), np.asarray(y)
+    group_idx, n_groups = check_groups(groups, len(y))
+    pooled, per_fold = [], []
+    for r in range(repeats):
+        rng = np.random.default_rng([seed + r, 0])  # the fold rng of evaluate's repeat r
+        fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, "classification"))
+        seen_all = np.zeros(len(y), dtype=bool)
+        for f in range(n_folds):
+            test = fold == f
+            seen = np.isin(types[test], np.unique(types[~test]))
+            seen_all[test] = seen
+            per_fold.append(float(seen.mean()))
+        pooled.append(float(seen_all.mean()))
+    return {"value": float(np.mean(pooled)), "low": float(min(per_fold)), "high": float(max(per_fold))}
 
 
 def probe_scores(
@@ -103,10 +152,13 @@ def probe_scores(
     control: np.ndarray | None = None,
     control_name: str = "none",
     metrics: tuple[str, ...] | None = None,
+    repeats: int = 1,
 ) -> pd.DataFrame:
     """Grouped cross-validated scores of one linear probe (`probes.evaluate` at a fixed ``alpha``).
 
     X ``[n, d]``; y, groups (window/sentence id of each row), control (Hewitt-Liang labels) ``[n]``.
+    ``alpha``: a number, or a list (nested CV per outer fold); ``control`` may be a function seed -> labels
+    (redrawn per repeat); ``repeats``: CV runs with seeds seed .. seed + repeats - 1, pooled (evaluate).
     Returns evaluate's rows with ``probe`` ("logistic" | "ridge") and ``control``: ``control_name`` for the
     task rows, ``"control_task"`` and ``"selectivity"`` (task - control) when ``control`` is given.
     """
@@ -118,7 +170,7 @@ def probe_scores(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a rare non-converged fit should not flood the log
         res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=n_boot, seed=seed,
-                       control=control, metrics=list(metrics), within_k=within)  # fmt: skip
+                       control=control, metrics=list(metrics), within_k=within, repeats=repeats)  # fmt: skip
     res["probe"] = "logistic" if task == "classification" else "ridge"
     res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
                                         "selectivity": "selectivity"})  # fmt: skip
@@ -157,6 +209,34 @@ def select_alpha(
     best = max(scores.values())
     chosen = next(a for a in sorted(alphas, reverse=True) if scores[f"{a:g}"] == best)
     return float(chosen), scores
+
+
+def selectivity_by_alpha(
+    feats: list[np.ndarray],
+    y: np.ndarray,
+    groups: np.ndarray,
+    control: np.ndarray,
+    *,
+    alphas: tuple[float, ...],
+    n_folds: int = 3,
+    seed: int = 0,
+) -> dict[float, float]:
+    """Grouped-CV selectivity (accuracy on ``y`` - accuracy on the ``control`` labels, Hewitt & Liang 2019) at
+    every alpha, averaged over the feature sets ``feats`` (each ``[n, d]``, same rows). Meant for the tuning
+    windows: the capacity with the best selectivity is chosen there, never on the rows it is reported on."""
+    from bertscope.probes import evaluate
+
+    out = {}
+    for alpha in alphas:
+        values = []
+        for X in feats:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = evaluate(X, y, groups, task="classification", n_folds=n_folds, alphas=alpha, n_boot=0,
+                               seed=seed, control=control, metrics=["accuracy"])  # fmt: skip
+            values.append(float(res.loc[res["labels"] == "selectivity", "value"].iloc[0]))
+        out[float(alpha)] = float(np.mean(values))
+    return out
 
 
 def grouped_oof_predict(
