@@ -18,23 +18,30 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
   before i (binary), and the ``floor(log2 |i - j|)`` distance bucket.
 - **Controls beside every score.** Chance and majority baselines (columns); a Hewitt-Liang control task
   (each token type a fixed random label drawn from the label distribution) with selectivity = task -
-  control; the same architecture with random weights (``models.random_encoder``); word order shuffled inside
-  each window/sentence (same tokens, same position ids); the position-embedding table itself probed
-  (absolute position by regression, relative order by pair classification, as in Wang & Chen 2020).
+  control, beside its memorisation ceiling (share of test tokens whose type is in the training folds);
+  a capacity sweep over ``sweep_alphas`` with the operating point chosen by selectivity on the tuning
+  windows (``capacity_sweep``); word order shuffled inside each window/sentence (same tokens, same position
+  ids); the trained model with its position embeddings zeroed (``zeroed_positions``, the floor: the random-
+  weights baseline was dropped because its random position table passes straight through the residual and
+  decodes position perfectly); the position-embedding table itself probed (Wang & Chen 2020).
 - **Probe-free measures** per site: share of variance explained by position and linear CKA with the
   position embeddings of the tokens' positions (windows; baseline: positions permuted inside windows).
-- **MDL**: online codelength / compression of absolute position and of its control task per layer.
+- **MDL**: online codelength / compression of absolute position and of its control task per layer, alpha
+  chosen per block from the prefix (a valid online code).
 
 The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
 chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
 ``embed.hook_out``, the middle and the last block; pairs at the middle block only), and then held fixed
 across sites and controls: every layer is read by a probe of the same capacity and no score is computed on
 rows that chose its alpha. The values are in the ``alpha`` column and the CV scores in the manifest notes.
-The [CLS]/[SEP] ridge probes, which exist only in sentences, use nested grouped CV at the middle block.
+The [CLS]/[SEP] ridge probes, which exist only in sentences, use nested grouped CV (alpha per outer fold from
+its training split). The headline rows (position class at the residual sites) use ``repeats`` CV runs;
+``ci_covers`` says which variance each interval covers and ``chosen`` how its alpha was chosen.
 
 Outputs in ``OUT/positions/``: ``results.parquet|csv`` (long table, columns `COLUMNS`), ``confusion``
 (true-vs-predicted counts for chosen sites), ``position_table_pca``, ``position_table_cosine``,
-``summary_absolute`` (per-layer accuracy and selectivity), and the figures drawn by `plot`.
+``summary_absolute`` (per-layer accuracy, control, ceiling, selectivity, nulls), ``capacity_sweep``, and the
+figures drawn by `plot`.
 """
 
 from __future__ import annotations
@@ -93,7 +100,7 @@ class Settings:
     table_pairs: int = 2000  # pairs of position-table rows for the Wang & Chen relative probe
     mdl: bool = True  # MDL codelengths per layer (absolute position and its control)
     mdl_blocks: int = 8  # doublings of the online code
-    sublayer_controls: bool = False  # shuffled / random-weights probes at the sublayer sites too
+    sublayer_controls: bool = False  # shuffled / zeroed-position probes at the sublayer sites too
     heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
     batch_size: int = 32
     blas_threads: int | None = 1  # BLAS threads while probing (None: leave as is)
