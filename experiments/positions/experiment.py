@@ -93,7 +93,7 @@ class Settings:
     repeats: int = 3  # repeated CV (fold and control-label seeds) behind the headline rows (abs_class, residual)
     # capacity sweep (Hewitt & Liang): alphas swept at the tuning sites; the operating point is the alpha with
     # the best selectivity on the tuning windows, then reported on the probed windows
-    sweep_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0)
+    sweep_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
     sweep_sites: tuple[str, ...] | None = None  # None: embed.hook_out and the last block
     sweep_boot: int = 200  # bootstrap resamples behind the sweep's intervals
     pairs_per_window: int = 24  # ordered pairs drawn per window for the relative-order probes
