@@ -214,7 +214,7 @@ def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
     chance level, and ``ci_covers`` (the variance the task / control / selectivity intervals cover)."""
     rows = results[
         (results["data"] == "windows") & (results["target"] == "abs_class") & (results["metric"] == "accuracy")
-        & results["component"].isin(["word", "embed", "resid_post"])
+        & results["component"].isin(["word", "embed", "resid_post"]) & (results["probe"] != "sweep")
     ]  # fmt: skip
     out = []
     for (site, layer), g in rows.groupby(["site", "layer"], sort=False):
