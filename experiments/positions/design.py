@@ -75,7 +75,8 @@ class ProbeDesign:
         ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
                                                repeats=s.repeats)  # fmt: skip
         parts.append(self._frame(pd.DataFrame([
-            {"data": "windows", "site": site, "target": "abs_class", "features": "h", "probe": "memorisation",
+            {"data": "windows", "token": "content", "site": site, "target": "abs_class", "features": "h",
+             "probe": "memorisation",
              "control": "memorisation_ceiling", "metric": "accuracy", "value": ceiling["value"],
              "ci_low": ceiling["low"], "ci_high": ceiling["high"], "n_test": len(y), "n_folds": s.n_folds,
              "n_groups": len(np.unique(groups)), "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}

@@ -38,7 +38,8 @@ def plot(out_dir: Path) -> list[Path]:
     results_path = out_dir / "results.parquet"
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} is missing; run `bertscope run positions` first")
-    results = pd.read_parquet(results_path)
+    every = pd.read_parquet(results_path)
+    results = every[every["probe"] != "sweep"]  # the capacity sweep has its own figure
     figures = {
         "fig_absolute_vs_layer": absolute_figure(results),
         "fig_selectivity_vs_layer": selectivity_figure(results),
@@ -46,8 +47,8 @@ def plot(out_dir: Path) -> list[Path]:
         "fig_probe_free_vs_layer": probe_free_figure(results),
         "fig_specials_vs_layer": specials_figure(results),
     }
-    if (results["probe"] == "sweep").any():
-        figures["fig_capacity_sweep"] = capacity_figure(results)
+    if (every["probe"] == "sweep").any():
+        figures["fig_capacity_sweep"] = capacity_figure(every)
     if (results["probe"] == "mdl").any():
         figures["fig_mdl_vs_layer"] = mdl_figure(results)
     if (out_dir / "confusion.parquet").is_file():
