@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from bertscope.experiments import positions
 from bertscope.experiments.findings import Finding
-from bertscope.experiments.positions import probing
+from bertscope.experiments.positions import capacity, probing
 from bertscope.probes import control_labels, evaluate
 
 
@@ -35,18 +35,44 @@ def test_memorisation_ceiling_is_the_share_of_test_types_seen_in_training_and_bo
     assert res["value"].iloc[0] > ceil["value"] - 0.1
 
 
-def test_capacity_choice_uses_only_the_tuning_rows():
-    rng = np.random.default_rng(1)
+def _planted_capacity_data(seed: int = 1):
+    """Windows of P positions; features = noisy one-hot position + one-hot word type (12 types)."""
+    rng = np.random.default_rng(seed)
     n_win, P = 30, 6
     groups = np.repeat(np.arange(n_win), P)
     y = np.tile(np.arange(P), n_win)
     types = rng.integers(0, 12, size=len(y))
     X = np.concatenate([np.eye(P)[y] + 0.3 * rng.normal(size=(len(y), P)), np.eye(12)[types]], axis=1)
-    control = control_labels(types, y, seed=0)
-    scores = probing.selectivity_by_alpha([X], y, groups, control, alphas=(1e-3, 10.0), n_folds=3)
-    assert set(scores) == {1e-3, 10.0}
+    return X, y, groups, control_labels(types, y, seed=0)
+
+
+def test_capacity_choice_prefers_the_probe_that_keeps_position_and_loses_word_identity():
+    X, y, groups, control = _planted_capacity_data()
+    scores = capacity.sweep_scores(X, y, groups, control, alphas=(1e-3, 10.0), n_folds=3, n_boot=0)
+    sel = scores[scores["control"] == "selectivity"].set_index("alpha")["value"]
+    assert set(sel.index) == {1e-3, 10.0}
     # a weak-L2 probe memorises types (high control accuracy); strong L2 keeps position and loses types
-    assert scores[10.0] > scores[1e-3]
+    assert sel[10.0] > sel[1e-3]
+    assert capacity.choose_capacity(scores) == 10.0
+    ties = scores.assign(value=0.0)
+    assert capacity.choose_capacity(ties) == 10.0  # ties go to the stronger L2
+
+
+def test_capacity_sweep_path_equals_separate_fits_on_evaluates_folds():
+    """One warm-started path per fold gives the scores `probes.evaluate` gives at each alpha (same folds)."""
+    X, y, groups, control = _planted_capacity_data(seed=2)
+    alphas = (1e-2, 1.0)
+    scores = capacity.sweep_scores(X, y, groups, control, alphas=alphas, n_folds=3, seed=4, n_boot=50)
+    for alpha in alphas:
+        ref = evaluate(X, y, groups, task="classification", n_folds=3, alphas=alpha, n_boot=0, seed=4,
+                       control=control, metrics=["accuracy"], backend="torch")  # fmt: skip
+        got = scores[scores["alpha"] == alpha].set_index("control")["value"]
+        want = ref.set_index("labels")["value"]
+        assert got["none"] == pytest.approx(want["task"], abs=0.01)
+        assert got["control_task"] == pytest.approx(want["control"], abs=0.01)
+        assert got["selectivity"] == pytest.approx(want["selectivity"], abs=0.02)
+    ok = scores["ci_low"] <= scores["value"] + 1e-12
+    assert ok.all() and (scores["value"] <= scores["ci_high"] + 1e-12).all()
 
 
 def test_table_exact_is_nested_with_an_interval_and_decodes_a_one_hot_table():

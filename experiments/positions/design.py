@@ -7,7 +7,6 @@ are a cached step of their own. Measurement itself is in `probing` (probes) and 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -219,22 +218,9 @@ class ProbeDesign:
 
     def _mdl_site(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray,
                   site: str) -> pd.DataFrame:  # fmt: skip
-        """Online codes of position and its control at one site; mdl_probe chooses alpha per block from the
-        prefix (a valid online code); the ``alpha`` column is the last block's choice."""
-        from bertscope.probes import mdl_probe
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
-            res = mdl_probe(X, y, groups, seed=self.seed, control=control, n_blocks=self.s.mdl_blocks)
-        rows = []
-        for control_name, d in (("none", res), ("control_task", res["control"])):
-            for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):
-                rows.append({"data": "windows", "site": site, "target": "abs_class", "features": "h",
-                             "probe": "mdl", "control": control_name, "metric": metric,
-                             "value": float(d[metric]), "n_test": int(d["n"]), "n_groups": len(np.unique(groups)),
-                             "alpha": float(d["alpha"]), "chosen": "per_block_prefix",
-                             "ci_covers": "none"})  # fmt: skip
-        return self._frame(pd.DataFrame(rows))
+        """Online codes of position and its control at one site (`probing.mdl_rows`)."""
+        rows = probing.mdl_rows(X, y, groups, control, n_blocks=self.s.mdl_blocks, seed=self.seed)
+        return self._frame(rows.assign(data="windows", site=site, target="abs_class", features="h"))
 
     # -- heatmaps
     def confusion(self, acts: dict) -> pd.DataFrame:
@@ -348,45 +334,45 @@ class ProbeDesign:
 
         return lambda r: control_labels(types, y, seed=r)
 
-    # -- capacity sweep (Hewitt & Liang 2019)
+    # -- capacity sweep (Hewitt & Liang 2019): `capacity` fits one alpha path per fold
     def tune_capacity(self, tuning: Activations) -> float:
-        """Choose the operating point of the absolute-position probe by selectivity on the tuning windows:
-        grouped CV with a control task at every alpha of ``sweep_alphas``, selectivity averaged over the tuning
-        sites, best alpha (ties to the stronger L2). One cached step; the scores go to the notes."""
-        def choose() -> pd.DataFrame:
-            sel = tuning.kind == CONTENT
-            y, groups, types = tuning.pos[sel] - 1, tuning.group[sel], tuning.token[sel]
-            feats = [tuning.feats[site][sel] for site in self.tuning_sites]
-            scores = probing.selectivity_by_alpha(feats, y, groups, self._control_labels(types, y),
-                                                  alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
-                                                  seed=self.seed)  # fmt: skip
-            return pd.DataFrame({"alpha": list(scores), "selectivity": list(scores.values())})
+        """Choose the operating point of the absolute-position probe by selectivity on the tuning windows
+        (`capacity.sweep_scores` at every tuning site, mean selectivity, ties to the stronger L2). One cached
+        step per site; the scores go to the notes."""
+        from bertscope.experiments.positions import capacity
 
-        scores = self.step("capacity_choice", choose, alphas=tuple(self.s.sweep_alphas))
-        mean = scores.groupby("alpha")["selectivity"].mean()
-        best = mean.max()
-        self._capacity = float(max(a for a, v in mean.items() if v == best))
+        sel = tuning.kind == CONTENT
+        y, groups, types = tuning.pos[sel] - 1, tuning.group[sel], tuning.token[sel]
+        control = self._control_labels(types, y)
+        scores = pd.concat([self.step("capacity_tuning", lambda site=site: capacity.sweep_scores(
+            tuning.feats[site][sel], y, groups, control, alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
+            seed=self.seed, n_boot=0), site=site, alphas=tuple(self.s.sweep_alphas)) for site in self.tuning_sites])
+        self._capacity = capacity.choose_capacity(scores)
+        mean = scores[scores["control"] == "selectivity"].groupby("alpha")["value"].mean()
         self.note("capacity_choice", {"alpha": self._capacity, "tuning_selectivity_by_alpha":
                                       {f"{a:g}": round(float(v), 4) for a, v in mean.items()}})  # fmt: skip
         return self._capacity
 
     def capacity_sweep(self, acts: dict) -> pd.DataFrame:
         """Accuracy, control accuracy and selectivity of the absolute-position probe along ``sweep_alphas``
-        at the sweep sites of the probed windows (``probe="sweep"``); the alpha chosen on the tuning windows
-        (`tune_capacity`) is marked ``chosen="tuning_selectivity"``, the others ``"sweep"``."""
+        at the sweep sites of the probed windows (``probe="sweep"``, one cached step per site); the alpha
+        chosen on the tuning windows (`tune_capacity`) is marked ``chosen="tuning_selectivity"``, the others
+        ``"sweep"``."""
+        from bertscope.experiments.positions import capacity
+
         real = acts[("windows", "none")]
         sel = real.kind == CONTENT
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
-        control = self._control_fn(types, y)
+        control = self._control_labels(types, y)
         sites = list(self.s.sweep_sites or (self.residual[1], self.residual[-1]))
         parts = []
         for site in self.progress(sites, "capacity sweep"):
-            for alpha in self.s.sweep_alphas:
-                chosen = "tuning_selectivity" if alpha == self._capacity else "sweep"
-                res = self.score(real.feats[site][sel], y, groups, "classification", float(alpha), control=control,
-                                 data="windows", site=site, target="abs_class", metrics=("accuracy",),
-                                 n_boot=self.s.sweep_boot, chosen=chosen)  # fmt: skip
-                parts.append(res.assign(probe="sweep", chosen=chosen))
+            res = self.step("capacity_sweep", lambda site=site: self._frame(capacity.sweep_scores(
+                real.feats[site][sel], y, groups, control, alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
+                seed=self.seed, n_boot=self.s.sweep_boot).assign(data="windows", site=site, token="content",
+                target="abs_class", features="h")), site=site, alphas=tuple(self.s.sweep_alphas),
+                n_boot=self.s.sweep_boot)  # fmt: skip
+            parts.append(res.assign(chosen=np.where(res["alpha"] == self._capacity, "tuning_selectivity", "sweep")))
         return pd.concat(parts, ignore_index=True)
 
     def _frame(self, df: pd.DataFrame) -> pd.DataFrame:

@@ -97,8 +97,7 @@ def table_exact(
     index rounds to the index, with alpha chosen per outer fold by an inner CV on that fold's training rows
     only (nested: no row is scored by an alpha it helped choose), and a percentile bootstrap over rows.
     Returns ``{"value", "ci_low", "ci_high", "alpha"}`` (alpha: the median per-fold choice)."""
-    from bertscope.experiments.positions.measures import _bootstrap
-    from bertscope.probes import grouped_cross_val_predict
+    from bertscope.probes import group_bootstrap, grouped_cross_val_predict
 
     table = np.asarray(table, dtype=np.float64)
     n_pos = table.shape[0]
@@ -106,8 +105,9 @@ def table_exact(
     cv = grouped_cross_val_predict(table, y, np.arange(n_pos), task="regression", n_folds=n_folds,
                                    alphas=list(alphas), seed=seed, inner_folds=inner_folds)  # fmt: skip
     hit = (np.rint(cv.y_pred) == y).astype(np.float64)
-    low, high = _bootstrap(lambda c: (c @ hit) / c.sum(1), n_pos, n_boot, 0.95, seed)
-    return {"value": float(hit.mean()), "ci_low": low, "ci_high": high, "alpha": float(np.median(cv.alpha_by_fold))}
+    out = group_bootstrap(lambda c: (c @ hit) / c.sum(1), n_pos, n_boot=n_boot, level=0.95, seed=seed)
+    return {"value": float(out.value), "ci_low": float(out.low), "ci_high": float(out.high),
+            "alpha": float(np.median(cv.alpha_by_fold))}
 
 
 def memorisation_ceiling(
@@ -193,50 +193,41 @@ def select_alpha(
     Meant for held-out tuning data, so the chosen alpha never saw the rows it is later scored on. Returns
     ``(alpha, {str(alpha): mean score})``.
     """
-    from bertscope.probes import evaluate
+    from bertscope.experiments.positions.capacity import oof_path
 
-    metric = "accuracy" if task == "classification" else "r2"
-    scores = {}
-    for alpha in sorted(alphas, reverse=True):
-        values = []
-        for X in feats:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=0, seed=seed,
-                               metrics=[metric])  # fmt: skip
-            values.append(float(res["value"].iloc[0]))
-        scores[f"{alpha:g}"] = float(np.mean(values))
-    best = max(scores.values())
-    chosen = next(a for a in sorted(alphas, reverse=True) if scores[f"{a:g}"] == best)
-    return float(chosen), scores
+    scores = np.zeros(len(alphas))
+    for X in feats:  # one warm-started alpha path per fold (`capacity.oof_path`)
+        pred = oof_path(X, {"y": y}, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed)["pred"]["y"]
+        if task == "classification":
+            scores += (pred == np.asarray(y)[None]).mean(1)
+        else:
+            resid = ((pred - np.asarray(y, dtype=float)[None]) ** 2).sum(1)
+            scores += 1 - resid / ((y - np.mean(y)) ** 2).sum()
+    scores /= len(feats)
+    best = scores.max()
+    chosen = max(a for a, v in zip(alphas, scores, strict=True) if v == best)
+    return float(chosen), {f"{a:g}": float(v) for a, v in zip(alphas, scores, strict=True)}
 
 
-def selectivity_by_alpha(
-    feats: list[np.ndarray],
-    y: np.ndarray,
-    groups: np.ndarray,
-    control: np.ndarray,
-    *,
-    alphas: tuple[float, ...],
-    n_folds: int = 3,
-    seed: int = 0,
-) -> dict[float, float]:
-    """Grouped-CV selectivity (accuracy on ``y`` - accuracy on the ``control`` labels, Hewitt & Liang 2019) at
-    every alpha, averaged over the feature sets ``feats`` (each ``[n, d]``, same rows). Meant for the tuning
-    windows: the capacity with the best selectivity is chosen there, never on the rows it is reported on."""
-    from bertscope.probes import evaluate
+def mdl_rows(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray, *, n_blocks: int, seed: int = 0
+) -> pd.DataFrame:
+    """Online codelength (Voita & Titov 2020) of ``y`` and of its ``control`` labels from X ``[n, d]``
+    (`probes.mdl_probe`, which chooses alpha per block from the already-transmitted prefix only: a valid
+    online code). One row per (control in {"none", "control_task"}, metric); ``alpha`` is the last block's
+    choice."""
+    from bertscope.probes import mdl_probe
 
-    out = {}
-    for alpha in alphas:
-        values = []
-        for X in feats:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = evaluate(X, y, groups, task="classification", n_folds=n_folds, alphas=alpha, n_boot=0,
-                               seed=seed, control=control, metrics=["accuracy"])  # fmt: skip
-            values.append(float(res.loc[res["labels"] == "selectivity", "value"].iloc[0]))
-        out[float(alpha)] = float(np.mean(values))
-    return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
+        res = mdl_probe(X, y, groups, seed=seed, control=control, n_blocks=n_blocks)
+    rows = []
+    for control_name, d in (("none", res), ("control_task", res["control"])):
+        for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):
+            rows.append({"probe": "mdl", "control": control_name, "metric": metric, "value": float(d[metric]),
+                         "n_test": int(d["n"]), "n_groups": len(np.unique(groups)), "alpha": float(d["alpha"]),
+                         "chosen": "per_block_prefix", "ci_covers": "none"})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def grouped_oof_predict(
