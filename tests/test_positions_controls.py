@@ -91,7 +91,11 @@ def _fake_tables(tmp_path, acc_last: float, zeroed: float):
         "layer": [0, 0, 6], "accuracy": [0.03, 0.99, acc_last], "accuracy_ci_low": [0.02, 0.98, acc_last - 0.02],
         "accuracy_ci_high": [0.04, 1.0, acc_last + 0.02], "zeroed_accuracy": [0.03, 0.03, zeroed],
         "zeroed_accuracy_ci_low": [0.02, 0.02, zeroed - 0.01], "zeroed_accuracy_ci_high": [0.04, 0.04, zeroed + 0.01],
-        "chance": [1 / 32] * 3, "ci_covers": ["groups+repeats"] * 3,
+        "chance": [1 / 32] * 3, "ci_covers": ["groups+repeats"] * 3, "repeats": [3] * 3, "alpha": [1e-3] * 3,
+        "control_accuracy": [0.5, 0.9, 0.85], "control_accuracy_ci_low": [0.45, 0.88, 0.83],
+        "control_accuracy_ci_high": [0.55, 0.92, 0.87], "memorisation_ceiling": [0.961] * 3,
+        "selectivity": [-0.47, 0.09, acc_last - 0.85], "selectivity_ci_low": [-0.5, 0.07, acc_last - 0.88],
+        "selectivity_ci_high": [-0.44, 0.11, acc_last - 0.82],
     })  # fmt: skip
     summary.to_csv(tmp_path / "summary_absolute.csv", index=False)
     pd.DataFrame({
@@ -111,8 +115,11 @@ def test_findings_come_from_the_tables_and_the_verdict_follows_the_null(tmp_path
     claim = [f for f in found if f.claim == "position"]
     assert len(claim) == 1 and claim[0].holds is holds
     assert f"{acc_last:.3f}" in claim[0].text and "0.031" in claim[0].text  # numbers formatted from the table
-    sweep = [f for f in found if "memorisation ceiling" in f.text]
+    sweep = [f for f in found if "capacity chosen by selectivity" in f.text]
     assert sweep and "0.960" in sweep[0].text and "alpha 1" in sweep[0].text  # the chosen row, not the other
+    assert "3 repeated fold" in claim[0].text  # the variance the interval covers, in words
+    control = [f for f in found if "control task" in f.text and "0.961" in f.text]
+    assert control and "0.850" in control[0].text  # last layer's control accuracy beside the ceiling
     assert positions.findings(tmp_path / "missing") == []
 
 

@@ -91,9 +91,11 @@ class Settings:
     ridge_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0)  # alpha grid of the ridge probes
     n_boot: int = 500  # group-bootstrap resamples behind every interval
     repeats: int = 3  # repeated CV (fold and control-label seeds) behind the headline rows (abs_class, residual)
-    # capacity sweep (Hewitt & Liang): alphas swept at the tuning sites; the operating point is the alpha with
-    # the best selectivity on the tuning windows, then reported on the probed windows
-    sweep_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
+    # capacity sweep (Hewitt & Liang): mean-loss alphas swept at the tuning sites; the operating point is the
+    # alpha with the best selectivity on the tuning windows, then reported on the probed windows. The grid runs
+    # from the accuracy-tuned L2 to where predictions stop changing (at alpha >= ~100 a standardised probe is a
+    # nearest-class-mean rule: only the direction of its tiny weights matters), one warm-started path per fold
+    sweep_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0)
     sweep_sites: tuple[str, ...] | None = None  # None: embed.hook_out and the last block
     sweep_boot: int = 200  # bootstrap resamples behind the sweep's intervals
     pairs_per_window: int = 24  # ordered pairs drawn per window for the relative-order probes
