@@ -140,10 +140,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
             "positions; use a smaller window length"
         )
     sites, residual = position_sites(n_layers), main_sites(n_layers)
+    windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
+    ctx.note("window_len", settings.window_len)
     design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
                          seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note)  # fmt: skip
-
-    windows, tuning = _windows_and_tuning(ctx, settings)
     kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))
@@ -268,22 +268,32 @@ def capacity_sweep(results: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any]:
-    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream."""
+def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
+    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
+    they were cut with: a corpus too short for ``4 * n_folds`` windows of ``window_len`` pieces gets shorter
+    windows (halved down to 4 pieces, with a warning) rather than no run."""
     want = settings.max_windows + settings.tune_windows
-    pool = make_windows(ctx.corpus, ctx.model.tokenizer, settings.window_len, max_windows=want, seed=ctx.seed)
+    length = settings.window_len
+    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
+    while len(pool) < 4 * settings.n_folds and length // 2 >= 4:
+        length //= 2
+        pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
+    if length != settings.window_len:
+        ctx.warn(f"the corpus is too short for {4 * settings.n_folds} windows of {settings.window_len} pieces; "
+                 f"using windows of {length}")  # fmt: skip
+        settings = dataclasses.replace(settings, window_len=length)
     n_tune = settings.tune_windows
     if len(pool) < want:
         n_tune = max(2 * settings.n_folds, len(pool) * settings.tune_windows // want)
-        ctx.warn(f"the corpus gives {len(pool)} windows of {settings.window_len}, fewer than the {want} asked for; "
+        ctx.warn(f"the corpus gives {len(pool)} windows of {length}, fewer than the {want} asked for; "
                  f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
     if len(pool) - n_tune < 2 * settings.n_folds:
         raise ValueError(
-            f"the corpus gives only {len(pool)} windows of {settings.window_len} pieces; need at least "
+            f"the corpus gives only {len(pool)} windows of {length} pieces; need at least "
             f"{2 * settings.n_folds} to probe plus {n_tune} to tune: use a larger corpus or a smaller window_len"
         )
     order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
-    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune]))
+    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune])), settings
 
 
 def _timed(ctx: Any, name: str, fn: Any) -> pd.DataFrame:
