@@ -230,9 +230,11 @@ def capacity_figure(results: pd.DataFrame):
         ax.set_xlabel("L2 strength alpha (mean loss; larger = less capacity)")
         ax.set_ylabel("accuracy / selectivity")
         ax.set_title(f"Capacity sweep: {site_title(site)}")
+        ax.axhline(0.0, color="0.5", lw=0.6)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))  # the legend sits below the panels, never over a curve
     return fig
 
 
