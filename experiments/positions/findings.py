@@ -65,7 +65,8 @@ def findings(out_dir: Path) -> list[Finding]:
             f"piece in windows of {int(_n(summary))} pieces with accuracy {_ci(embed, 'accuracy')} at the embedding "
             f"output and {_ci(last, 'accuracy')} after the last layer, against chance {last['chance']:.3f} and "
             f"{_ci(last, 'zeroed_accuracy')} for the same model with its position embeddings zeroed "
-            f"(intervals cover {_covers(last)}).",
+            f"(intervals cover {_covers(last)}); the last layer keeps {_kept(embed, last):.0%} of the embedding "
+            "output's accuracy above chance.",
             claim="position", holds=holds,
             numbers={"accuracy_embed": float(embed["accuracy"]), "accuracy_last": float(last["accuracy"]),
                      "chance": float(last["chance"]), "zeroed_last": float(last["zeroed_accuracy"])},
@@ -75,8 +76,7 @@ def findings(out_dir: Path) -> list[Finding]:
                 f"At the accuracy-tuned L2 (alpha {float(last['alpha']):g}) the control task (a random label per "
                 f"word-piece type) reaches {_ci(last, 'control_accuracy')} after the last layer against a "
                 f"memorisation ceiling of {float(last['memorisation_ceiling']):.3f} (the share of test tokens whose "
-                f"type was seen in training), so selectivity there, {_ci(last, 'selectivity')}, mostly measures "
-                "word identity; the capacity sweep below reads it at lower capacity.",
+                f"type was seen in training), {_reading(last)}; selectivity there is {_ci(last, 'selectivity')}.",
                 numbers={"control_last": float(last["control_accuracy"]),
                          "ceiling": float(last["memorisation_ceiling"]),
                          "selectivity_last": float(last["selectivity"])},
@@ -96,7 +96,7 @@ def findings(out_dir: Path) -> list[Finding]:
             c = chosen.iloc[-1]
             out.append(Finding(
                 f"At the capacity chosen by selectivity on the tuning windows (alpha {c['alpha']:g}), "
-                f"{_site_name(c['site'])} gives accuracy {_ci(c, 'accuracy')}, control accuracy "
+                f"the probe {_where(c['site'])} reaches accuracy {_ci(c, 'accuracy')}, control accuracy "
                 f"{_ci(c, 'control_accuracy')} against a memorisation ceiling of {c['memorisation_ceiling']:.3f}, "
                 f"and selectivity {_ci(c, 'selectivity')}; across the sweep selectivity ranges "
                 f"{sweep['selectivity'].min():.2f} to {sweep['selectivity'].max():.2f}.",
@@ -130,6 +130,19 @@ def _ci(row: pd.Series, prefix: str) -> str:
     return fmt_ci(float(row[prefix]), float(row[f"{prefix}_ci_low"]), float(row[f"{prefix}_ci_high"]), digits=3)
 
 
+def _kept(embed: pd.Series, last: pd.Series) -> float:
+    """(last - chance) / (embedding output - chance): the share of the input's position accuracy kept."""
+    chance = float(last["chance"])
+    return (float(last["accuracy"]) - chance) / max(float(embed["accuracy"]) - chance, 1e-12)
+
+
+def _reading(row: pd.Series) -> str:
+    """How to read selectivity given how close control accuracy is to its memorisation ceiling."""
+    if float(row["control_accuracy"]) >= 0.8 * float(row["memorisation_ceiling"]):
+        return "close to full memorisation, so selectivity at this L2 mostly measures word identity"
+    return "well below full memorisation, so selectivity at this L2 is not just word identity"
+
+
 def _covers(row: pd.Series) -> str:
     """The variance an interval covers, in words (``ci_covers`` and ``repeats`` of a summary row)."""
     covers = str(row.get("ci_covers", ""))
@@ -140,6 +153,12 @@ def _covers(row: pd.Series) -> str:
 
 def _n(summary: pd.DataFrame) -> float:
     return round(1 / float(summary["chance"].iloc[0])) if float(summary["chance"].iloc[0]) > 0 else float("nan")
+
+
+def _where(site: str) -> str:
+    """``after layer 6`` / ``at the embedding output``."""
+    name = _site_name(site)
+    return name if name.startswith("after") else f"at the {name}"
 
 
 def _site_name(site: str) -> str:
