@@ -71,6 +71,8 @@ def test_capacity_sweep_path_equals_separate_fits_on_evaluates_folds():
         assert got["none"] == pytest.approx(want["task"], abs=0.01)
         assert got["control_task"] == pytest.approx(want["control"], abs=0.01)
         assert got["selectivity"] == pytest.approx(want["selectivity"], abs=0.02)
+    scored = scores[scores["control"] != "selectivity"]
+    assert scored["baseline_chance"].notna().all() and scored["baseline_majority"].notna().all()
     ok = scores["ci_low"] <= scores["value"] + 1e-12
     assert ok.all() and (scores["value"] <= scores["ci_high"] + 1e-12).all()
 

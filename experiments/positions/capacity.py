@@ -34,9 +34,9 @@ def oof_path(
     """Out-of-fold predictions of one probe per label set at every alpha, one warm-started path per fold.
 
     X ``[n, d]``; each ``labels`` value and groups ``[n]``. The folds are the ones `probes.evaluate` makes for
-    ``seed`` (grouped, stratified by the first label set). Returns ``{"pred": {name: [A, n]}, "majority": [n]
-    (the first label set's majority class / mean of each training split), "group_idx": [n], "n_train":
-    mean training-split size}``. The sklearn backend by default: the torch solver stops early at the
+    ``seed`` (grouped, stratified by the first label set). Returns ``{"pred": {name: [A, n]}, "majority":
+    {name: [n]} (each training split's majority class / mean, for its test rows), "group_idx": [n],
+    "n_train": mean training-split size}``. The sklearn backend by default: the torch solver stops early at the
     strongest L2 of a wide grid (its tolerance is not scaled to the tiny weights there).
     """
     from bertscope.probes import LinearProbe, grouped_folds, strata_of
@@ -50,7 +50,7 @@ def oof_path(
     X = np.asarray(X, dtype=np.float32)
     pred = {k: np.empty((len(grid), len(v)), dtype=v.dtype if task == "classification" else np.float64)
             for k, v in labels.items()}  # fmt: skip
-    majority = np.empty(len(first), dtype=pred[next(iter(pred))].dtype)
+    majority = {k: np.empty(len(v), dtype=pred[k].dtype) for k, v in labels.items()}
     probe, n_train = LinearProbe(task=task, backend=backend, seed=seed), []
     for f in range(n_folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
@@ -59,11 +59,12 @@ def oof_path(
             for name, y in labels.items():
                 for i, fitted in enumerate(probe.fit_path(X[train], y[train], grid)):
                     pred[name][i, test] = fitted.predict(X[test])
-        if task == "classification":
-            values, counts = np.unique(first[train], return_counts=True)
-            majority[test] = values[np.argmax(counts)]
-        else:
-            majority[test] = first[train].mean()
+        for name, y in labels.items():  # the intercept-only probe of this training split
+            if task == "classification":
+                values, counts = np.unique(y[train], return_counts=True)
+                majority[name][test] = values[np.argmax(counts)]
+            else:
+                majority[name][test] = y[train].mean()
         n_train.append(len(train))
     return {"pred": pred, "majority": majority, "group_idx": group_idx, "n_train": float(np.mean(n_train))}
 
@@ -90,7 +91,7 @@ def sweep_scores(
 
     path = oof_path(X, {"task": y, "control": control}, groups, alphas=alphas, n_folds=n_folds, seed=seed,
                     backend=backend)  # fmt: skip
-    pred = {**path["pred"], "majority": path["majority"], "n_train": path["n_train"]}
+    pred = {**path["pred"], "n_train": path["n_train"]}
     g = path["group_idx"]
     n_groups = int(g.max()) + 1
     rows_per_group = np.bincount(g, minlength=n_groups).astype(np.float64)
@@ -104,15 +105,17 @@ def sweep_scores(
         return np.concatenate([acc, acc[:, :1] - acc[:, 1:]], axis=1)
 
     est = group_bootstrap(statistic, n_groups, n_boot=n_boot, level=ci, seed=[seed, 1])
-    chance = chance_baseline("accuracy", np.asarray(y))
-    majority = float(np.mean(pred["majority"] == np.asarray(y)))
+    truth = {"none": np.asarray(y), "control_task": np.asarray(control)}
+    chance = {k: chance_baseline("accuracy", v) for k, v in truth.items()}
+    majority = {k: float(np.mean(path["majority"][m] == truth[k])) for k, m in (("none", "task"),
+                                                                               ("control_task", "control"))}
     rows = []
     for i, alpha in enumerate(alphas):
         for j, name in enumerate(("none", "control_task", "selectivity")):
             rows.append({"alpha": float(alpha), "control": name, "metric": "accuracy",
                          "value": float(est.value[j, i]), "ci_low": float(est.low[j, i]),
-                         "ci_high": float(est.high[j, i]), "baseline_chance": chance if j == 0 else np.nan,
-                         "baseline_majority": majority if j == 0 else np.nan, "n_train": pred["n_train"],
+                         "ci_high": float(est.high[j, i]), "baseline_chance": chance.get(name, np.nan),
+                         "baseline_majority": majority.get(name, np.nan), "n_train": pred["n_train"],
                          "n_test": len(g), "n_groups": n_groups, "n_folds": n_folds, "n_boot": n_boot,
                          "repeats": 1, "ci_covers": "groups" if n_boot else "none", "probe": "sweep"})  # fmt: skip
     return pd.DataFrame(rows)
