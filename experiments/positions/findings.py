@@ -88,6 +88,13 @@ def findings(out_dir: Path) -> list[Finding]:
             "after the last layer).",
             numbers={"zeroed_last": float(last["zeroed_accuracy"])},
         ))  # fmt: skip
+    out.extend(_sweep_and_mdl(out_dir))
+    return out
+
+
+def _sweep_and_mdl(out_dir: Path) -> list[Finding]:
+    """The capacity-sweep and MDL sentences, from ``capacity_sweep.csv`` and ``results.parquet``."""
+    out: list[Finding] = []
     sweep_path = out_dir / "capacity_sweep.csv"
     if sweep_path.is_file():
         sweep = pd.read_csv(sweep_path)
