@@ -215,6 +215,7 @@ def test_zeroed_position_embeddings_leave_no_position_at_embed_out_on_shuffled_w
 SMALL = positions.Settings(
     window_len=8, max_windows=24, tune_windows=12, max_sentences=40, n_folds=3, n_boot=50, pairs_per_window=6,
     table_pairs=300, mdl_blocks=4, sublayer_controls=True, alphas=(1.0, 10.0), ridge_alphas=(1.0, 100.0),
+    sweep_alphas=(0.1, 10.0), repeats=2, sweep_boot=20,
 )  # fmt: skip
 
 
@@ -237,13 +238,13 @@ def test_full_run_writes_tables_and_figures_with_controls(tmp_path, tokenizer, t
         assert col in table
     assert set(table["site"]) >= set(position_sites(2))
     controls = set(table["control"])
-    assert controls >= {"none", "control_task", "selectivity", "shuffled", "random_weights", "position_table",
-                        "permuted_positions"}  # fmt: skip
+    assert controls >= {"none", "control_task", "selectivity", "shuffled", "zeroed_positions", "position_table",
+                        "permuted_positions", "memorisation_ceiling"}  # fmt: skip
     assert set(table["target"]) >= {"abs_class", "abs_reg", "order", "distance_bucket", "sep_position",
                                     "cls_length", "abs_position"}  # fmt: skip
     assert {"cls", "sep", "content", "pair", "table"} <= set(table["token"])
     assert (table["probe"] == "mdl").any()
-    scored = table[(table["metric"] == "accuracy") & (table["control"] != "selectivity")]
+    scored = table[(table["metric"] == "accuracy") & ~table["control"].isin(["selectivity", "memorisation_ceiling"])]
     assert scored["baseline_chance"].notna().all() and scored["baseline_majority"].notna().all()
     summary = pd.read_csv(out / "summary_absolute.csv")
     assert list(summary["site"]) == main_sites(2)

@@ -7,7 +7,6 @@ are a cached step of their own. Measurement itself is in `probing` (probes) and 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +25,13 @@ from bertscope.experiments.positions.measures import (
 COLUMNS = [
     "model", "corpus", "data", "token", "site", "layer", "component", "target", "features", "probe", "control",
     "metric", "value", "ci_low", "ci_high", "baseline_chance", "baseline_majority", "n_train", "n_test",
-    "n_groups", "alpha", "n_folds", "n_boot",
+    "n_groups", "alpha", "n_folds", "n_boot", "repeats", "ci_covers", "chosen",
 ]  # fmt: skip
+# ``repeats``: cross-validation runs pooled (fold and control-label seeds); ``ci_covers``: the variance the
+# interval covers ("groups": window/sentence bootstrap of one CV run; "groups+repeats": also the repeats;
+# "none": no interval); ``chosen``: how the row's alpha was chosen ("tuning_accuracy": best accuracy on the
+# tuning windows; "tuning_selectivity": best selectivity on the tuning windows; "nested": per outer fold by an
+# inner grouped CV on its training split; "sweep": a grid point of the capacity sweep, not chosen).
 
 
 class ProbeDesign:
@@ -49,6 +53,7 @@ class ProbeDesign:
         # alphas are chosen on these sites of the tuning windows: the bottom, the middle and the top
         self.tuning_sites = list(dict.fromkeys(["embed.hook_out", self.reference, residual[-1]]))
         self._alphas: dict[str, float] = {}
+        self._capacity: float = float("nan")
 
     # -- absolute position
     def absolute_windows(self, acts: dict) -> pd.DataFrame:
@@ -56,16 +61,28 @@ class ProbeDesign:
         real = acts[("windows", "none")]
         sel = real.kind == CONTENT
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
-        control = self._control_labels(types, y)
+        control = self._control_fn(types, y)
         a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")
         for site in self.progress(self.sites, "absolute position (windows)"):
             X = real.feats[site][sel]
-            parts.append(self.score(X, y, groups, "classification", a_cls, control=control,
+            headline = s.repeats if site in self.residual else 1  # the summary rows get repeated CV
+            parts.append(self.score(X, y, groups, "classification", a_cls, control=control, repeats=headline,
                                     data="windows", site=site, target="abs_class"))  # fmt: skip
-            parts.append(self.score(X, y.astype(float), groups, "regression", a_reg, control=control.astype(float),
+            parts.append(self.score(X, y.astype(float), groups, "regression", a_reg,
+                                    control=lambda r: control(r).astype(float),
                                     data="windows", site=site, target="abs_reg"))  # fmt: skip
+        ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
+                                               repeats=s.repeats)  # fmt: skip
+        parts.append(self._frame(pd.DataFrame([
+            {"data": "windows", "token": "content", "site": site, "target": "abs_class", "features": "h",
+             "probe": "memorisation",
+             "control": "memorisation_ceiling", "metric": "accuracy", "value": ceiling["value"],
+             "ci_low": ceiling["low"], "ci_high": ceiling["high"], "n_test": len(y), "n_folds": s.n_folds,
+             "n_groups": len(np.unique(groups)), "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}
+            for site in self.residual
+        ])))  # fmt: skip
         control_sites = self.sites if s.sublayer_controls else self.residual
-        for condition in ("shuffled", "random_weights"):
+        for condition in ("shuffled", "zeroed_positions"):
             other = acts[("windows", condition)]
             osel = other.kind == CONTENT
             for site in self.progress(control_sites, f"absolute position ({condition})"):
@@ -86,8 +103,12 @@ class ProbeDesign:
             content = a.kind == CONTENT
             y_all = a.pos - 1
             in_range = content & (y_all < self.s.window_len)
-            control = self._control_labels(a.token[in_range], y_all[in_range])
-            control_reg = self._control_labels(a.token[content], y_all[content]).astype(float)
+            control = self._control_fn(a.token[in_range], y_all[in_range])
+            ctl_reg = self._control_fn(a.token[content], y_all[content])
+
+            def control_reg(r: int, ctl_reg=ctl_reg) -> np.ndarray:
+                return ctl_reg(r).astype(float)
+
             a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")  # the families tuned on windows
             for site in self.progress(self.residual, f"absolute position (sentences, {condition})"):
                 X = a.feats[site]
@@ -102,14 +123,19 @@ class ProbeDesign:
 
     def specials(self, acts: dict) -> pd.DataFrame:
         """[CLS] and the final [SEP], reported apart: in natural sentences, the [SEP]'s own position and the
-        number of content pieces read from [CLS] (both vary with the sentence), by ridge regression."""
+        number of content pieces read from [CLS] (both vary with the sentence), by ridge regression.
+
+        No tuning windows exist for these targets, so alpha is chosen by properly nested CV: per outer fold, by
+        an inner grouped CV on that fold's training split only (``chosen="nested"``; the ``alpha`` column is
+        the median of the per-fold choices)."""
         parts = []
+        grid = tuple(self.s.ridge_alphas)
         for condition in ("none", "shuffled"):
             a = acts[("sentences", condition)]
             for kind, target, label in ((SEP, "sep_position", a.pos), (CLS, "cls_length", a.length - 2)):
                 sel = a.kind == kind
                 y, groups = label[sel].astype(float), a.group[sel]
-                alpha = self.alpha(target, a.feats[self.reference][sel], y, groups, "regression")
+                alpha = grid
                 for site in self.residual:
                     parts.append(self.score(a.feats[site][sel], y, groups, "regression", alpha,
                                             data="sentences", site=site, target=target, control_name=condition,
@@ -128,11 +154,11 @@ class ProbeDesign:
         # Hewitt-Liang control for pairs: a fixed random label per (type_i, type_j)
         pair_types = tokens[pairs.seq, pairs.i] * (int(tokens.max()) + 1) + tokens[pairs.seq, pairs.j]
         for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
-            control = self._control_labels(pair_types, labels)
+            control = self._control_fn(pair_types, labels)
             for features in ("concat", "diff"):
                 alpha = self.alpha(f"{target}_{features}")
                 # shuffled / random-weights pair probes for the order target only (budget)
-                conditions = ("none", "shuffled", "random_weights") if target == "order" else ("none",)
+                conditions = ("none", "shuffled", "zeroed_positions") if target == "order" else ("none",)
                 for condition in conditions:
                     a = acts[("windows", condition)]
                     for site in self.progress(self.residual, f"pairs {target}/{features} ({condition})"):
@@ -148,9 +174,9 @@ class ProbeDesign:
     def probe_free(self, acts: dict, tables: dict[str, np.ndarray]) -> pd.DataFrame:
         s, rows = self.s, []
         P = s.window_len
-        for condition in ("none", "shuffled", "random_weights", "permuted_positions"):
+        for condition in ("none", "shuffled", "zeroed_positions", "permuted_positions"):
             a = acts[("windows", "none" if condition == "permuted_positions" else condition)]
-            table = tables["W_pos_random" if condition == "random_weights" else "W_pos"][1 : P + 1]
+            table = tables["W_pos"][1 : P + 1]
             sites = self.sites if condition == "none" or s.sublayer_controls else self.residual
             for site in self.progress(sites, f"probe-free ({condition})"):
                 grid = a.content_grid(site)
@@ -183,29 +209,18 @@ class ProbeDesign:
         sel = real.kind == CONTENT
         y, groups = real.pos[sel] - 1, real.group[sel]
         control = self._control_labels(real.token[sel], y)
-        alpha = self.alpha("abs_class")
         parts = [
-            self.step("mdl", lambda site=site: self._mdl_site(real.feats[site][sel], y, groups, control, alpha, site),
-                      site=site, alpha=alpha)  # fmt: skip
+            self.step("mdl", lambda site=site: self._mdl_site(real.feats[site][sel], y, groups, control, site),
+                      site=site, alphas="per_block_prefix")  # fmt: skip
             for site in self.progress(self.residual, "MDL")
         ]
         return pd.concat(parts, ignore_index=True)
 
-    def _mdl_site(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray, alpha: float,
+    def _mdl_site(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray,
                   site: str) -> pd.DataFrame:  # fmt: skip
-        from bertscope.probes import mdl_probe
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
-            res = mdl_probe(X, y, groups, seed=self.seed, control=control, n_blocks=self.s.mdl_blocks)
-        rows = []
-        for control_name, d in (("none", res), ("control_task", res["control"])):
-            for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):
-                rows.append({"data": "windows", "site": site, "target": "abs_class", "features": "h",
-                             "probe": "mdl", "control": control_name, "metric": metric,
-                             "value": float(d[metric]), "n_test": int(d["n"]), "n_groups": len(np.unique(groups)),
-                             "alpha": float(d["alpha"])})  # fmt: skip
-        return self._frame(pd.DataFrame(rows))
+        """Online codes of position and its control at one site (`probing.mdl_rows`)."""
+        rows = probing.mdl_rows(X, y, groups, control, n_blocks=self.s.mdl_blocks, seed=self.seed)
+        return self._frame(rows.assign(data="windows", site=site, target="abs_class", features="h"))
 
     # -- heatmaps
     def confusion(self, acts: dict) -> pd.DataFrame:
@@ -250,28 +265,11 @@ class ProbeDesign:
         return pd.DataFrame([{"family": f, "alpha": a, "scores": json.dumps(self._scores[f])}
                              for f, a in self._alphas.items()])  # fmt: skip
 
-    def alpha(self, family: str, X: np.ndarray | None = None, y: np.ndarray | None = None,
-              groups: np.ndarray | None = None, task: str = "regression") -> float:  # fmt: skip
-        """The alpha of a probe family: chosen by `tune`, or (for the [CLS]/[SEP] ridge probes, whose data
-        exist only in sentences) by nested grouped CV on ``X`` at the reference site, once."""
+    def alpha(self, family: str) -> float:
+        """The alpha of a probe family, chosen by `tune` on the tuning windows."""
         if family not in self._alphas:
-            if X is None:
-                raise KeyError(f"no alpha for probe family {family!r}; call tune() first")
-            chosen = self.step("alpha", lambda: self._nested_alpha(X, y, groups, task), family=family)
-            self._alphas[family] = float(chosen["alpha"].iloc[0])
-            self.note(f"alpha_{family}", self._alphas[family])
+            raise KeyError(f"no alpha for probe family {family!r}; call tune() first")
         return self._alphas[family]
-
-    def _nested_alpha(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray, task: str) -> pd.DataFrame:
-        from bertscope.probes import evaluate
-
-        metric = "accuracy" if task == "classification" else "r2"
-        grid = self.s.alphas if task == "classification" else self.s.ridge_alphas
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = evaluate(X, y, groups, task=task, n_folds=self.s.n_folds, alphas=list(grid),
-                           n_boot=0, seed=self.seed, metrics=[metric])  # fmt: skip
-        return pd.DataFrame({"alpha": [float(res["alpha"].iloc[0])]})
 
     def _choose(
         self, family: str, feats: list[np.ndarray], y: np.ndarray, groups: np.ndarray, task: str,
@@ -298,18 +296,30 @@ class ProbeDesign:
         features: str = "h",
         token: str = "content",
         metrics: tuple[str, ...] | None = None,
+        repeats: int = 1,
+        n_boot: int | None = None,
+        chosen: str | None = None,
     ) -> pd.DataFrame:
         """One probe's scores (`probing.probe_scores`), cached as its own step: a rerun after Ctrl-C keeps every
         probe that finished. The key names the probe (data, site, target, features, token, condition, task,
-        alpha, metrics, whether a control task runs); its inputs follow from those and the run's settings."""
+        alpha, metrics, whether a control task runs, repeats); its inputs follow from those and the run's settings.
+
+        ``alpha``: a number (chosen on the tuning windows) or a tuple (nested CV per outer fold); ``control``:
+        labels, or a function seed -> labels so that each repeat redraws the control task."""
+        n_boot = self.s.n_boot if n_boot is None else n_boot
+        if chosen is None:
+            chosen = "nested" if isinstance(alpha, tuple) else "tuning_accuracy"
         key = dict(data=data, site=site, target=target, features=features, token=token, control=control_name,
-                   task=task, alpha=alpha, metrics=metrics, with_control=control is not None)  # fmt: skip
+                   task=task, alpha=alpha, metrics=metrics, with_control=control is not None, repeats=repeats,
+                   n_boot=n_boot)  # fmt: skip
 
         def fit() -> pd.DataFrame:
-            res = probing.probe_scores(X, y, groups, task=task, alpha=alpha, n_folds=self.s.n_folds,
-                                       n_boot=self.s.n_boot, seed=self.seed, control=control,
-                                       control_name=control_name, metrics=metrics)  # fmt: skip
-            return self._frame(res.assign(data=data, site=site, token=token, target=target, features=features))
+            res = probing.probe_scores(X, y, groups, task=task, alpha=list(alpha) if isinstance(alpha, tuple)
+                                       else alpha, n_folds=self.s.n_folds, n_boot=n_boot, seed=self.seed,
+                                       control=control, control_name=control_name, metrics=metrics,
+                                       repeats=repeats)  # fmt: skip
+            return self._frame(res.assign(data=data, site=site, token=token, target=target, features=features,
+                                          chosen=chosen))  # fmt: skip
 
         return self.step("probe", fit, **key)
 
@@ -317,6 +327,53 @@ class ProbeDesign:
         from bertscope.probes import control_labels
 
         return control_labels(types, y, seed=self.seed)
+
+    def _control_fn(self, types: np.ndarray, y: np.ndarray) -> Callable[[int], np.ndarray]:
+        """Control labels per repeat seed (seed ``self.seed`` gives `_control_labels`)."""
+        from bertscope.probes import control_labels
+
+        return lambda r: control_labels(types, y, seed=r)
+
+    # -- capacity sweep (Hewitt & Liang 2019): `capacity` fits one alpha path per fold
+    def tune_capacity(self, tuning: Activations) -> float:
+        """Choose the operating point of the absolute-position probe by selectivity on the tuning windows
+        (`capacity.sweep_scores` at every tuning site, mean selectivity, ties to the stronger L2). One cached
+        step per site; the scores go to the notes."""
+        from bertscope.experiments.positions import capacity
+
+        sel = tuning.kind == CONTENT
+        y, groups, types = tuning.pos[sel] - 1, tuning.group[sel], tuning.token[sel]
+        control = self._control_labels(types, y)
+        scores = pd.concat([self.step("capacity_tuning", lambda site=site: capacity.sweep_scores(
+            tuning.feats[site][sel], y, groups, control, alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
+            seed=self.seed, n_boot=0), site=site, alphas=tuple(self.s.sweep_alphas)) for site in self.tuning_sites])
+        self._capacity = capacity.choose_capacity(scores)
+        mean = scores[scores["control"] == "selectivity"].groupby("alpha")["value"].mean()
+        self.note("capacity_choice", {"alpha": self._capacity, "tuning_selectivity_by_alpha":
+                                      {f"{a:g}": round(float(v), 4) for a, v in mean.items()}})  # fmt: skip
+        return self._capacity
+
+    def capacity_sweep(self, acts: dict) -> pd.DataFrame:
+        """Accuracy, control accuracy and selectivity of the absolute-position probe along ``sweep_alphas``
+        at the sweep sites of the probed windows (``probe="sweep"``, one cached step per site); the alpha
+        chosen on the tuning windows (`tune_capacity`) is marked ``chosen="tuning_selectivity"``, the others
+        ``"sweep"``."""
+        from bertscope.experiments.positions import capacity
+
+        real = acts[("windows", "none")]
+        sel = real.kind == CONTENT
+        y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
+        control = self._control_labels(types, y)
+        sites = list(self.s.sweep_sites or (self.residual[1], self.residual[-1]))
+        parts = []
+        for site in self.progress(sites, "capacity sweep"):
+            res = self.step("capacity_sweep", lambda site=site: self._frame(capacity.sweep_scores(
+                real.feats[site][sel], y, groups, control, alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
+                seed=self.seed, n_boot=self.s.sweep_boot).assign(data="windows", site=site, token="content",
+                target="abs_class", features="h")), site=site, alphas=tuple(self.s.sweep_alphas),
+                n_boot=self.s.sweep_boot)  # fmt: skip
+            parts.append(res.assign(chosen=np.where(res["alpha"] == self._capacity, "tuning_selectivity", "sweep")))
+        return pd.concat(parts, ignore_index=True)
 
     def _frame(self, df: pd.DataFrame) -> pd.DataFrame:
         df = df.copy()

@@ -18,23 +18,30 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
   before i (binary), and the ``floor(log2 |i - j|)`` distance bucket.
 - **Controls beside every score.** Chance and majority baselines (columns); a Hewitt-Liang control task
   (each token type a fixed random label drawn from the label distribution) with selectivity = task -
-  control; the same architecture with random weights (``models.random_encoder``); word order shuffled inside
-  each window/sentence (same tokens, same position ids); the position-embedding table itself probed
-  (absolute position by regression, relative order by pair classification, as in Wang & Chen 2020).
+  control, beside its memorisation ceiling (share of test tokens whose type is in the training folds);
+  a capacity sweep over ``sweep_alphas`` with the operating point chosen by selectivity on the tuning
+  windows (``capacity_sweep``); word order shuffled inside each window/sentence (same tokens, same position
+  ids); the trained model with its position embeddings zeroed (``zeroed_positions``, the floor: the random-
+  weights baseline was dropped because its random position table passes straight through the residual and
+  decodes position perfectly); the position-embedding table itself probed (Wang & Chen 2020).
 - **Probe-free measures** per site: share of variance explained by position and linear CKA with the
   position embeddings of the tokens' positions (windows; baseline: positions permuted inside windows).
-- **MDL**: online codelength / compression of absolute position and of its control task per layer.
+- **MDL**: online codelength / compression of absolute position and of its control task per layer, alpha
+  chosen per block from the prefix (a valid online code).
 
 The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
 chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
 ``embed.hook_out``, the middle and the last block; pairs at the middle block only), and then held fixed
 across sites and controls: every layer is read by a probe of the same capacity and no score is computed on
 rows that chose its alpha. The values are in the ``alpha`` column and the CV scores in the manifest notes.
-The [CLS]/[SEP] ridge probes, which exist only in sentences, use nested grouped CV at the middle block.
+The [CLS]/[SEP] ridge probes, which exist only in sentences, use nested grouped CV (alpha per outer fold from
+its training split). The headline rows (position class at the residual sites) use ``repeats`` CV runs;
+``ci_covers`` says which variance each interval covers and ``chosen`` how its alpha was chosen.
 
 Outputs in ``OUT/positions/``: ``results.parquet|csv`` (long table, columns `COLUMNS`), ``confusion``
 (true-vs-predicted counts for chosen sites), ``position_table_pca``, ``position_table_cosine``,
-``summary_absolute`` (per-layer accuracy and selectivity), and the figures drawn by `plot`.
+``summary_absolute`` (per-layer accuracy, control, ceiling, selectivity, nulls), ``capacity_sweep``, and the
+figures drawn by `plot`.
 """
 
 from __future__ import annotations
@@ -63,8 +70,10 @@ from threadpoolctl import threadpool_limits
 
 NAME = "positions"
 DIRNAME = "positions"
-SUMMARY_TABLES = ["summary_absolute.csv"]
+SUMMARY_TABLES = ["summary_absolute.csv", "capacity_sweep.csv"]
 
+#: The null model: the trained weights with the position embeddings zeroed (``embed.hook_pos`` -> 0).
+ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
 
 
 @dataclass(frozen=True)
@@ -81,11 +90,19 @@ class Settings:
     alphas: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1)  # alpha grid of the logistic probes
     ridge_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0)  # alpha grid of the ridge probes
     n_boot: int = 500  # group-bootstrap resamples behind every interval
+    repeats: int = 3  # repeated CV (fold and control-label seeds) behind the headline rows (abs_class, residual)
+    # capacity sweep (Hewitt & Liang): mean-loss alphas swept at the tuning sites; the operating point is the
+    # alpha with the best selectivity on the tuning windows, then reported on the probed windows. The grid runs
+    # from the accuracy-tuned L2 to where predictions stop changing (at alpha >= ~100 a standardised probe is a
+    # nearest-class-mean rule: only the direction of its tiny weights matters), one warm-started path per fold
+    sweep_alphas: tuple[float, ...] = (1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0)
+    sweep_sites: tuple[str, ...] | None = None  # None: embed.hook_out and the last block
+    sweep_boot: int = 200  # bootstrap resamples behind the sweep's intervals
     pairs_per_window: int = 24  # ordered pairs drawn per window for the relative-order probes
     table_pairs: int = 2000  # pairs of position-table rows for the Wang & Chen relative probe
     mdl: bool = True  # MDL codelengths per layer (absolute position and its control)
     mdl_blocks: int = 8  # doublings of the online code
-    sublayer_controls: bool = False  # shuffled / random-weights probes at the sublayer sites too
+    sublayer_controls: bool = False  # shuffled / zeroed-position probes at the sublayer sites too
     heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
     batch_size: int = 32
     blas_threads: int | None = 1  # BLAS threads while probing (None: leave as is)
@@ -93,6 +110,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.window_len < 4:
             raise ValueError(f"window_len must be >= 4, got {self.window_len}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds must be >= 2, got {self.n_folds}")
         for name in ("max_windows", "tune_windows"):
@@ -121,10 +140,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
             "positions; use a smaller window length"
         )
     sites, residual = position_sites(n_layers), main_sites(n_layers)
+    windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
+    ctx.note("window_len", settings.window_len)
     design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
                          seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note)  # fmt: skip
-
-    windows, tuning = _windows_and_tuning(ctx, settings)
     kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))
@@ -133,31 +152,27 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
             f"{len(sentences)} sentences")
 
-    from bertscope.models import random_encoder
-
-    random_model = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
-    random_model = random_model.to(device=ctx.device, dtype=ctx.dtype).eval()
-
-    def collect(name: str, m: Any, seqs: Any, at: list[str]) -> Activations:
-        arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size)
-                                 .to_arrays(), data=name, sites=at)  # fmt: skip
+    def collect(name: str, m: Any, seqs: Any, at: list[str], hooks: tuple = ()) -> Activations:
+        arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size,
+                                 fwd_hooks=hooks).to_arrays(), data=name, sites=at)  # fmt: skip
         return Activations.from_arrays(arrays)
 
     acts = {
         ("windows", "none"): collect("windows", model, windows, sites),
         ("windows", "shuffled"): collect("windows_shuffled", model, shuffle_content(windows, seed=ctx.seed), sites),
-        ("windows", "random_weights"): collect("windows_random_weights", random_model, windows, sites),
+        ("windows", "zeroed_positions"): collect("windows_zeroed_positions", model, windows, sites, ZERO_POSITIONS),
         ("sentences", "none"): collect("sentences", model, sentences, residual),
         ("sentences", "shuffled"): collect("sentences_shuffled", model, shuffle_content(sentences, seed=ctx.seed),
                                            residual),  # fmt: skip
     }
-    tables = {"W_pos": _numpy(model.W_pos), "W_pos_random": _numpy(random_model.W_pos)}
+    tables = {"W_pos": _numpy(model.W_pos)}
     tuning_acts = collect("tuning", model, tuning, design.tuning_sites)
     ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
     ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
     # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
     with threadpool_limits(limits=settings.blas_threads):
         design.tune(tuning_acts)
+        design.tune_capacity(tuning_acts)
         parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, settings).items()}
     confusion = parts.pop("confusion")
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
@@ -167,6 +182,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.write_table(pca, "position_table_pca")
     ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     ctx.write_table(summary_absolute(results), "summary_absolute")
+    ctx.write_table(capacity_sweep(results), "capacity_sweep")
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
     return results
@@ -177,6 +193,7 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict, settings: Settings) ->
         "absolute_windows": lambda: design.absolute_windows(acts),
         "absolute_sentences": lambda: design.absolute_sentences(acts),
         "specials": lambda: design.specials(acts),
+        "capacity_sweep": lambda: design.capacity_sweep(acts),
         "relative_pairs": lambda: design.relative_pairs(acts),
         "probe_free": lambda: design.probe_free(acts, tables),
         "position_table": lambda: design.position_table(tables["W_pos"]),
@@ -196,10 +213,11 @@ def plot(out_dir: Path) -> list[Path]:
 
 def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
     """Per residual-stream site: absolute-position accuracy on windows with its interval, the control-task
-    accuracy, selectivity, the shuffled and random-weights accuracies, and the chance level."""
+    accuracy beside its memorisation ceiling, selectivity, the shuffled and zeroed-position accuracies, the
+    chance level, and ``ci_covers`` (the variance the task / control / selectivity intervals cover)."""
     rows = results[
         (results["data"] == "windows") & (results["target"] == "abs_class") & (results["metric"] == "accuracy")
-        & results["component"].isin(["word", "embed", "resid_post"])
+        & results["component"].isin(["word", "embed", "resid_post"]) & (results["probe"] != "sweep")
     ]  # fmt: skip
     out = []
     for (site, layer), g in rows.groupby(["site", "layer"], sort=False):
@@ -207,36 +225,75 @@ def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
         row: dict[str, Any] = {"site": site, "layer": layer}
         for control, prefix in (("none", "accuracy"), ("control_task", "control_accuracy"),
                                 ("selectivity", "selectivity"), ("shuffled", "shuffled_accuracy"),
-                                ("random_weights", "random_accuracy")):  # fmt: skip
+                                ("zeroed_positions", "zeroed_accuracy"),
+                                ("memorisation_ceiling", "memorisation_ceiling")):  # fmt: skip
             r = by.get(control)
             row[prefix] = np.nan if r is None else r.value
             row[f"{prefix}_ci_low"] = np.nan if r is None else r.ci_low
             row[f"{prefix}_ci_high"] = np.nan if r is None else r.ci_high
         row["chance"] = by["none"].baseline_chance if "none" in by else np.nan
         row["majority"] = by["none"].baseline_majority if "none" in by else np.nan
+        row["alpha"] = by["none"].alpha if "none" in by else np.nan
+        row["repeats"] = by["none"].repeats if "none" in by else np.nan
+        row["ci_covers"] = by["none"].ci_covers if "none" in by else ""
         out.append(row)
     return pd.DataFrame(out)  # rows come in site (forward) order
+
+
+def capacity_sweep(results: pd.DataFrame) -> pd.DataFrame:
+    """The capacity sweep as a wide table: per site and alpha, accuracy, control accuracy and selectivity with
+    intervals, the memorisation ceiling, and ``chosen`` (True at the alpha chosen by selectivity on the tuning
+    windows: chosen held-out, never on the rows reported here)."""
+    rows = results[(results["target"] == "abs_class") & (results["probe"] == "sweep")
+                   & (results["metric"] == "accuracy")]  # fmt: skip
+    ceiling = results[(results["control"] == "memorisation_ceiling") & (results["data"] == "windows")]
+    ceil = float(ceiling["value"].iloc[0]) if len(ceiling) else np.nan
+    out = []
+    for (site, layer, alpha), g in rows.groupby(["site", "layer", "alpha"], sort=False):
+        by = {c: r for c, r in zip(g["control"], g.itertuples(), strict=True)}
+        row: dict[str, Any] = {"site": site, "layer": layer, "alpha": alpha}
+        for control, prefix in (("none", "accuracy"), ("control_task", "control_accuracy"),
+                                ("selectivity", "selectivity")):  # fmt: skip
+            r = by.get(control)
+            row[prefix] = np.nan if r is None else r.value
+            row[f"{prefix}_ci_low"] = np.nan if r is None else r.ci_low
+            row[f"{prefix}_ci_high"] = np.nan if r is None else r.ci_high
+        row["memorisation_ceiling"] = ceil
+        row["chosen"] = bool(by["none"].chosen == "tuning_selectivity") if "none" in by else False
+        row["ci_covers"] = by["none"].ci_covers if "none" in by else ""
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any]:
-    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream."""
+def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
+    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
+    they were cut with: a corpus too short for ``4 * n_folds`` windows of ``window_len`` pieces gets shorter
+    windows (halved down to 4 pieces, with a warning) rather than no run."""
     want = settings.max_windows + settings.tune_windows
-    pool = make_windows(ctx.corpus, ctx.model.tokenizer, settings.window_len, max_windows=want, seed=ctx.seed)
+    length = settings.window_len
+    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
+    while len(pool) < 4 * settings.n_folds and length // 2 >= 4:
+        length //= 2
+        pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
+    if length != settings.window_len:
+        ctx.warn(f"the corpus is too short for {4 * settings.n_folds} windows of {settings.window_len} pieces; "
+                 f"using windows of {length}")  # fmt: skip
+        settings = dataclasses.replace(settings, window_len=length)
     n_tune = settings.tune_windows
     if len(pool) < want:
         n_tune = max(2 * settings.n_folds, len(pool) * settings.tune_windows // want)
-        ctx.warn(f"the corpus gives {len(pool)} windows of {settings.window_len}, fewer than the {want} asked for; "
+        ctx.warn(f"the corpus gives {len(pool)} windows of {length}, fewer than the {want} asked for; "
                  f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
     if len(pool) - n_tune < 2 * settings.n_folds:
         raise ValueError(
-            f"the corpus gives only {len(pool)} windows of {settings.window_len} pieces; need at least "
+            f"the corpus gives only {len(pool)} windows of {length} pieces; need at least "
             f"{2 * settings.n_folds} to probe plus {n_tune} to tune: use a larger corpus or a smaller window_len"
         )
     order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
-    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune]))
+    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune])), settings
 
 
 def _timed(ctx: Any, name: str, fn: Any) -> pd.DataFrame:

@@ -16,14 +16,15 @@ CONDITION_STYLE = {
     "none": dict(color="C0", label="task"),
     "control_task": dict(color="C3", ls="--", label="control task"),
     "shuffled": dict(color="C2", ls="-.", label="shuffled order"),
-    "random_weights": dict(color="C7", ls=":", label="random weights"),
+    "zeroed_positions": dict(color="C7", ls=":", label="position embeddings zeroed (null)"),
+    "memorisation_ceiling": dict(color="C3", ls=":", marker="", label="control ceiling (memorised types)"),
     "permuted_positions": dict(color="C5", ls="--", label="positions permuted"),
 }
 COMPONENT_STYLE = {
-    "attn_out": dict(color="C1", marker="^", label="attn_out"),
-    "resid_mid": dict(color="C4", marker="s", label="resid_mid"),
-    "mlp_out": dict(color="C6", marker="v", label="mlp_out"),
-    "resid_post": dict(color="C0", marker="o", label="resid_post"),
+    "attn_out": dict(color="C1", marker="^", label="attention output"),
+    "resid_mid": dict(color="C4", marker="s", label="residual after attention"),
+    "mlp_out": dict(color="C6", marker="v", label="MLP output"),
+    "resid_post": dict(color="C0", marker="o", label="residual after the layer"),
 }
 
 
@@ -37,7 +38,8 @@ def plot(out_dir: Path) -> list[Path]:
     results_path = out_dir / "results.parquet"
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} is missing; run `bertscope run positions` first")
-    results = pd.read_parquet(results_path)
+    every = pd.read_parquet(results_path)
+    results = every[every["probe"] != "sweep"]  # the capacity sweep has its own figure
     figures = {
         "fig_absolute_vs_layer": absolute_figure(results),
         "fig_selectivity_vs_layer": selectivity_figure(results),
@@ -45,6 +47,8 @@ def plot(out_dir: Path) -> list[Path]:
         "fig_probe_free_vs_layer": probe_free_figure(results),
         "fig_specials_vs_layer": specials_figure(results),
     }
+    if (every["probe"] == "sweep").any():
+        figures["fig_capacity_sweep"] = capacity_figure(every)
     if (results["probe"] == "mdl").any():
         figures["fig_mdl_vs_layer"] = mdl_figure(results)
     if (out_dir / "confusion.parquet").is_file():
@@ -58,6 +62,20 @@ def plot(out_dir: Path) -> list[Path]:
     for name, fig in figures.items():
         paths += save_figure(fig, out_dir / name)
     return paths
+
+
+def site_title(site: str) -> str:
+    """A readable name of a site: ``embed.hook_out`` -> "embedding output", ``blocks.3.hook_resid_post`` ->
+    "after layer 4", ``embed.hook_word`` -> "word embedding"."""
+    fixed = {"embed.hook_word": "word embedding", "embed.hook_out": "embedding output"}
+    if site in fixed:
+        return fixed[site]
+    parts = site.split(".")
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit():
+        what = {"hook_resid_post": "after layer", "hook_attn_out": "attention output of layer",
+                "hook_resid_mid": "residual after attention, layer", "hook_mlp_out": "MLP output of layer"}
+        return f"{what.get(parts[2], parts[2])} {int(parts[1]) + 1}"
+    return site
 
 
 def depth(layer: pd.Series, component: pd.Series) -> np.ndarray:
@@ -97,9 +115,10 @@ def selectivity_figure(results: pd.DataFrame):
             rows = sel[(sel["data"] == data) & (sel["target"] == target) & (sel["metric"] == metric)]
             _line(ax, rows, color=color, label=data)
         ax.axhline(0, color="k", lw=0.8)
-        ax.set_title(f"Selectivity ({target} {metric}: task - control task)")
+        what = "position class, accuracy" if target == "abs_class" else "position regression, R^2"
+        ax.set_title(f"Selectivity = task - control task ({what})")
         _layer_axis(ax, sel)
-        ax.set_ylabel(f"selectivity ({metric})")
+        ax.set_ylabel(f"selectivity ({'accuracy' if metric == 'accuracy' else 'R^2'})")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -115,7 +134,7 @@ def relative_figure(results: pd.DataFrame):
         for col, features in enumerate(("concat", "diff")):
             ax = axes[row, col]
             rows = pairs[(pairs["target"] == target) & (pairs["features"] == features)]
-            for control in ("none", "control_task", "shuffled", "random_weights"):
+            for control in ("none", "control_task", "shuffled", "zeroed_positions"):
                 _line(ax, rows[rows["control"] == control], **CONDITION_STYLE[control])
             t = table[(table["target"] == target) & (table["features"] == features)]
             if len(t):
@@ -138,9 +157,10 @@ def probe_free_figure(results: pd.DataFrame):
     for ax, metric, title in ((axes[0], "variance_share", "Variance explained by position"),
                               (axes[1], "cka_position_embedding", "Linear CKA with position embeddings")):  # fmt: skip
         rows = free[free["metric"] == metric]
-        for control in ("none", "shuffled", "random_weights", "permuted_positions"):
+        for control in ("none", "shuffled", "zeroed_positions", "permuted_positions"):
             _line(ax, rows[rows["control"] == control], **CONDITION_STYLE[control])
         ax.set_title(title)
+        ax.set_ylabel("share of variance" if metric == "variance_share" else "linear CKA")
         _layer_axis(ax, rows)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -182,6 +202,42 @@ def mdl_figure(results: pd.DataFrame):
     return fig
 
 
+def capacity_figure(results: pd.DataFrame):
+    """Hewitt & Liang's capacity sweep: task accuracy, control accuracy and selectivity against the L2
+    strength per site, the memorisation ceiling, and the operating point chosen on the tuning windows."""
+    import matplotlib.pyplot as plt
+
+    sweep = results[(results["probe"] == "sweep") & (results["metric"] == "accuracy")]
+    ceiling = results[results["control"] == "memorisation_ceiling"]["value"]
+    sites = list(dict.fromkeys(sweep["site"]))
+    fig, axes = plt.subplots(1, len(sites), figsize=(5.2 * len(sites), 4.2), squeeze=False, sharey=True)
+    for ax, site in zip(axes[0], sites, strict=True):
+        rows = sweep[sweep["site"] == site]
+        for control, style in (("none", dict(color="C0", label="task accuracy")),
+                               ("control_task", dict(color="C3", ls="--", label="control accuracy")),
+                               ("selectivity", dict(color="C2", label="selectivity"))):  # fmt: skip
+            r = rows[rows["control"] == control].sort_values("alpha")
+            a = r["alpha"].to_numpy(float)
+            ax.plot(a, r["value"], marker="o", ms=3.5, **style)
+            ax.fill_between(a, r["ci_low"], r["ci_high"], color=style["color"], alpha=0.18, lw=0)
+        chosen = rows[rows["chosen"] == "tuning_selectivity"]
+        if len(chosen):
+            ax.axvline(float(chosen["alpha"].iloc[0]), color="k", lw=0.9, ls="--",
+                       label="chosen on tuning windows (best selectivity)")  # fmt: skip
+        if len(ceiling):
+            ax.axhline(float(ceiling.iloc[0]), color="C3", lw=0.9, ls=":", label="control ceiling (memorised types)")
+        ax.set_xscale("log")
+        ax.set_xlabel("L2 strength alpha (mean loss; larger = less capacity)")
+        ax.set_ylabel("accuracy / selectivity")
+        ax.set_title(f"Capacity sweep: {site_title(site)}")
+        ax.axhline(0.0, color="0.5", lw=0.6)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))  # the legend sits below the panels, never over a curve
+    return fig
+
+
 def confusion_figure(confusion: pd.DataFrame):
     import matplotlib.pyplot as plt
 
@@ -194,7 +250,7 @@ def confusion_figure(confusion: pd.DataFrame):
         np.add.at(m, (rows["true"].to_numpy(int), rows["pred"].to_numpy(int)), rows["count"].to_numpy(float))
         m = m / np.maximum(m.sum(1, keepdims=True), 1)
         im = ax.imshow(m, origin="lower", cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(site, fontsize=9)
+        ax.set_title(site_title(site), fontsize=10)
         ax.set_xlabel("predicted position")
         ax.set_ylabel("true position")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of true position")
@@ -228,10 +284,15 @@ def position_table_figure(pca: pd.DataFrame, cosine: pd.DataFrame):
 
 
 def _condition_panel(ax, rows: pd.DataFrame, target: str, metric: str, title: str) -> None:
+    full = rows
     rows = rows[(rows["target"] == target) & (rows["metric"] == metric)
                 & rows["component"].isin(["word", "embed", "resid_post"])]  # fmt: skip
-    for control in ("none", "control_task", "shuffled", "random_weights"):
+    for control in ("none", "control_task", "shuffled", "zeroed_positions"):
         _line(ax, rows[rows["control"] == control], **CONDITION_STYLE[control])
+    if metric == "accuracy":
+        _line(ax, full[(full["control"] == "memorisation_ceiling") & (full["target"] == target)
+                       & full["component"].isin(["word", "embed", "resid_post"])],
+              **CONDITION_STYLE["memorisation_ceiling"])  # fmt: skip
     _baselines(ax, rows[rows["control"] == "none"])
     ax.set_title(title)
     ax.set_ylabel(metric)
@@ -248,6 +309,7 @@ def _sublayer_panel(ax, rows: pd.DataFrame, target: str, metric: str) -> None:
         _line(ax, part, **style)
     _baselines(ax, rows)
     ax.set_title(f"Absolute position (windows) by sublayer: {metric}")
+    ax.set_xlabel("layer (sublayers at layer - 0.5)")
     ax.set_ylabel(metric)
     _layer_axis(ax, rows)
     ax.legend(fontsize=7)

@@ -66,13 +66,12 @@ def table_probes(
     kw = dict(n_folds=n_folds, n_boot=n_boot, seed=seed, inner_folds=3)
     absolute = evaluate(table, y, groups, task="regression", alphas=list(alphas),
                         metrics=list(REGRESSION_METRICS), **kw)  # fmt: skip
-    alpha = float(absolute["alpha"].iloc[0])
-    pred = grouped_oof_predict(table, y, groups, task="regression", alpha=alpha, n_folds=n_folds, seed=seed)
-    exact = float(np.mean(np.rint(pred) == y))
+    exact = table_exact(table, alphas=alphas, n_folds=n_folds, n_boot=n_boot, seed=seed)
     parts = [
-        absolute.assign(target="abs_reg", features="table", probe="ridge"),
-        pd.DataFrame([{**absolute.iloc[0].to_dict(), "labels": "task", "metric": "exact", "value": exact,
-                       "ci_low": np.nan, "ci_high": np.nan, "baseline_majority": np.nan,
+        absolute.assign(target="abs_reg", features="table", probe="ridge", chosen="nested"),
+        pd.DataFrame([{**absolute.iloc[0].to_dict(), "labels": "task", "metric": "exact", "value": exact["value"],
+                       "ci_low": exact["ci_low"], "ci_high": exact["ci_high"], "alpha": exact["alpha"],
+                       "chosen": "nested", "ci_covers": "groups", "baseline_majority": np.nan,
                        "baseline_chance": np.nan, "target": "abs_reg", "features": "table",
                        "probe": "ridge"}]),  # fmt: skip
     ]
@@ -86,8 +85,58 @@ def table_probes(
                 warnings.simplefilter("ignore")
                 res = evaluate(X, labels, pair_groups, alphas=list(pair_alphas), metrics=["accuracy", "macro_f1"],
                                **kw)  # fmt: skip
-            parts.append(res.assign(target=target, features=features, probe="logistic"))
+            parts.append(res.assign(target=target, features=features, probe="logistic", chosen="nested"))
     return pd.concat(parts, ignore_index=True)
+
+
+def table_exact(
+    table: np.ndarray, *, alphas: tuple[float, ...] = TABLE_ALPHAS, n_folds: int = 5, n_boot: int = 500,
+    seed: int = 0, inner_folds: int = 3,
+) -> dict[str, float]:
+    """``exact``: share of the rows of ``table [positions, d]`` whose out-of-fold ridge prediction of the row
+    index rounds to the index, with alpha chosen per outer fold by an inner CV on that fold's training rows
+    only (nested: no row is scored by an alpha it helped choose), and a percentile bootstrap over rows.
+    Returns ``{"value", "ci_low", "ci_high", "alpha"}`` (alpha: the median per-fold choice)."""
+    from bertscope.probes import group_bootstrap, grouped_cross_val_predict
+
+    table = np.asarray(table, dtype=np.float64)
+    n_pos = table.shape[0]
+    y = np.arange(n_pos, dtype=np.float64)
+    cv = grouped_cross_val_predict(table, y, np.arange(n_pos), task="regression", n_folds=n_folds,
+                                   alphas=list(alphas), seed=seed, inner_folds=inner_folds)  # fmt: skip
+    hit = (np.rint(cv.y_pred) == y).astype(np.float64)
+    out = group_bootstrap(lambda c: (c @ hit) / c.sum(1), n_pos, n_boot=n_boot, level=0.95, seed=seed)
+    return {"value": float(out.value), "ci_low": float(out.low), "ci_high": float(out.high),
+            "alpha": float(np.median(cv.alpha_by_fold))}
+
+
+def memorisation_ceiling(
+    types: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_folds: int, seed: int = 0, repeats: int = 1,
+) -> dict[str, float]:
+    """The accuracy a probe that memorises type -> control label would reach on the control task: the share
+    of test tokens whose type (word piece) occurs in the training folds, computed per fold from the same
+    grouped, stratified splits `probes.evaluate` makes (seeds seed .. seed + repeats - 1).
+
+    types, y (the task labels the folds are stratified by), groups: ``[n]``. Returns ``{"value"`` (pooled
+    share over all test tokens, averaged over repeats), ``"low"``, ``"high"`` (the range of the per-fold
+    shares)}``."""
+    from bertscope.probes import grouped_folds, strata_of
+    from bertscope.probes._checks import check_groups
+
+    types, y = np.asarray(types), np.asarray(y)
+    group_idx, n_groups = check_groups(groups, len(y))
+    pooled, per_fold = [], []
+    for r in range(repeats):
+        rng = np.random.default_rng([seed + r, 0])  # the fold rng of evaluate's repeat r
+        fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, "classification"))
+        seen_all = np.zeros(len(y), dtype=bool)
+        for f in range(n_folds):
+            test = fold == f
+            seen = np.isin(types[test], np.unique(types[~test]))
+            seen_all[test] = seen
+            per_fold.append(float(seen.mean()))
+        pooled.append(float(seen_all.mean()))
+    return {"value": float(np.mean(pooled)), "low": float(min(per_fold)), "high": float(max(per_fold))}
 
 
 def probe_scores(
@@ -103,10 +152,13 @@ def probe_scores(
     control: np.ndarray | None = None,
     control_name: str = "none",
     metrics: tuple[str, ...] | None = None,
+    repeats: int = 1,
 ) -> pd.DataFrame:
     """Grouped cross-validated scores of one linear probe (`probes.evaluate` at a fixed ``alpha``).
 
     X ``[n, d]``; y, groups (window/sentence id of each row), control (Hewitt-Liang labels) ``[n]``.
+    ``alpha``: a number, or a list (nested CV per outer fold); ``control`` may be a function seed -> labels
+    (redrawn per repeat); ``repeats``: CV runs with seeds seed .. seed + repeats - 1, pooled (evaluate).
     Returns evaluate's rows with ``probe`` ("logistic" | "ridge") and ``control``: ``control_name`` for the
     task rows, ``"control_task"`` and ``"selectivity"`` (task - control) when ``control`` is given.
     """
@@ -118,7 +170,7 @@ def probe_scores(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a rare non-converged fit should not flood the log
         res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=n_boot, seed=seed,
-                       control=control, metrics=list(metrics), within_k=within)  # fmt: skip
+                       control=control, metrics=list(metrics), within_k=within, repeats=repeats)  # fmt: skip
     res["probe"] = "logistic" if task == "classification" else "ridge"
     res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
                                         "selectivity": "selectivity"})  # fmt: skip
@@ -141,22 +193,41 @@ def select_alpha(
     Meant for held-out tuning data, so the chosen alpha never saw the rows it is later scored on. Returns
     ``(alpha, {str(alpha): mean score})``.
     """
-    from bertscope.probes import evaluate
+    from bertscope.experiments.positions.capacity import oof_path
 
-    metric = "accuracy" if task == "classification" else "r2"
-    scores = {}
-    for alpha in sorted(alphas, reverse=True):
-        values = []
-        for X in feats:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=0, seed=seed,
-                               metrics=[metric])  # fmt: skip
-            values.append(float(res["value"].iloc[0]))
-        scores[f"{alpha:g}"] = float(np.mean(values))
-    best = max(scores.values())
-    chosen = next(a for a in sorted(alphas, reverse=True) if scores[f"{a:g}"] == best)
-    return float(chosen), scores
+    scores = np.zeros(len(alphas))
+    for X in feats:  # one warm-started alpha path per fold (`capacity.oof_path`)
+        pred = oof_path(X, {"y": y}, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed)["pred"]["y"]
+        if task == "classification":
+            scores += (pred == np.asarray(y)[None]).mean(1)
+        else:
+            resid = ((pred - np.asarray(y, dtype=float)[None]) ** 2).sum(1)
+            scores += 1 - resid / ((y - np.mean(y)) ** 2).sum()
+    scores /= len(feats)
+    best = scores.max()
+    chosen = max(a for a, v in zip(alphas, scores, strict=True) if v == best)
+    return float(chosen), {f"{a:g}": float(v) for a, v in zip(alphas, scores, strict=True)}
+
+
+def mdl_rows(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray, *, n_blocks: int, seed: int = 0
+) -> pd.DataFrame:
+    """Online codelength (Voita & Titov 2020) of ``y`` and of its ``control`` labels from X ``[n, d]``
+    (`probes.mdl_probe`, which chooses alpha per block from the already-transmitted prefix only: a valid
+    online code). One row per (control in {"none", "control_task"}, metric); ``alpha`` is the last block's
+    choice."""
+    from bertscope.probes import mdl_probe
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
+        res = mdl_probe(X, y, groups, seed=seed, control=control, n_blocks=n_blocks)
+    rows = []
+    for control_name, d in (("none", res), ("control_task", res["control"])):
+        for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):
+            rows.append({"probe": "mdl", "control": control_name, "metric": metric, "value": float(d[metric]),
+                         "n_test": int(d["n"]), "n_groups": len(np.unique(groups)), "alpha": float(d["alpha"]),
+                         "chosen": "per_block_prefix", "ci_covers": "none"})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def grouped_oof_predict(
