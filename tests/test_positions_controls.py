@@ -109,7 +109,7 @@ def _fake_tables(tmp_path, acc_last: float, zeroed: float):
     }).to_csv(tmp_path / "capacity_sweep.csv", index=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("acc_last, zeroed, holds", [(0.40, 0.03, True), (0.035, 0.03, False)])
+@pytest.mark.parametrize("acc_last, zeroed, holds", [(0.60, 0.03, True), (0.20, 0.03, None), (0.035, 0.03, False)])
 def test_findings_come_from_the_tables_and_the_verdict_follows_the_null(tmp_path, acc_last, zeroed, holds):
     _fake_tables(tmp_path, acc_last, zeroed)
     found = positions.findings(tmp_path)
@@ -119,6 +119,9 @@ def test_findings_come_from_the_tables_and_the_verdict_follows_the_null(tmp_path
     assert f"{acc_last:.3f}" in claim[0].text and "0.031" in claim[0].text  # numbers formatted from the table
     sweep = [f for f in found if "capacity chosen by selectivity" in f.text]
     assert sweep and "0.960" in sweep[0].text and "alpha 1" in sweep[0].text  # the chosen row, not the other
+    assert "strongest in the grid" in sweep[0].text  # alpha 1 is the grid's end here: said so
+    verdict = {True: "claim holds", None: "holds only in part", False: "does not hold"}[holds]
+    assert verdict in claim[0].text
     assert "3 repeated fold" in claim[0].text  # the variance the interval covers, in words
     control = [f for f in found if "control task" in f.text and "0.961" in f.text]
     assert control and "0.850" in control[0].text  # last layer's control accuracy beside the ceiling
