@@ -29,18 +29,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from bertscope.experiments.same_token.measures import (
     DUPLICATE_METRICS,
     Positions,
+    QueryRows,
     Tallies,
     attention_masses,
+    boot_weights,
+    held_out_top,
     logit_metrics,
+    metric_draws,
     norm_weighted,
     raw_attention,
     summarize,
     tally,
+    type_balanced_draws,
 )
 from bertscope.experiments.same_token.plots import plot
 from einops import rearrange
@@ -51,6 +57,7 @@ SUMMARY_TABLES = ["summary"]
 __all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "run", "plot", "measure", "weight_view", "example_maps"]
 
 RANDOM_CORPUS = "repeated-random"
+CONTROL_CORPUS = "random-control"  # repeated-random's non-repeating control
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,8 @@ class Settings:
     n_boot: int = 1000  # bootstrap resamples behind every interval
     vocab_sample: int = 2000  # tokens of the weight view
     example_max_tokens: int = 40  # longest sentence drawn as an example map
-    random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus
+    random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus (with its control)
+    top_k: int = 5  # heads chosen held-out per criterion
 
 CONVENTIONS = {
     "raw rows": "source=raw, head=-1; layer=-1 for embed.hook_word/embed.hook_out, else the layer of hook_resid_post",
@@ -69,6 +77,11 @@ CONVENTIONS = {
     "norm weighting": "||A[i,j] (x_j W_V[h] + b_V[h]) W_O[h]|| renormalised per query; b_O excluded (shared)",
     "duplicates": "other content positions with the same token id; [CLS]/[SEP]/padding excluded",
     "null": "offset-matched for duplicate metrics where defined, else uniform (see null_kind)",
+    "control": "random-control: 2m distinct words from repeated-random's pool; its 'duplicate' is the mass at the "
+    "would-be copy (offset +-m); duplicate_copy_specific = repeated-random duplicate minus that",
+    "type-balanced": "duplicate_type_balanced: per token type the mean duplicate mass, then the mean over types",
+    "held-out": "held_out table: top heads chosen on one half of the sentences, reported on the other, both ways "
+    "averaged; intervals re-choose in every bootstrap draw",
     "ci": "95% percentile bootstrap over sentences (tokens for the weight view)",
     "weight view": "x = LN(word + type 0 + mean position) of each token alone; biases b_Q, b_K included",
 }
@@ -90,27 +103,37 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("n_boot", settings.n_boot)
     ctx.note("vocab_sample", settings.vocab_sample)
     ctx.note("repeated_random_meta", dict(corpora[-1].meta) if corpora[-1].name == RANDOM_CORPUS else None)
+    random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
+    if random is not None:
+        corpora.append(control_corpus(model.tokenizer, len(random), m=int(random.meta["m"]), seed=ctx.seed))
     ctx.note("conventions", CONVENTIONS)
-    tables = []
+    stores: dict[str, dict[str, np.ndarray]] = {}
+    frames = []
     for corpus in corpora:
         encoded = ctx.encode(corpus)
-        tables.append(
-            ctx.step(
-                f"measure_{corpus.name}",
-                lambda corpus=corpus, encoded=encoded: measure(
-                    model,
-                    encoded,
-                    corpus=corpus.name,
-                    n_boot=settings.n_boot,
-                    seed=ctx.seed,
-                    progress=lambda it, n, c=corpus.name: ctx.progress(it, f"{c}", total=n),
-                ),
-            )
+        shadow = int(corpus.meta["m"]) if corpus.name == CONTROL_CORPUS else None
+        stores[corpus.name] = ctx.step_arrays(
+            f"collect_{corpus.name}",
+            lambda corpus=corpus, encoded=encoded, shadow=shadow: collect(
+                model, encoded, shadow_m=shadow,
+                progress=lambda it, n, c=corpus.name: ctx.progress(it, f"{c}", total=n),
+            ),
         )
-    tables.append(ctx.step(
+        frames.append(ctx.step(
+            f"measure_{corpus.name}",
+            lambda corpus=corpus: tables(stores[corpus.name], corpus=corpus.name, n_boot=settings.n_boot,
+                                         seed=ctx.seed),
+        ))
+    if random is not None:
+        frames.append(ctx.step("copy_specific", lambda: copy_specific(
+            stores[RANDOM_CORPUS], stores[CONTROL_CORPUS], n_boot=settings.n_boot, seed=ctx.seed)))
+    held_out = ctx.step("held_out", lambda: held_out_table(
+        stores, main=ctx.corpus.name, n_boot=settings.n_boot, seed=ctx.seed, k=settings.top_k))
+    tables_ = frames
+    tables_.append(ctx.step(
         "weights", lambda: weight_view(model, n_tokens=settings.vocab_sample, seed=ctx.seed, n_boot=settings.n_boot)
     ))
-    results = pd.concat(tables, ignore_index=True)
+    results = pd.concat(tables_, ignore_index=True)
     results.insert(0, "model", ctx.model_id)
 
     fallback = results[results.metric.isin(DUPLICATE_METRICS) & (results.null_kind == "uniform")]
@@ -123,7 +146,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         "example_maps", lambda: example_maps(model, corpora, results, max_tokens=settings.example_max_tokens)
     )
     ctx.write_table(maps, "example_maps", formats=("parquet",))
-    ctx.write_table(summary_table(results), "summary")
+    ctx.write_table(held_out.assign(model=ctx.model_id), "held_out")
+    ctx.write_table(summary_table(results, held_out), "summary")
     return results
 
 
@@ -135,15 +159,35 @@ def measure(
     n_boot: int = 1000,
     seed: int = 0,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    shadow_m: int | None = None,
 ) -> pd.DataFrame:
     """Raw attention at every site and every learned head (plain and norm-weighted) on one encoded corpus.
 
     encoded: the batches of ``corpus.encode`` (each with input_ids, attention_mask, token_type_ids,
-    special_mask [batch, pos]). Returns the long table for this corpus (no ``model`` column).
+    special_mask [batch, pos]). Returns the long table for this corpus (no ``model`` column):
+    :func:`collect` then :func:`tables`.
+    """
+    arrays = collect(model, encoded, progress=progress, shadow_m=shadow_m)
+    return tables(arrays, corpus=corpus, n_boot=n_boot, seed=seed)
+
+
+def collect(
+    model: Any,
+    encoded: Iterable[Any],
+    *,
+    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    shadow_m: int | None = None,
+) -> dict[str, np.ndarray]:
+    """The model pass: per-sentence tallies of every raw site and every head (plain and norm-weighted), and
+    the per-query duplicate masses that the type-balanced average needs, as flat arrays (step-cacheable).
+
+    shadow_m: for the non-repeating control, every sequence is [CLS] w_1..w_2m [SEP] and position i + m is
+    treated as the "copy" of position i (as in repeated-random), so ``duplicate`` there is the mass a head
+    puts at the copy offsets when there are no copies.
     """
     batches = list(encoded)
     if not batches:
-        raise ValueError(f"corpus {corpus!r} encoded to no batches; give it at least one sentence")
+        raise ValueError("the corpus encoded to no batches; give it at least one sentence")
     cfg = model.config
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
     tok = model.tokenizer
@@ -157,6 +201,8 @@ def measure(
 
     raw_parts: dict[str, list[Tallies]] = {site: [] for site in raw_sites}
     head_parts: dict[str, list[Tallies]] = {"attention": [], "norm": []}
+    row_parts: dict[str, list[QueryRows]] = {"attention": [], "norm": []}
+    first = 0
     iterator = progress(batches, len(batches)) if progress is not None else batches
     with torch.no_grad():
         for batch in iterator:
@@ -164,7 +210,8 @@ def measure(
             _, cache = model.run_with_cache(
                 ids, attention_mask=mask, token_type_ids=batch.token_type_ids.to(device), names_filter=names
             )
-            pos = Positions.from_batch(ids, mask, batch.special_mask.to(device), special_ids)
+            pos = Positions.from_batch(_shadow_ids(ids, mask, shadow_m), mask, batch.special_mask.to(device),
+                                       special_ids)
             for site in raw_sites:
                 logits, pattern = raw_attention(cache[site].float(), mask)
                 per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
@@ -181,23 +228,133 @@ def measure(
                 ]
             )
             norms = rearrange(norms, "layer b h k -> b (layer h) k")
-            head_parts["attention"].append(tally(attention_masses(pattern, pos), pattern, pos, max_length))
-            weighted = norm_weighted(pattern, norms)
-            head_parts["norm"].append(tally(attention_masses(weighted, pos), weighted, pos, max_length))
+            for weighting, p in (("attention", pattern), ("norm", norm_weighted(pattern, norms))):
+                masses = attention_masses(p, pos)
+                head_parts[weighting].append(tally(masses, p, pos, max_length))
+                row_parts[weighting].append(QueryRows.from_metric(masses["duplicate"], pos.input_ids, first))
+            first += ids.shape[0]
 
-    frames = []
+    arrays: dict[str, np.ndarray] = {"n_heads": np.array(n_heads)}
     for site, parts in raw_parts.items():
-        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed)
+        arrays.update(Tallies.concat(parts).to_arrays(f"raw|{site}|"))
+    for weighting in head_parts:
+        arrays.update(Tallies.concat(head_parts[weighting]).to_arrays(f"head|{weighting}|"))
+        arrays.update(QueryRows.concat(row_parts[weighting]).to_arrays(f"rows|{weighting}|"))
+    return arrays
+
+
+def tables(arrays: dict[str, np.ndarray], *, corpus: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """The long results table of one corpus from :func:`collect`'s arrays: every metric of every raw site and
+    head, plus ``duplicate_type_balanced`` per head (mean over token types of the per-type mean duplicate mass;
+    uniform null) beside the pooled ``duplicate``."""
+    n_heads = int(arrays["n_heads"])
+    frames = []
+    for site in _sources(arrays, "raw"):
+        t = summarize(Tallies.from_arrays(arrays, f"raw|{site}|"), n_boot=n_boot, seed=seed)
         layer = int(site.split(".")[1]) if site.startswith("blocks.") else -1
         frames.append(_label(t, source="raw", site=site, layer=layer, head=-1, weighting="attention"))
-    for weighting, parts in head_parts.items():
-        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed)
+    for weighting in _sources(arrays, "head"):
+        tallies = Tallies.from_arrays(arrays, f"head|{weighting}|")
+        t = summarize(tallies, n_boot=n_boot, seed=seed)
+        t = pd.concat([t, _type_balanced(QueryRows.from_arrays(arrays, f"rows|{weighting}|"), tallies.n_sentences,
+                                         n_boot=n_boot, seed=seed)], ignore_index=True)
         layer, head = t["head"] // n_heads, t["head"] % n_heads
         site = "blocks." + layer.astype(str) + ".attn.hook_pattern"
         frames.append(_label(t, source="head", site=site, layer=layer, head=head, weighting=weighting))
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "corpus", corpus)
     return out
+
+
+def control_corpus(tokenizer: Any, n_sentences: int, *, m: int, seed: int = 0) -> Any:
+    """The non-repeating control of ``repeated-random``: ``n_sentences`` sequences of 2m distinct words drawn
+    from the same single-piece vocabulary pool (same length, same token distribution, no repeats)."""
+    import random
+
+    from bertscope.experiments.corpus import Corpus, Sentence, single_piece_words
+
+    pool = single_piece_words(tokenizer)
+    if len(pool) < 2 * m:
+        raise ValueError(f"the tokenizer has {len(pool)} single-piece words; the control needs 2m = {2 * m}")
+    rng = random.Random(f"bertscope-random-control/{seed}/{m}")
+    sentences = []
+    for i in range(n_sentences):
+        words = tuple(rng.sample(pool, 2 * m))
+        sentences.append(Sentence(id=f"{CONTROL_CORPUS}/{seed}/{i}", words=words, text=" ".join(words)))
+    meta = {"m": m, "seed": seed, "n_sentences": n_sentences, "pool_size": len(pool)}
+    return Corpus(name=CONTROL_CORPUS, source=f"random without repeats (2m={2 * m}, seed={seed})",
+                  sentences=sentences, meta=meta)
+
+
+def copy_specific(
+    repeated: dict[str, np.ndarray], control: dict[str, np.ndarray], *, n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
+    """Per head and weighting: duplicate mass on repeated-random minus the mass the same head puts at the copy
+    offset (+-m) on the non-repeating control, with a bootstrap interval (sentences of each corpus resampled
+    independently). Rows like the results table: corpus repeated-random, metric ``duplicate_copy_specific``,
+    ``null`` = the control's mass (null_kind ``control``), ratio = repeated / control."""
+    n_heads = int(repeated["n_heads"])
+    frames = []
+    for weighting in _sources(repeated, "head"):
+        draws = []
+        for k, arrays in enumerate((repeated, control)):
+            t = Tallies.from_arrays(arrays, f"head|{weighting}|")
+            draws.append(metric_draws(t, "duplicate", boot_weights(t.n_sentences, n_boot=n_boot, seed=seed + k))[0])
+        rep, ctrl = draws
+        diff, ratio = rep - ctrl, rep / ctrl
+        q = torch.tensor([0.025, 0.975], dtype=torch.float64)
+        low, high = torch.nanquantile(diff[1:], q, dim=0)
+        r_low, r_high = torch.nanquantile(ratio[1:], q, dim=0)
+        heads = np.arange(diff.shape[1])
+        frames.append(pd.DataFrame({
+            "corpus": RANDOM_CORPUS, "source": "head",
+            "site": [f"blocks.{h // n_heads}.attn.hook_pattern" for h in heads],
+            "layer": heads // n_heads, "head": heads % n_heads, "weighting": weighting,
+            "metric": "duplicate_copy_specific", "value": diff[0].numpy(), "ci_low": low.numpy(),
+            "ci_high": high.numpy(), "null": ctrl[0].numpy(), "null_kind": "control", "ratio": ratio[0].numpy(),
+            "ratio_ci_low": r_low.numpy(), "ratio_ci_high": r_high.numpy(),
+            "n_sentences": int(Tallies.from_arrays(repeated, f"head|{weighting}|").n_sentences),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def held_out_table(
+    stores: dict[str, dict[str, np.ndarray]], *, main: str, n_boot: int = 1000, seed: int = 0, k: int = 5
+) -> pd.DataFrame:
+    """Top-k heads chosen on one half of the sentences and reported on the other (both ways, averaged), with
+    group-bootstrap intervals that re-choose in every draw (:func:`measures.held_out_top`).
+
+    On ``main`` (the run's corpus) the heads are chosen by duplicate mass / primary null and reported as
+    pooled and type-balanced duplicate mass and the ratio; on repeated-random (with its control) they are
+    chosen by copy-specific mass and reported as copy-specific, repeated and control mass.
+    Columns: corpus, weighting, criterion, rank, layer, head (chosen on half 1), layer_other, head_other
+    (chosen on half 2), metric, value, ci_low, ci_high, selection (= "held-out"), n_sentences.
+    """
+    n_heads = int(next(iter(stores.values()))["n_heads"])
+    halves_by_corpus = {}
+    for c, (name, arrays) in enumerate(stores.items()):
+        n = int(arrays["head|attention|noncopy_count"].shape[0])
+        if n < 4:
+            raise ValueError(f"corpus {name!r} has {n} sentences; a held-out split needs at least 4")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 101 * c))
+        halves_by_corpus[name] = [boot_weights(n, n_boot=n_boot, seed=seed + 10 * c + i, subset=part.sort().values)
+                                  for i, part in enumerate((perm[: n // 2], perm[n // 2 :]))]
+    rows = []
+    for weighting in ("attention", "norm"):
+        t = {name: Tallies.from_arrays(a, f"head|{weighting}|") for name, a in stores.items()}
+        q = {name: QueryRows.from_arrays(a, f"rows|{weighting}|") for name, a in stores.items()}
+
+        plans = _held_out_plans(t, q, main)
+        for corpus, criterion, score, report in plans:
+            halves = tuple({name: h[i] for name, h in halves_by_corpus.items()} for i in range(2))
+            for r in held_out_top(score, report, halves, k=k):
+                (h1, h2) = r["chosen"]
+                rows.append({"corpus": corpus, "weighting": weighting, "criterion": criterion, "rank": r["rank"],
+                             "layer": h1 // n_heads, "head": h1 % n_heads, "layer_other": h2 // n_heads,
+                             "head_other": h2 % n_heads, "metric": r["name"], "value": r["value"],
+                             "ci_low": r["ci_low"], "ci_high": r["ci_high"], "selection": "held-out",
+                             "n_sentences": t[corpus].n_sentences})
+    return pd.DataFrame(rows)
 
 
 def weight_view(
@@ -338,31 +495,102 @@ def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_t
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def summary_table(results: pd.DataFrame) -> pd.DataFrame:
+def summary_table(results: pd.DataFrame, held_out: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline numbers: raw self/duplicate mass per site and corpus; for learned heads the median
-    and max over heads of self and duplicate mass, and the five largest duplicate ratios."""
-    keep = ["self", "duplicate", "argmax_self_or_copy", "logit_gap", "qk_self_top1"]
+    and max over heads of self and duplicate mass, the five largest duplicate ratios (in-sample, as before),
+    and the held-out top heads (``held_out_table``). Column ``selection``: "in-sample" | "held-out" |
+    "" (no selection)."""
+    keep = ["self", "duplicate", "duplicate_type_balanced", "argmax_self_or_copy", "logit_gap", "qk_self_top1"]
     raw = results[(results.source == "raw") & results.metric.isin(keep)]
-    raw = raw[["corpus", "site", "metric", "value", "ci_low", "ci_high", "ratio"]].assign(stat="raw")
+    raw = raw[["corpus", "site", "metric", "value", "ci_low", "ci_high", "ratio"]].assign(stat="raw", selection="")
     heads = results[(results.source == "head") & results.metric.isin(keep)]
     spread = (
         heads.groupby(["corpus", "weighting", "metric"])["value"]
         .describe(percentiles=[0.5])[["min", "50%", "max"]]
         .reset_index()
         .melt(id_vars=["corpus", "weighting", "metric"], var_name="stat", value_name="value")
-        .assign(stat=lambda d: "heads " + d["stat"].replace({"50%": "median"}))
+        .assign(stat=lambda d: "heads " + d["stat"].replace({"50%": "median"}), selection="")
     )
     dup = heads[heads.metric == "duplicate"].dropna(subset=["ratio"])
     top = (
         dup.sort_values("ratio", ascending=False)
         .groupby(["corpus", "weighting"])
         .head(5)[["corpus", "weighting", "metric", "layer", "head", "value", "ratio", "ratio_ci_low", "null"]]
-        .assign(stat="top duplicate ratio")
+        .assign(stat="top duplicate ratio", selection="in-sample")
     )
-    return pd.concat([raw, spread, top], ignore_index=True)
+    parts = [raw, spread, top]
+    if held_out is not None and len(held_out):
+        keep_cols = ["corpus", "weighting", "metric", "layer", "head", "value", "ci_low", "ci_high", "rank",
+                     "criterion", "selection"]
+        parts.append(held_out[keep_cols].assign(stat="held-out top heads"))
+    return pd.concat(parts, ignore_index=True)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _shadow_ids(ids: torch.Tensor, mask: torch.Tensor, m: int | None) -> torch.Tensor:
+    """ids [batch, pos] with positions m+1..2m relabelled as copies of 1..m (the control's would-be copies)."""
+    if m is None:
+        return ids
+    if not bool((mask.sum(-1) == 2 * m + 2).all()):
+        raise ValueError(f"the control's sequences must hold 2m + 2 = {2 * m + 2} tokens with [CLS] and [SEP]")
+    out = ids.clone()
+    out[:, m + 1 : 2 * m + 1] = ids[:, 1 : m + 1]
+    return out
+
+
+def _held_out_plans(t: dict[str, Tallies], q: dict[str, QueryRows], main: str) -> list[tuple]:
+    """(corpus, criterion, score, report) for :func:`held_out_table`, for one weighting's tallies ``t`` and
+    per-query rows ``q`` by corpus."""
+
+    def dup(name: str) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+        return lambda w: metric_draws(t[name], "duplicate", w[name])[0]
+
+    def ratio(w: dict[str, torch.Tensor]) -> torch.Tensor:
+        return _ratio(t[main], w[main])
+
+    def balanced(w: dict[str, torch.Tensor]) -> torch.Tensor:
+        return type_balanced_draws(q[main], w[main])[0]
+
+    def specific(w: dict[str, torch.Tensor]) -> torch.Tensor:
+        return dup(RANDOM_CORPUS)(w) - dup(CONTROL_CORPUS)(w)
+
+    plans = []
+    if main in t and main not in (RANDOM_CORPUS, CONTROL_CORPUS):
+        plans.append((main, "duplicate / primary null", ratio,
+                      {"duplicate": dup(main), "duplicate_ratio": ratio, "duplicate_type_balanced": balanced}))
+    if RANDOM_CORPUS in t and CONTROL_CORPUS in t:
+        plans.append((RANDOM_CORPUS, "copy-specific mass (repeated - control)", specific,
+                      {"duplicate_copy_specific": specific, "duplicate": dup(RANDOM_CORPUS),
+                       "control_duplicate": dup(CONTROL_CORPUS)}))
+    return plans
+
+
+def _sources(arrays: dict[str, np.ndarray], kind: str) -> list[str]:
+    """The raw sites / head weightings stored in :func:`collect`'s arrays, in stored order."""
+    return list(dict.fromkeys(k.split("|")[1] for k in arrays if k.startswith(f"{kind}|")))
+
+
+def _ratio(tallies: Tallies, weights: torch.Tensor) -> torch.Tensor:
+    value, null, *_ = metric_draws(tallies, "duplicate", weights)
+    return value / null
+
+
+def _type_balanced(rows: QueryRows, n_sentences: int, *, n_boot: int, seed: int) -> pd.DataFrame:
+    """Rows (head index, metric duplicate_type_balanced, value, CI, uniform null, ratio) like summarize's."""
+    value, null = type_balanced_draws(rows, boot_weights(n_sentences, n_boot=n_boot, seed=seed))
+    ratio = value / null[:, None]
+    q = torch.tensor([0.025, 0.975], dtype=torch.float64)
+    low, high = torch.nanquantile(value[1:], q, dim=0)
+    r_low, r_high = torch.nanquantile(ratio[1:], q, dim=0)
+    return pd.DataFrame({
+        "head": np.arange(value.shape[1]), "metric": "duplicate_type_balanced", "value": value[0].numpy(),
+        "ci_low": low.numpy(), "ci_high": high.numpy(), "null": float(null[0]), "null_kind": "uniform",
+        "ratio": ratio[0].numpy(), "ratio_ci_low": r_low.numpy(), "ratio_ci_high": r_high.numpy(),
+        "null_uniform": float(null[0]), "ratio_uniform": ratio[0].numpy(),
+        "n_queries": len(rows.sentence), "n_sentences": n_sentences,
+    })
 
 
 def _label(t: pd.DataFrame, **columns: Any) -> pd.DataFrame:

@@ -31,7 +31,7 @@ null is re-estimated inside each bootstrap draw).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,6 +147,24 @@ class Tallies:
             noncopy_mass=cat(lambda p: p.noncopy_mass),
             noncopy_count=cat(lambda p: p.noncopy_count),
         )
+
+    def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """Flat numpy arrays (keys ``{prefix}{field}__{metric}``) for the step cache; inverse of :meth:`from_arrays`."""
+        out = {f"{prefix}noncopy_mass": self.noncopy_mass.numpy(), f"{prefix}noncopy_count": self.noncopy_count.numpy()}
+        for field in ("sums", "counts", "uniform", "pair_offsets"):
+            out.update({f"{prefix}{field}__{m}": v.numpy() for m, v in getattr(self, field).items()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> Tallies:
+        """Rebuild the tallies that :meth:`to_arrays` flattened with the same ``prefix``."""
+        def part(field: str) -> dict[str, Tensor]:  # noqa: ANN202
+            head = f"{prefix}{field}__"
+            return {k[len(head):]: torch.from_numpy(np.asarray(v)) for k, v in arrays.items() if k.startswith(head)}
+
+        return cls(part("sums"), part("counts"), part("uniform"), part("pair_offsets"),
+                   torch.from_numpy(np.asarray(arrays[f"{prefix}noncopy_mass"])),
+                   torch.from_numpy(np.asarray(arrays[f"{prefix}noncopy_count"])))
 
     @property
     def metrics(self) -> list[str]:
@@ -312,11 +330,7 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     n_sent = tallies.n_sentences
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(0, n_sent, (n_boot, n_sent), generator=generator)
-    weights = torch.zeros(n_boot + 1, n_sent, dtype=torch.float64)
-    weights[0] = 1.0  # row 0: the full sample; rows 1..: bootstrap multiplicities
-    weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    weights = boot_weights(n_sent, n_boot=n_boot, seed=seed)
     quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
 
     def interval(x: Tensor) -> tuple[Tensor, Tensor]:  # [draw, head] -> CI bounds over draws 1.., [head] each
@@ -326,17 +340,7 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     frames = []
     for metric in tallies.metrics:
         counts = weights @ tallies.counts[metric]  # [draw]
-        value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
-        nan = torch.full_like(value, float("nan"))
-        uniform = (
-            _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
-            if metric in tallies.uniform
-            else nan
-        )
-        offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
-        use_offset = bool(torch.isfinite(offset[0]).all())
-        kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
-        null = offset if use_offset else uniform
+        value, null, kind, offset, uniform = metric_draws(tallies, metric, weights)
         ratio = _divide(value, null)
         ci_low, ci_high = interval(value)
         ratio_low, ratio_high = interval(ratio)
@@ -363,6 +367,133 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
             )
         )
     return pd.concat(frames, ignore_index=True)
+
+
+def boot_weights(n: int, *, n_boot: int, seed: int, subset: Tensor | None = None) -> Tensor:
+    """Group-bootstrap multiplicities over ``n`` sentences -> [n_boot + 1, n] float64.
+
+    Row 0 is the full sample (weight 1 on every sentence); rows 1.. resample the sentences with replacement.
+    ``subset`` (indices): only those sentences take part (weight 0 elsewhere, each draw resamples the subset's
+    own size), as for one half of a held-out split. The one bootstrap of the same-token experiment.
+    """
+    idx = torch.arange(n) if subset is None else torch.as_tensor(subset, dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    draws = idx[torch.randint(0, len(idx), (n_boot, len(idx)), generator=generator)]
+    weights = torch.zeros(n_boot + 1, n, dtype=torch.float64)
+    weights[0, idx] = 1.0
+    weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    return weights
+
+
+def metric_draws(tallies: Tallies, metric: str, weights: Tensor) -> tuple[Tensor, Tensor, str, Tensor, Tensor]:
+    """One metric under sentence weights [draw, sentence] -> (value [draw, head], primary null [draw, head],
+    null kind, offset-matched null [draw, head] (NaN if none), uniform null [draw, head] (NaN if none)).
+
+    The primary null is the offset-matched one for the duplicate metrics where it is defined on the full
+    sample, else the uniform one (kind "offset" | "uniform" | "")."""
+    counts = weights @ tallies.counts[metric]  # [draw]
+    value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
+    nan = torch.full_like(value, float("nan"))
+    uniform = (
+        _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
+        if metric in tallies.uniform
+        else nan
+    )
+    offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
+    use_offset = bool(torch.isfinite(offset[0]).all())
+    kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
+    return value, (offset if use_offset else uniform), kind, offset, uniform
+
+
+@dataclass
+class QueryRows:
+    """Per-query values of one metric, kept for type-balanced averages.
+
+    sentence [query] (index into the corpus' sentences), token [query] (token id), values [query, head],
+    uniform [query] (uniform null of the query). Only counted queries are kept. float64 / int64 on the CPU.
+    """
+
+    sentence: Tensor
+    token: Tensor
+    values: Tensor
+    uniform: Tensor
+
+    @classmethod
+    def from_metric(cls, m: QueryMetric, input_ids: Tensor, first_sentence: int) -> QueryRows:
+        """Keep the counted queries of ``m`` (values [batch, head, query]); sentences numbered from
+        ``first_sentence``."""
+        b, q = torch.nonzero(m.counted, as_tuple=True)
+        return cls(
+            sentence=(b + first_sentence).cpu(),
+            token=input_ids[b, q].cpu(),
+            values=m.values[b, :, q].double().cpu(),
+            uniform=m.uniform[b, q].double().cpu(),
+        )
+
+    @classmethod
+    def concat(cls, parts: list[QueryRows]) -> QueryRows:
+        """Stack the queries of several batches."""
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("sentence", "token", "values", "uniform")))
+
+    def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """Flat numpy arrays for the step cache."""
+        return {f"{prefix}{f}": getattr(self, f).numpy() for f in ("sentence", "token", "values", "uniform")}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> QueryRows:
+        """Inverse of :meth:`to_arrays`."""
+        return cls(*(torch.from_numpy(np.asarray(arrays[f"{prefix}{f}"]))
+                     for f in ("sentence", "token", "values", "uniform")))
+
+
+def type_balanced_draws(rows: QueryRows, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Type-balanced mean under sentence weights [draw, sentence]: per token type the mean over its queries,
+    then the unweighted mean over the types present in the draw -> (value [draw, head], uniform null [draw]).
+
+    A type with a weighted count c contributes each of its queries with weight w / c; every present type
+    then counts once, however often it occurs (so "the" counts as much as a noun seen twice)."""
+    _, type_index = torch.unique(rows.token, return_inverse=True)
+    n_types = int(type_index.max()) + 1 if len(type_index) else 0
+    w = weights[:, rows.sentence]  # [draw, query]
+    per_type = torch.zeros(len(weights), n_types, dtype=torch.float64).index_add_(1, type_index, w)  # [draw, type]
+    present = (per_type > 0).sum(-1).double()  # [draw]
+    coef = _divide(w, per_type[:, type_index]).nan_to_num(0.0)  # [draw, query]
+    value = _divide(coef @ rows.values, present[:, None])
+    null = _divide(coef @ rows.uniform, present)
+    return value, null
+
+
+def held_out_top(
+    score: Callable[[dict[str, Tensor]], Tensor],
+    report: Mapping[str, Callable[[dict[str, Tensor]], Tensor]],
+    halves: tuple[dict[str, Tensor], dict[str, Tensor]],
+    *,
+    k: int = 5,
+    ci: float = 0.95,
+) -> list[dict]:
+    """Top-``k`` heads chosen on one half of the sentences and reported on the other, both ways, averaged.
+
+    halves: two dicts corpus -> boot weights [draw, sentence] (row 0 = the half itself, rows 1.. its group
+    bootstrap draws; see :func:`boot_weights` with ``subset``); score(weights) -> [draw, head] (larger =
+    better); report[name](weights) -> [draw, head]. In every draw the heads are re-chosen on the resampled
+    choosing half, so the interval includes the selection's variance. -> one dict per (rank, reported name):
+    rank, chosen (head index chosen on half 1, on half 2 at draw 0), name, value, ci_low, ci_high.
+    """
+    quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
+    scores = [score(h).nan_to_num(float("-inf")) for h in halves]
+    tops = [s.topk(min(k, s.shape[1]), dim=1).indices for s in scores]  # [draw, k] per choosing half
+    reported = {name: [fn(h) for h in halves] for name, fn in report.items()}
+    rows = []
+    for rank in range(tops[0].shape[1]):
+        for name, (on_1, on_2) in reported.items():
+            # chosen on half 1 -> read on half 2, and the other way; averaged per draw
+            a = on_2.gather(1, tops[0][:, rank : rank + 1])[:, 0]
+            b = on_1.gather(1, tops[1][:, rank : rank + 1])[:, 0]
+            both = (a + b) / 2
+            low, high = torch.nanquantile(both[1:], quantiles)
+            rows.append({"rank": rank + 1, "chosen": (int(tops[0][0, rank]), int(tops[1][0, rank])), "name": name,
+                         "value": float(both[0]), "ci_low": float(low), "ci_high": float(high)})
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------ helpers
