@@ -13,12 +13,12 @@ from bertscope.experiments.same_token.measures import (
     attention_masses,
     boot_weights,
     held_out_top,
-    type_balanced_draws,
     logit_metrics,
     norm_weighted,
     raw_attention,
     summarize,
     tally,
+    type_balanced_draws,
 )
 
 CLS, SEP, PAD = 101, 102, 0
