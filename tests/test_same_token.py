@@ -251,3 +251,25 @@ def _reference_masses(hf, encoded, tokenizer) -> dict[tuple, float]:
                             continue
                         add((source, site, weighting, metric, layer, h), float(a[i, keys[metric]].sum()))
     return {key: float(np.mean(values)) for key, values in sums.items()}
+
+
+def test_findings_are_generated_from_the_tables(tmp_path: Path) -> None:
+    """Planted tables: raw self mass 0.9 / 0.6 against a 0.05 null, 3 of 4 heads far below: the claim holds and
+    the sentence cites those numbers; flip the heads above raw and the verdict becomes partial."""
+    def row(site: str, value: float, **extra) -> dict:  # noqa: ANN003
+        return {"corpus": "builtin", "source": "raw", "site": site, "layer": -1, "head": -1,
+                "weighting": "attention", "metric": "self", "value": value, "ci_low": value - 0.02,
+                "ci_high": value + 0.02, "null_uniform": 0.05, "n_sentences": 10, **extra}
+
+    heads = [{**row("blocks.0.attn.hook_pattern", v), "source": "head", "layer": 0, "head": h}
+             for h, v in enumerate([0.1, 0.1, 0.2, 0.9])]
+    pd.DataFrame([row("embed.hook_word", 0.9), row("embed.hook_out", 0.6), *heads]).to_parquet(
+        tmp_path / "results.parquet")
+    (claim,) = same_token.findings(tmp_path)
+    assert claim.claim == "same-token" and claim.holds is True
+    assert "0.90 [0.88, 0.92]" in claim.text and "0.60 [0.58, 0.62]" in claim.text and "3 of 4" in claim.text
+    heads = [{**h, "value": 0.95, "ci_low": 0.93, "ci_high": 0.97} for h in heads]
+    pd.DataFrame([row("embed.hook_word", 0.9), row("embed.hook_out", 0.6), *heads]).to_parquet(
+        tmp_path / "results.parquet")
+    (claim,) = same_token.findings(tmp_path)
+    assert claim.holds is None and "0 of 4" in claim.text

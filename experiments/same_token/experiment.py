@@ -98,7 +98,6 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     corpora = [ctx.corpus if options.max_sentences else ctx.corpus[:cap]]
     if ctx.corpus.name != settings.random_corpus:
         corpora.append(load_corpus(settings.random_corpus, tokenizer=model.tokenizer, max_sentences=cap, seed=ctx.seed))
-    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
     ctx.note("settings", asdict(settings))
     ctx.note("n_boot", settings.n_boot)
     ctx.note("vocab_sample", settings.vocab_sample)
@@ -106,6 +105,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
     if random is not None:
         corpora.append(control_corpus(model.tokenizer, len(random), m=int(random.meta["m"]), seed=ctx.seed))
+    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
     ctx.note("conventions", CONVENTIONS)
     stores: dict[str, dict[str, np.ndarray]] = {}
     frames = []
