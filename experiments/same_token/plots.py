@@ -122,7 +122,9 @@ def raw_vs_learned(results: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
             ax.set_xticks(range(len(labels)), labels, rotation=45)
             ax.set_ylim(0, 1)
             ax.set_ylabel(f"{metric} mass")
-            ax.set_title(f"{metric} mass, corpus {corpus}", fontsize=10)
+            what = "mass at the would-be copy (offset ±m)" if corpus == "random-control" and metric == "duplicate" \
+                else f"{metric} mass"
+            ax.set_title(f"{what}, corpus {corpus}", fontsize=10)
             if r == 0 and c == 0:
                 ax.legend(fontsize=8)
     fig.suptitle("raw dot-product attention vs learned heads")
@@ -170,7 +172,7 @@ def example_figure(maps: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
         im = ax.imshow(grid.to_numpy(dtype=float), cmap="magma", vmin=0, aspect="equal")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
         ax.set_title(_panel_title(panel), fontsize=9)
-        ticks = range(0, len(tokens), max(1, len(tokens) // 20))
+        ticks = range(0, len(tokens), max(1, len(tokens) // 45))
         ax.set_xticks(list(ticks), [tokens[i] for i in ticks], rotation=90, fontsize=6)
         ax.set_yticks(list(ticks), [tokens[i] for i in ticks], fontsize=6)
         ax.set_xlabel("key")
@@ -178,12 +180,13 @@ def example_figure(maps: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     tokens = maps.drop_duplicates("key").sort_values("key").key_token.tolist()
-    text = " ".join(t for t in tokens if t not in ("[CLS]", "[SEP]"))
+    text = " ".join(t for t in tokens if t not in ("[CLS]", "[SEP]")).replace(" ##", "")
     text = text if len(text) <= 90 else text[:87] + "..."
     sentence = str(maps.sentence_id.iloc[0]).rsplit("/", 1)[-1]
     fig.suptitle(f"attention on a sentence with repeated tokens ({maps.corpus.iloc[0]}, sentence {sentence}):\n"
                  f"\"{text}\"", fontsize=10)
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.93, bottom=0.1, wspace=0.35, hspace=0.35)
+    fig.subplots_adjust(left=0.06, right=0.98, top=1 - 0.75 / fig.get_figheight(), bottom=0.1, wspace=0.55,
+                        hspace=0.4)
     return fig
 
 
