@@ -10,7 +10,8 @@ import pytest
 import torch
 from bertscope.experiments import same_token
 from bertscope.experiments.corpus import encode, load_corpus
-from bertscope.experiments.same_token.experiment import _self_preference, measure, weight_view
+from bertscope.experiments.same_token.experiment import measure
+from bertscope.experiments.same_token.weights import self_preference, weight_view
 
 from bertscope import models
 
@@ -91,9 +92,9 @@ def test_numbers_agree_with_transformers_attentions(bundled, hf_bundled) -> None
 
 def test_self_preference_known_answers() -> None:
     q = torch.eye(6) * torch.arange(1.0, 7.0)[:, None]  # orthogonal: a token's own key is its only match
-    top1, percentile = _self_preference(q, q)
+    top1, percentile = self_preference(q, q)
     assert torch.equal(top1, torch.ones(6)) and torch.equal(percentile, torch.ones(6))
-    top1, percentile = _self_preference(torch.eye(4), 0.5 - torch.eye(4))  # own key scores lowest
+    top1, percentile = self_preference(torch.eye(4), 0.5 - torch.eye(4))  # own key scores lowest
     assert torch.equal(top1, torch.zeros(4)) and torch.equal(percentile, torch.zeros(4))
 
 
@@ -165,7 +166,8 @@ def test_control_separates_copy_heads_from_offset_heads(tiny_config, tokenizer) 
     """An offset-m head scores duplicate 1 on repeated-random AND 1 at the would-be copies of the control:
     copy-specific mass 0. A head that attends to copies of its token scores 1 on repeated-random and ~0 on
     the control (it falls back to [CLS]): copy-specific 1."""
-    from bertscope.experiments.same_token.experiment import collect, control_corpus, copy_specific
+    from bertscope.experiments.same_token.collect import collect
+    from bertscope.experiments.same_token.control import control_corpus, copy_specific
 
     model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
     repeated = load_corpus("repeated-random", tokenizer=tokenizer, max_sentences=8, seed=3)

@@ -6,19 +6,18 @@ import math
 
 import pytest
 import torch
+from bertscope.experiments.same_token.balance import QueryRows, type_balanced_draws
+from bertscope.experiments.same_token.held_out import held_out_top
 from bertscope.experiments.same_token.measures import (
     Positions,
-    QueryRows,
     Tallies,
     attention_masses,
     boot_weights,
-    held_out_top,
     logit_metrics,
     norm_weighted,
     raw_attention,
     summarize,
     tally,
-    type_balanced_draws,
 )
 
 CLS, SEP, PAD = 101, 102, 0

@@ -31,15 +31,21 @@ null is re-estimated inside each bootstrap draw).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments import attention
+from bertscope.experiments.attention import norm_weighted
+from bertscope.probes.bootstrap import Seed, percentile_interval, resample_counts
 from torch import Tensor
 
 DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
+__all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "boot_weights",
+           "divide", "logit_metrics", "metric_draws", "norm_weighted", "raw_attention", "summarize",
+           "tally"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,12 +98,9 @@ class Positions:
             )
         valid = attention_mask.bool()
         content = valid & ~special_mask.bool()
-        pos = input_ids.shape[1]
         same = input_ids[:, :, None] == input_ids[:, None, :]
         pair = content[:, :, None] & content[:, None, :]
-        other = ~torch.eye(pos, dtype=torch.bool, device=input_ids.device)
-        duplicate = same & pair & other
-        earlier = duplicate & torch.ones(pos, pos, dtype=torch.bool, device=input_ids.device).tril(-1)
+        duplicate, earlier = attention.copies(input_ids, content)
         return cls(
             input_ids=input_ids,
             valid=valid,
@@ -158,7 +161,7 @@ class Tallies:
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> Tallies:
         """Rebuild the tallies that :meth:`to_arrays` flattened with the same ``prefix``."""
-        def part(field: str) -> dict[str, Tensor]:  # noqa: ANN202
+        def part(field: str) -> dict[str, Tensor]:
             head = f"{prefix}{field}__"
             return {k[len(head):]: torch.from_numpy(np.asarray(v)) for k, v in arrays.items() if k.startswith(head)}
 
@@ -187,30 +190,20 @@ def attention_masses(pattern: Tensor, pos: Positions) -> dict[str, QueryMetric]:
     """
     _check_pattern(pattern, pos)
     a = pattern  # sums stay in the pattern's dtype here; tally accumulates in float64
-
-    def key_mass(keys: Tensor) -> Tensor:  # keys [batch, query, key] or [batch, key] bool -> [batch, head, query]
-        if keys.dim() == 2:
-            return (a @ keys.to(a.dtype)[:, None, :, None]).squeeze(-1)
-        return (a * keys[:, None]).sum(-1)  # faster on CPU than an einsum, which permutes into a batched matmul
-
     content = pos.content
     inv_n = (1.0 / pos.n_keys.clamp(min=1).double())[:, None].expand_as(content)
-    self_mass = a.diagonal(dim1=-2, dim2=-1)  # [batch, head, query]
+    self_mass = attention.self_mass(a)  # [batch, head, query]
     out = {"self": QueryMetric(self_mass, content, inv_n)}
     for name, copies in (("duplicate", pos.duplicate), ("duplicate_earlier", pos.earlier)):
         n_copies = copies.sum(-1).double()
-        out[name] = QueryMetric(key_mass(copies), content & (n_copies > 0), n_copies * inv_n)
-    # A[i, i-1] lives on the -1 diagonal: pad it at the front so index i is query i (and at the end for +1).
-    prev = torch.nn.functional.pad(a.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0))
-    nxt = torch.nn.functional.pad(a.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1))
-    has_prev = content & torch.nn.functional.pad(content[:, :-1], (1, 0), value=False)
-    has_next = content & torch.nn.functional.pad(content[:, 1:], (0, 1), value=False)
-    out["previous"] = QueryMetric(prev, has_prev, inv_n)
-    out["next"] = QueryMetric(nxt, has_next, inv_n)
+        out[name] = QueryMetric(attention.key_mass(a, copies), content & (n_copies > 0), n_copies * inv_n)
+    out["previous"] = QueryMetric(attention.previous_mass(a), attention.has_previous(content), inv_n)
+    out["next"] = QueryMetric(attention.next_mass(a), attention.has_next(content), inv_n)
     for name, where in pos.special.items():
         out[f"self_{name}"] = QueryMetric(self_mass, where, inv_n)
-        out[f"to_{name}"] = QueryMetric(key_mass(where), content, where.sum(-1, keepdim=True).double() * inv_n)
-    out["to_pad"] = QueryMetric(key_mass(~pos.valid), content, torch.zeros_like(inv_n))
+        to_special = attention.key_mass(a, where)
+        out[f"to_{name}"] = QueryMetric(to_special, content, where.sum(-1, keepdim=True).double() * inv_n)
+    out["to_pad"] = QueryMetric(attention.key_mass(a, ~pos.valid), content, torch.zeros_like(inv_n))
     return out
 
 
@@ -261,22 +254,6 @@ def logit_metrics(logits: Tensor, pos: Positions) -> dict[str, QueryMetric]:
     }
 
 
-def norm_weighted(pattern: Tensor, value_norms: Tensor) -> Tensor:
-    """Kobayashi et al. (2020) norm-based attention: ``||A[i, j] f(x_j)||`` renormalised over keys.
-
-    pattern [batch, head, query, key]; value_norms [batch, head, key] = ``||f_h(x_j)||`` -> [batch, head,
-    query, key], each row summing to 1 (rows whose weighted mass is 0 stay 0).
-    """
-    if value_norms.shape != (pattern.shape[0], pattern.shape[1], pattern.shape[3]):
-        raise ValueError(
-            f"value_norms must be [batch, head, key] = {(pattern.shape[0], pattern.shape[1], pattern.shape[3])}"
-            f" to match pattern {tuple(pattern.shape)}; got {tuple(value_norms.shape)}"
-        )
-    weighted = pattern * value_norms[:, :, None, :]
-    total = weighted.sum(-1, keepdim=True)
-    return torch.where(total > 0, weighted / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
-
-
 def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions, max_length: int) -> Tallies:
     """Reduce per-query metrics to per-sentence sums, plus the pattern's [batch, head, query, key] non-copy
     mass per relative offset that the offset-matched null needs (offsets up to max_length - 1)."""
@@ -314,6 +291,7 @@ def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions,
     )
 
 
+
 def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float = 0.95) -> pd.DataFrame:
     """Point estimates, percentile bootstrap CIs over sentences, nulls and observed/null ratios.
 
@@ -329,59 +307,22 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    n_sent = tallies.n_sentences
-    weights = boot_weights(n_sent, n_boot=n_boot, seed=seed)
-    quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
-
-    def interval(x: Tensor) -> tuple[Tensor, Tensor]:  # [draw, head] -> CI bounds over draws 1.., [head] each
-        quantile = torch.quantile if bool(torch.isfinite(x[1:]).all()) else torch.nanquantile
-        return tuple(quantile(x[1:], quantiles, dim=0))
-
-    frames = []
-    for metric in tallies.metrics:
-        counts = weights @ tallies.counts[metric]  # [draw]
-        value, null, kind, offset, uniform = metric_draws(tallies, metric, weights)
-        ratio = _divide(value, null)
-        ci_low, ci_high = interval(value)
-        ratio_low, ratio_high = interval(ratio)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "head": np.arange(value.shape[1]),
-                    "metric": metric,
-                    "value": value[0].numpy(),
-                    "ci_low": ci_low.numpy(),
-                    "ci_high": ci_high.numpy(),
-                    "null": null[0].numpy(),
-                    "null_kind": kind,
-                    "ratio": ratio[0].numpy(),
-                    "ratio_ci_low": ratio_low.numpy(),
-                    "ratio_ci_high": ratio_high.numpy(),
-                    "null_offset": offset[0].numpy(),
-                    "ratio_offset": _divide(value, offset)[0].numpy(),
-                    "null_uniform": uniform[0].numpy(),
-                    "ratio_uniform": _divide(value, uniform)[0].numpy(),
-                    "n_queries": int(counts[0]),
-                    "n_sentences": n_sent,
-                }
-            )
-        )
+    weights = boot_weights(tallies.n_sentences, n_boot=n_boot, seed=seed)
+    frames = [_summary_frame(tallies, metric, weights, ci) for metric in tallies.metrics]
     return pd.concat(frames, ignore_index=True)
 
 
-def boot_weights(n: int, *, n_boot: int, seed: int, subset: Tensor | None = None) -> Tensor:
-    """Group-bootstrap multiplicities over ``n`` sentences -> [n_boot + 1, n] float64.
+def boot_weights(n: int, *, n_boot: int, seed: Seed, subset: Tensor | None = None) -> Tensor:
+    """Sentence weights ``[n_boot + 1, n]`` (float64) for statistics that are ratios of weighted sums.
 
-    Row 0 is the full sample (weight 1 on every sentence); rows 1.. resample the sentences with replacement.
-    ``subset`` (indices): only those sentences take part (weight 0 elsewhere, each draw resamples the subset's
-    own size), as for one half of a held-out split. The one bootstrap of the same-token experiment.
+    Row 0 is the sample itself (weight 1 on every sentence); rows 1.. are the group-bootstrap counts of
+    :func:`bertscope.probes.bootstrap.resample_counts`. ``subset`` (sentence indices): only those sentences take
+    part (weight 0 elsewhere; each draw resamples the subset's own size), as for one half of a held-out split.
     """
     idx = torch.arange(n) if subset is None else torch.as_tensor(subset, dtype=torch.long)
-    generator = torch.Generator().manual_seed(seed)
-    draws = idx[torch.randint(0, len(idx), (n_boot, len(idx)), generator=generator)]
     weights = torch.zeros(n_boot + 1, n, dtype=torch.float64)
     weights[0, idx] = 1.0
-    weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    weights[1:, idx] = torch.from_numpy(resample_counts(len(idx), n_boot, seed))
     return weights
 
 
@@ -390,12 +331,12 @@ def metric_draws(tallies: Tallies, metric: str, weights: Tensor) -> tuple[Tensor
     null kind, offset-matched null [draw, head] (NaN if none), uniform null [draw, head] (NaN if none)).
 
     The primary null is the offset-matched one for the duplicate metrics where it is defined on the full
-    sample, else the uniform one (kind "offset" | "uniform" | "")."""
+    sample (row 0), else the uniform one (kind "offset" | "uniform" | "")."""
     counts = weights @ tallies.counts[metric]  # [draw]
-    value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
+    value = divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
     nan = torch.full_like(value, float("nan"))
     uniform = (
-        _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
+        divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
         if metric in tallies.uniform
         else nan
     )
@@ -405,98 +346,30 @@ def metric_draws(tallies: Tallies, metric: str, weights: Tensor) -> tuple[Tensor
     return value, (offset if use_offset else uniform), kind, offset, uniform
 
 
-@dataclass
-class QueryRows:
-    """Per-query values of one metric, kept for type-balanced averages.
-
-    sentence [query] (index into the corpus' sentences), token [query] (token id), values [query, head],
-    uniform [query] (uniform null of the query). Only counted queries are kept. float64 / int64 on the CPU.
-    """
-
-    sentence: Tensor
-    token: Tensor
-    values: Tensor
-    uniform: Tensor
-
-    @classmethod
-    def from_metric(cls, m: QueryMetric, input_ids: Tensor, first_sentence: int) -> QueryRows:
-        """Keep the counted queries of ``m`` (values [batch, head, query]); sentences numbered from
-        ``first_sentence``."""
-        b, q = torch.nonzero(m.counted, as_tuple=True)
-        return cls(
-            sentence=(b + first_sentence).cpu(),
-            token=input_ids[b, q].cpu(),
-            values=m.values[b, :, q].double().cpu(),
-            uniform=m.uniform[b, q].double().cpu(),
-        )
-
-    @classmethod
-    def concat(cls, parts: list[QueryRows]) -> QueryRows:
-        """Stack the queries of several batches."""
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("sentence", "token", "values", "uniform")))
-
-    def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
-        """Flat numpy arrays for the step cache."""
-        return {f"{prefix}{f}": getattr(self, f).numpy() for f in ("sentence", "token", "values", "uniform")}
-
-    @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> QueryRows:
-        """Inverse of :meth:`to_arrays`."""
-        return cls(*(torch.from_numpy(np.asarray(arrays[f"{prefix}{f}"]))
-                     for f in ("sentence", "token", "values", "uniform")))
-
-
-def type_balanced_draws(rows: QueryRows, weights: Tensor) -> tuple[Tensor, Tensor]:
-    """Type-balanced mean under sentence weights [draw, sentence]: per token type the mean over its queries,
-    then the unweighted mean over the types present in the draw -> (value [draw, head], uniform null [draw]).
-
-    A type with a weighted count c contributes each of its queries with weight w / c; every present type
-    then counts once, however often it occurs (so "the" counts as much as a noun seen twice)."""
-    _, type_index = torch.unique(rows.token, return_inverse=True)
-    n_types = int(type_index.max()) + 1 if len(type_index) else 0
-    w = weights[:, rows.sentence]  # [draw, query]
-    per_type = torch.zeros(len(weights), n_types, dtype=torch.float64).index_add_(1, type_index, w)  # [draw, type]
-    present = (per_type > 0).sum(-1).double()  # [draw]
-    coef = _divide(w, per_type[:, type_index]).nan_to_num(0.0)  # [draw, query]
-    value = _divide(coef @ rows.values, present[:, None])
-    null = _divide(coef @ rows.uniform, present)
-    return value, null
-
-
-def held_out_top(
-    score: Callable[[dict[str, Tensor]], Tensor],
-    report: Mapping[str, Callable[[dict[str, Tensor]], Tensor]],
-    halves: tuple[dict[str, Tensor], dict[str, Tensor]],
-    *,
-    k: int = 5,
-    ci: float = 0.95,
-) -> list[dict]:
-    """Top-``k`` heads chosen on one half of the sentences and reported on the other, both ways, averaged.
-
-    halves: two dicts corpus -> boot weights [draw, sentence] (row 0 = the half itself, rows 1.. its group
-    bootstrap draws; see :func:`boot_weights` with ``subset``); score(weights) -> [draw, head] (larger =
-    better); report[name](weights) -> [draw, head]. In every draw the heads are re-chosen on the resampled
-    choosing half, so the interval includes the selection's variance. -> one dict per (rank, reported name):
-    rank, chosen (head index chosen on half 1, on half 2 at draw 0), name, value, ci_low, ci_high.
-    """
-    quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
-    scores = [score(h).nan_to_num(float("-inf")) for h in halves]
-    tops = [s.topk(min(k, s.shape[1]), dim=1).indices for s in scores]  # [draw, k] per choosing half
-    reported = {name: [fn(h) for h in halves] for name, fn in report.items()}
-    rows = []
-    for rank in range(tops[0].shape[1]):
-        for name, (on_1, on_2) in reported.items():
-            # chosen on half 1 -> read on half 2, and the other way; averaged per draw
-            a = on_2.gather(1, tops[0][:, rank : rank + 1])[:, 0]
-            b = on_1.gather(1, tops[1][:, rank : rank + 1])[:, 0]
-            both = (a + b) / 2
-            low, high = torch.nanquantile(both[1:], quantiles)
-            rows.append({"rank": rank + 1, "chosen": (int(tops[0][0, rank]), int(tops[1][0, rank])), "name": name,
-                         "value": float(both[0]), "ci_low": float(low), "ci_high": float(high)})
-    return rows
+def divide(num: Tensor, den: Tensor) -> Tensor:
+    """num / den with NaN where den == 0."""
+    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), float("nan"))
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _summary_frame(tallies: Tallies, metric: str, weights: Tensor, ci: float) -> pd.DataFrame:
+    """Rows of one metric for ``summarize``: ``weights [draw, sentence]`` holds the full sample in row 0 and the
+    bootstrap counts in rows 1..; intervals are percentiles over rows 1.. at level ``ci``."""
+    counts = weights @ tallies.counts[metric]  # [draw]
+    value, null, kind, offset, uniform = metric_draws(tallies, metric, weights)
+    ratio = divide(value, null)
+    ci_low, ci_high = percentile_interval(value[1:].numpy(), ci)
+    ratio_low, ratio_high = percentile_interval(ratio[1:].numpy(), ci)
+    return pd.DataFrame({
+        "head": np.arange(value.shape[1]), "metric": metric, "value": value[0].numpy(), "ci_low": ci_low,
+        "ci_high": ci_high, "null": null[0].numpy(), "null_kind": kind, "ratio": ratio[0].numpy(),
+        "ratio_ci_low": ratio_low, "ratio_ci_high": ratio_high, "null_offset": offset[0].numpy(),
+        "ratio_offset": divide(value, offset)[0].numpy(), "null_uniform": uniform[0].numpy(),
+        "ratio_uniform": divide(value, uniform)[0].numpy(), "n_queries": int(counts[0]),
+        "n_sentences": tallies.n_sentences,
+    })  # fmt: skip
 
 
 def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor) -> Tensor:
@@ -507,14 +380,9 @@ def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor)
     pairs = weights @ pairs[:, used]  # [draw, offset]
     mass = torch.einsum("ws,sho->who", weights, tallies.noncopy_mass[:, :, used])
     support = weights @ tallies.noncopy_count[:, used]  # [draw, offset]
-    mean_mass = _divide(mass, support[:, None, :])  # [draw, head, offset]
+    mean_mass = divide(mass, support[:, None, :])  # [draw, head, offset]
     contrib = torch.where(pairs[:, None, :] > 0, pairs[:, None, :] * mean_mass, 0.0)
-    return _divide(contrib.sum(-1), counts[:, None])
-
-
-def _divide(num: Tensor, den: Tensor) -> Tensor:
-    """num / den with NaN where den == 0."""
-    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), float("nan"))
+    return divide(contrib.sum(-1), counts[:, None])
 
 
 def _check_pattern(pattern: Tensor, pos: Positions) -> None:
