@@ -19,6 +19,7 @@ from bertscope.experiments.same_token.measures import (
     summarize,
     tally,
 )
+from bertscope.probes.bootstrap import resample_counts
 
 CLS, SEP, PAD = 101, 102, 0
 SPECIAL = {"cls": CLS, "sep": SEP}
@@ -255,3 +256,30 @@ def test_held_out_top_reads_the_choice_on_the_other_half() -> None:
     # head 0 read on half 2 (1.0) and head 1 read on half 1 (1.0): held-out 1.0, where in-sample would say 4.0
     assert top["value"] == pytest.approx(1.0) and top["ci_low"] == pytest.approx(1.0)
     assert rows[1]["chosen"] == (1, 0) and rows[1]["value"] == pytest.approx(4.0)
+
+
+def test_boot_weights_are_the_shared_group_bootstrap() -> None:
+    """Rows 1.. are probes.bootstrap.resample_counts (one bootstrap in the project), on the subset's columns."""
+    assert torch.equal(boot_weights(9, n_boot=40, seed=3)[1:], torch.from_numpy(resample_counts(9, 40, 3)))
+    subset = torch.tensor([1, 4, 8])
+    w = boot_weights(9, n_boot=40, seed=3, subset=subset)
+    assert torch.equal(w[1:, subset], torch.from_numpy(resample_counts(3, 40, 3)))
+
+
+def test_held_out_top_removes_the_winners_curse() -> None:
+    """50 heads with the same true mean 0.5 and sentence noise: the in-sample top head looks inflated, the
+    held-out one reads ~0.5, and its interval (heads re-chosen per draw) covers 0.5."""
+    gen = torch.Generator().manual_seed(0)
+    per_sentence = 0.5 + torch.randn(200, 50, generator=gen, dtype=torch.float64)
+
+    def mean(w: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (w["c"] @ per_sentence) / w["c"].sum(-1, keepdim=True)
+
+    perm = torch.randperm(200, generator=gen)
+    halves = tuple({"c": boot_weights(200, n_boot=300, seed=i, subset=part.sort().values)}
+                   for i, part in enumerate((perm[:100], perm[100:])))
+    top = held_out_top(mean, {"mean": mean}, halves, k=1)[0]
+    in_sample = float(per_sentence.mean(0).max())
+    assert in_sample > 0.58  # the winner's curse: over 1 standard error (0.07) above the truth
+    assert abs(top["value"] - 0.5) < abs(in_sample - 0.5) / 2
+    assert top["ci_low"] < 0.5 < top["ci_high"]

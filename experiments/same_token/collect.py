@@ -35,14 +35,20 @@ Progress = Callable[[Iterable[Any], int], Iterable[Any]]
 
 
 def collect(
-    model: Any, encoded: Iterable[Any], *, progress: Progress | None = None, shadow_m: int | None = None
+    model: Any,
+    encoded: Iterable[Any],
+    *,
+    progress: Progress | None = None,
+    shadow_m: int | None = None,
+    raw: bool = True,
 ) -> dict[str, np.ndarray]:
     """The model pass: per-sentence tallies of every raw site and every head (plain and norm-weighted), and
     the per-query duplicate masses that the type-balanced average needs, as flat arrays (step-cacheable).
 
     encoded: the batches of ``corpus.encode`` (input_ids, attention_mask, token_type_ids, special_mask
     [batch, pos]). shadow_m: for the non-repeating control ([CLS] w_1..w_2m [SEP]), position i + m counts as
-    the "copy" of position i, as in repeated-random (:func:`.control.shadow_ids`).
+    the "copy" of position i, as in repeated-random (:func:`.control.shadow_ids`). raw: False skips raw
+    attention (the control needs only the learned heads).
     """
     batches = list(encoded)
     if not batches:
@@ -50,6 +56,7 @@ def collect(
     n_layers, tok = model.config.n_layers, model.tokenizer
     special_ids = {"cls": tok.cls_token_id, "sep": tok.sep_token_id}
     raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
+    raw_sites = raw_sites if raw else []
     names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
     W_O = [b.attn.W_O.float() for b in model.blocks]
     max_length = max(b.input_ids.shape[1] for b in batches)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.experiments.same_token.measures import Tallies, boot_weights, metric_draws
+from bertscope.experiments.same_token.measures import Tallies, boot_weights, metric_value
 from bertscope.probes.bootstrap import percentile_interval
 
 RANDOM_CORPUS = "repeated-random"
@@ -76,7 +76,7 @@ def copy_specific(
         draws, sizes = [], []
         for k, arrays in enumerate((repeated, control)):
             t = Tallies.from_arrays(arrays, f"head|{weighting}|")
-            draws.append(metric_draws(t, "duplicate", boot_weights(t.n_sentences, n_boot=n_boot, seed=seed + k))[0])
+            draws.append(metric_value(t, "duplicate", boot_weights(t.n_sentences, n_boot=n_boot, seed=seed + k)))
             sizes.append(t.n_sentences)
         rep, ctrl = draws
         diff, ratio = rep - ctrl, rep / ctrl

@@ -98,11 +98,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     stats = {"n_boot": settings.n_boot, "seed": ctx.seed, "level": settings.ci}
     stores, frames = {}, []
     for corpus in corpora:
-        encoded = ctx.encode(corpus)
-        shadow = int(corpus.meta["m"]) if corpus.name == CONTROL_CORPUS else None
-        stores[corpus.name] = ctx.step_arrays(f"collect_{corpus.name}", lambda encoded=encoded, c=corpus.name,
-                                              shadow=shadow: collect(model, encoded, shadow_m=shadow,
-                                              progress=lambda it, n: ctx.progress(it, c, total=n)))  # fmt: skip
+        stores[corpus.name] = _collect_step(ctx, corpus)
         frames.append(ctx.step(f"measure_{corpus.name}", lambda c=corpus.name: tables(stores[c], corpus=c, **stats)))
     if random is not None:
         frames.append(ctx.step("copy_specific", lambda: copy_specific(stores[RANDOM_CORPUS], stores[CONTROL_CORPUS],
@@ -191,3 +187,14 @@ def _corpora(ctx: Any, settings: Settings) -> list[Any]:
     if random is not None:
         corpora.append(control_corpus(tok, len(random), m=int(random.meta["m"]), seed=ctx.seed))
     return corpora
+
+
+def _collect_step(ctx: Any, corpus: Any) -> dict[str, Any]:
+    """The cached model pass over one corpus (:func:`.collect.collect`); the control needs only the heads, read
+    at its would-be copies."""
+    encoded = ctx.encode(corpus)
+    control = corpus.name == CONTROL_CORPUS
+    shadow = int(corpus.meta["m"]) if control else None
+    progress = lambda it, n: ctx.progress(it, corpus.name, total=n)  # noqa: E731
+    return ctx.step_arrays(f"collect_{corpus.name}", lambda: collect(ctx.model, encoded, shadow_m=shadow,
+                                                                     raw=not control, progress=progress))

@@ -26,14 +26,14 @@ CAPTIONS: dict[str, str] = {
     "and duplicate mass over its primary (offset-matched) null and over the uniform null, as log2 ratios (red: "
     "above the null, blue: below). Top row plain attention, bottom row norm-weighted (Kobayashi et al. 2020).",
     "heatmaps_repeated_random": "As for builtin, on repeated-random (m random tokens, then the same m again). The "
-    "offset-matched null is undefined there (every pair at offset m is a copy), so the primary null is uniform: "
-    "a head that attends m tokens back scores high without copying; see the copy-specific figure.",
-    "heatmaps_random_control": "As for builtin, on the non-repeating control (2m distinct random tokens): "
-    "'duplicate' is the mass at the position a copy would occupy in repeated-random (offset +-m).",
-    "copy_specific": "Left: copy-specific mass per head = duplicate mass on repeated-random minus the mass the same "
-    "head puts at offset +-m on the non-repeating control (plain attention). Right: per head on the main corpus, "
-    "pooled duplicate mass (ratio of sums over all queries) against the type-balanced one (per token type, then "
-    "averaged over types); points below the diagonal owe their mass to frequent types such as 'the'.",
+    "offset-matched null is undefined there (every pair at offset m is a copy), so the only null is uniform (three "
+    "columns): a head that attends m tokens back scores high without copying; see the copy-specific figure.",
+    "copy_specific": "Left: per head (rows: layers, columns: heads), the mass it puts at offset +-m in the "
+    "non-repeating control (2m distinct random tokens), i.e. where a copy would sit in repeated-random. Middle: "
+    "copy-specific mass = duplicate mass on repeated-random minus that control mass (red: the head follows copies; "
+    "~0: it attends to the offset whatever sits there). Right: per head on the main corpus, pooled duplicate mass "
+    "(ratio of sums over all queries) against the type-balanced one (per token type, then averaged over types); "
+    "points below the diagonal owe their mass to frequent types such as 'the'. Plain attention weights.",
     "weights_self_preference": "Context-free: for sampled vocabulary tokens alone, the share whose own key scores "
     "highest under a head's W_Q W_K^T (left; chance 1/n) and the mean share of other keys it beats (right; "
     "chance 0.5). The title gives raw x x^T on the word embeddings and the embedding output.",
@@ -72,23 +72,37 @@ def _row(results: pd.DataFrame, **where: object) -> pd.Series | None:
 
 
 def _claim(results: pd.DataFrame, corpus: str) -> Finding | None:
+    """The tutorials' claim: raw attention on the embedding output (what layer 0 reads) against the uniform null,
+    the word embeddings alone as a caveat, and each learned head against raw attention on its own layer's input."""
     word = _row(results, corpus=corpus, source="raw", site=RAW_WORD, metric="self")
     ln = _row(results, corpus=corpus, source="raw", site=RAW_LN, metric="self")
     heads = results[(results.corpus == corpus) & (results.source == "head") & (results.weighting == "attention")
                     & (results.metric == "self")]
     if word is None or ln is None or heads.empty:
         return None
-    below = int((heads.ci_high < ln.ci_low).sum())
-    raw_large = bool(word.ci_low > 2 * word.null_uniform and ln.ci_low > 2 * ln.null_uniform)
+    raw_in = {int(layer): _row(results, corpus=corpus, source="raw", metric="self", site=_layer_input(int(layer)))
+              for layer in heads.layer.unique()}
+    below = sum(int(r.ci_high < raw_in[int(r.layer)].ci_low) for r in heads.itertuples()
+                if raw_in[int(r.layer)] is not None)
+    raw_large = bool(ln.ci_low > 2 * ln.null_uniform)
     escape = below > len(heads) / 2
     holds = True if raw_large and escape else False if not raw_large and not escape else None
+    dup = _row(results, corpus=corpus, source="raw", site=RAW_LN, metric="duplicate")
+    hit = _row(results, corpus=corpus, source="raw", site=RAW_WORD, metric="argmax_self_or_copy")
+    gap = _row(results, corpus=corpus, source="raw", site=RAW_WORD, metric="logit_gap")
     text = (
-        f"On {corpus} ({int(word.n_sentences)} sentences), raw attention softmax(X X^T / sqrt(d)) puts "
-        f"{fmt_ci(word.value, word.ci_low, word.ci_high)} of a token's attention on itself with X = the word "
-        f"embeddings and {fmt_ci(ln.value, ln.ci_low, ln.ci_high)} after the embedding LayerNorm, against "
-        f"{word.null_uniform:.3f} under uniform attention ({word.value / word.null_uniform:.1f}x and "
-        f"{ln.value / ln.null_uniform:.1f}x); {below} of {len(heads)} learned heads put significantly less on "
-        f"the token itself (interval below raw's), median self mass {heads.value.median():.3f}. "
+        f"On {corpus} ({int(word.n_sentences)} sentences), raw attention softmax(X X^T / sqrt(d)) with X = the "
+        f"embedding output (what layer 0's attention reads) puts {fmt_ci(ln.value, ln.ci_low, ln.ci_high)} of a "
+        f"token's attention on itself, {ln.value / ln.null_uniform:.1f}x the uniform {ln.null_uniform:.3f}"
+        + (f", and {fmt_ci(dup.value, dup.ci_low, dup.ci_high)} on other occurrences of its token "
+           f"({dup.value / dup.null_uniform:.1f}x uniform)" if dup is not None else "")
+        + f". With X = the word embeddings alone it is {fmt_ci(word.value, word.ci_low, word.ci_high)} "
+        f"({word.value / word.null_uniform:.1f}x)"
+        + (f": the token or a copy is still the best key for {hit.value:.0%} of queries, but the vectors are short "
+           f"(self logit {gap.value:.2f} above the best other token), so the softmax is nearly flat"
+           if hit is not None and gap is not None else "")
+        + f". {below} of {len(heads)} learned heads put significantly less on the token itself than raw attention "
+        f"on their own layer's input (interval below raw's), median self mass {heads.value.median():.3f}. "
         + ("The claim holds: raw attention favours the token itself and most learned heads escape it."
            if holds else "The claim does not hold on this model and corpus." if holds is False else
            "The claim holds only in part: " + ("raw attention favours the token itself, but most learned heads "
@@ -100,8 +114,21 @@ def _claim(results: pd.DataFrame, corpus: str) -> Finding | None:
         "raw_word_self": float(word.value), "raw_word_self_ci_low": float(word.ci_low),
         "raw_word_self_ci_high": float(word.ci_high), "raw_ln_self": float(ln.value),
         "raw_ln_self_ci_low": float(ln.ci_low), "raw_ln_self_ci_high": float(ln.ci_high),
-        "uniform_null": float(word.null_uniform), "heads_below_raw": below, "heads_median_self": float(
-            heads.value.median())})
+        "uniform_null": float(ln.null_uniform), "heads_below_raw": below,
+        "heads_median_self": float(heads.value.median())})
+
+
+def _layer_input(layer: int) -> str:
+    """The raw site that holds layer ``layer``'s input: the embedding output, else the previous block's output."""
+    return RAW_LN if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+
+
+def _heads(row: pd.Series) -> str:
+    """'layer 2, head 9 on both halves' or 'layer 2, head 9 on the first half; layer 1, head 1 on the second'."""
+    if (row.layer, row["head"]) == (row.layer_other, row.head_other):
+        return f"layer {row.layer}, head {row['head']} on both halves"
+    return f"layer {row.layer}, head {row['head']} on the first half; layer {row.layer_other}, head {row.head_other} " \
+        "on the second"
 
 
 def _held_out(held: pd.DataFrame, main: str) -> list[Finding]:
@@ -113,8 +140,7 @@ def _held_out(held: pd.DataFrame, main: str) -> list[Finding]:
         s, d, c = (top.loc[(RANDOM, m)] for m in ("duplicate_copy_specific", "duplicate", "control_duplicate"))
         out.append(Finding(
             f"Chosen on one half of the repeated-random sequences and measured on the other (both ways, averaged), "
-            f"the top copy head (layer {s.layer}, head {s['head']} on the first half; layer {s.layer_other}, head "
-            f"{s.head_other} on the second) puts {fmt_ci(d.value, d.ci_low, d.ci_high)} on the earlier or later "
+            f"the top copy head ({_heads(s)}) puts {fmt_ci(d.value, d.ci_low, d.ci_high)} on the earlier or later "
             f"copy of its token, against {fmt_ci(c.value, c.ci_low, c.ci_high)} at the same offset in sequences "
             f"without repeats: a copy-specific mass of {fmt_ci(s.value, s.ci_low, s.ci_high)} (held-out).",
             numbers={"copy_specific": float(s.value), "copy_specific_ci_low": float(s.ci_low),
@@ -123,8 +149,7 @@ def _held_out(held: pd.DataFrame, main: str) -> list[Finding]:
     if (main, "duplicate") in top.index:
         d, b, r = (top.loc[(main, m)] for m in ("duplicate", "duplicate_type_balanced", "duplicate_ratio"))
         out.append(Finding(
-            f"On {main}, the held-out top head by duplicate mass over its offset-matched null (layer {d.layer}, "
-            f"head {d['head']} / layer {d.layer_other}, head {d.head_other}) puts "
+            f"On {main}, the held-out top head by duplicate mass over its offset-matched null ({_heads(d)}) puts "
             f"{fmt_ci(d.value, d.ci_low, d.ci_high)} on other occurrences of the token pooled over queries "
             f"({fmt_ci(r.value, r.ci_low, r.ci_high, digits=1)}x its null) and "
             f"{fmt_ci(b.value, b.ci_low, b.ci_high)} averaged over token types.",

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from bertscope.experiments.same_token.balance import QueryRows, type_balanced_draws
 from bertscope.experiments.same_token.control import CONTROL_CORPUS, RANDOM_CORPUS
-from bertscope.experiments.same_token.measures import Tallies, boot_weights, metric_draws
+from bertscope.experiments.same_token.measures import Tallies, boot_weights, metric_draws, metric_value
 from bertscope.probes.bootstrap import percentile_interval
 from torch import Tensor
 
@@ -112,17 +112,22 @@ def _plans(
     per-query rows ``q`` by corpus."""
 
     def dup(name: str) -> Statistic:
-        return lambda w: metric_draws(t[name], "duplicate", w[name])[0]
+        return _once(lambda w: metric_value(t[name], "duplicate", w[name]))
 
+    @_once
     def ratio(w: Weights) -> Tensor:
         value, null, *_ = metric_draws(t[main], "duplicate", w[main])
         return value / null
 
+    @_once
     def balanced(w: Weights) -> Tensor:
         return type_balanced_draws(q[main], w[main])[0]
 
+    dup_repeated, dup_control = dup(RANDOM_CORPUS), dup(CONTROL_CORPUS)
+
+    @_once
     def specific(w: Weights) -> Tensor:
-        return dup(RANDOM_CORPUS)(w) - dup(CONTROL_CORPUS)(w)
+        return dup_repeated(w) - dup_control(w)
 
     plans = []
     if main in t and main not in (RANDOM_CORPUS, CONTROL_CORPUS):
@@ -130,6 +135,18 @@ def _plans(
                       {"duplicate": dup(main), "duplicate_ratio": ratio, "duplicate_type_balanced": balanced}))
     if RANDOM_CORPUS in t and CONTROL_CORPUS in t:
         plans.append((RANDOM_CORPUS, "copy-specific mass (repeated - control)", specific,
-                      {"duplicate_copy_specific": specific, "duplicate": dup(RANDOM_CORPUS),
-                       "control_duplicate": dup(CONTROL_CORPUS)}))
+                      {"duplicate_copy_specific": specific, "duplicate": dup_repeated,
+                       "control_duplicate": dup_control}))
     return plans
+
+
+def _once(fn: Statistic) -> Statistic:
+    """``fn`` computed once per weights dict (a half is scored and read by several statistics)."""
+    memo: dict[int, tuple[Weights, Tensor]] = {}
+
+    def wrapped(w: Weights) -> Tensor:
+        if id(w) not in memo:
+            memo[id(w)] = (w, fn(w))  # keep w alive so its id is not reused
+        return memo[id(w)][1]
+
+    return wrapped

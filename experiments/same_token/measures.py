@@ -44,7 +44,7 @@ from torch import Tensor
 
 DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
 __all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "boot_weights",
-           "divide", "logit_metrics", "metric_draws", "norm_weighted", "raw_attention", "summarize",
+           "divide", "logit_metrics", "metric_draws", "metric_value", "norm_weighted", "raw_attention", "summarize",
            "tally"]  # fmt: skip
 
 
@@ -333,7 +333,7 @@ def metric_draws(tallies: Tallies, metric: str, weights: Tensor) -> tuple[Tensor
     The primary null is the offset-matched one for the duplicate metrics where it is defined on the full
     sample (row 0), else the uniform one (kind "offset" | "uniform" | "")."""
     counts = weights @ tallies.counts[metric]  # [draw]
-    value = divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
+    value = metric_value(tallies, metric, weights)  # [draw, head]
     nan = torch.full_like(value, float("nan"))
     uniform = (
         divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
@@ -346,9 +346,14 @@ def metric_draws(tallies: Tallies, metric: str, weights: Tensor) -> tuple[Tensor
     return value, (offset if use_offset else uniform), kind, offset, uniform
 
 
+def metric_value(tallies: Tallies, metric: str, weights: Tensor) -> Tensor:
+    """The value alone of :func:`metric_draws` (no nulls): ``[draw, head]``."""
+    return divide(weights @ tallies.sums[metric], (weights @ tallies.counts[metric])[:, None])
+
+
 def divide(num: Tensor, den: Tensor) -> Tensor:
     """num / den with NaN where den == 0."""
-    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), float("nan"))
+    return torch.where(den != 0, num / den, float("nan"))
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -374,15 +379,18 @@ def _summary_frame(tallies: Tallies, metric: str, weights: Tensor, ci: float) ->
 
 def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor) -> Tensor:
     """Offset-matched null per draw and head: mean over counted queries of sum over their copies of the
-    head's mean non-copy mass at the copy's offset -> [draw, head] (NaN where an offset has no support)."""
+    head's mean non-copy mass at the copy's offset -> [draw, head] (NaN where an offset has no support).
+
+    sum_o pairs[o] * mass[h, o] / support[o] is read as mass [draw, head, offset] times a per-draw coefficient
+    ``pairs / support`` [draw, offset], so only the matrix product builds a [draw, head, offset] array."""
     pairs = tallies.pair_offsets[metric]  # [sentence, offset]
     used = pairs.sum(0) > 0
     pairs = weights @ pairs[:, used]  # [draw, offset]
-    mass = torch.einsum("ws,sho->who", weights, tallies.noncopy_mass[:, :, used])
+    noncopy = tallies.noncopy_mass[:, :, used]  # [sentence, head, offset]
+    mass = (weights @ noncopy.reshape(len(noncopy), -1)).reshape(len(weights), *noncopy.shape[1:])
     support = weights @ tallies.noncopy_count[:, used]  # [draw, offset]
-    mean_mass = divide(mass, support[:, None, :])  # [draw, head, offset]
-    contrib = torch.where(pairs[:, None, :] > 0, pairs[:, None, :] * mean_mass, 0.0)
-    return divide(contrib.sum(-1), counts[:, None])
+    coef = torch.where(pairs > 0, divide(pairs, support), 0.0)  # NaN where a copy's offset has no support
+    return divide(torch.einsum("who,wo->wh", mass, coef), counts[:, None])
 
 
 def _check_pattern(pattern: Tensor, pos: Positions) -> None:
