@@ -55,7 +55,8 @@ __all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "run", "plot", "measure", "weigh
 class Settings:
     """Sizes of the same-token run (recorded in the manifest; part of the step-cache key)."""
 
-    max_sentences: int = 200  # per corpus, when --max-sentences is not given (keeps the default run under a minute)
+    max_sentences: int = 200  # the run's corpus, when --max-sentences is not given
+    random_sentences: int = 100  # repeated-random beside it, and its control (2m = 40 queries with a copy each)
     n_boot: int = 1000  # bootstrap resamples behind every interval
     vocab_sample: int = 2000  # tokens of the weight view
     example_max_tokens: int = 40  # longest sentence drawn as an example map
@@ -175,14 +176,16 @@ def summary_table(results: pd.DataFrame, held_out: pd.DataFrame | None = None) -
 
 
 def _corpora(ctx: Any, settings: Settings) -> list[Any]:
-    """The run's corpus (capped), repeated-random beside it, and repeated-random's non-repeating control."""
+    """The run's corpus (capped), repeated-random beside it (at most ``random_sentences``), and repeated-random's
+    non-repeating control (as many sequences as repeated-random)."""
     from bertscope.experiments.corpus import load_corpus
 
     cap = ctx.options.max_sentences or settings.max_sentences
     tok = ctx.model.tokenizer
     corpora = [ctx.corpus if ctx.options.max_sentences else ctx.corpus[:cap]]
     if ctx.corpus.name != settings.random_corpus:
-        corpora.append(load_corpus(settings.random_corpus, tokenizer=tok, max_sentences=cap, seed=ctx.seed))
+        n_random = min(cap, settings.random_sentences)
+        corpora.append(load_corpus(settings.random_corpus, tokenizer=tok, max_sentences=n_random, seed=ctx.seed))
     random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
     if random is not None:
         corpora.append(control_corpus(tok, len(random), m=int(random.meta["m"]), seed=ctx.seed))

@@ -190,7 +190,7 @@ def example_figure(maps: pd.DataFrame):  # noqa: ANN201 - matplotlib Figure
     fig.suptitle(f"attention on a sentence with repeated tokens ({maps.corpus.iloc[0]}, sentence {sentence}):\n"
                  f"\"{text}\"", fontsize=10)
     fig.subplots_adjust(left=0.06, right=0.98, top=1 - 0.75 / fig.get_figheight(), bottom=0.1, wspace=0.55,
-                        hspace=0.4)
+                        hspace=0.25)
     return fig
 
 
