@@ -43,9 +43,8 @@ from bertscope.probes.bootstrap import Seed, percentile_interval, resample_count
 from torch import Tensor
 
 DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
-__all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "boot_weights",
-           "divide", "logit_metrics", "metric_draws", "metric_value", "norm_weighted", "raw_attention", "summarize",
-           "tally"]  # fmt: skip
+__all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "boot_weights", "divide",
+           "logit_metrics", "metric_draws", "metric_value", "norm_weighted", "raw_attention", "summarize", "tally"]
 
 
 @dataclass(frozen=True)
@@ -308,8 +307,7 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     weights = boot_weights(tallies.n_sentences, n_boot=n_boot, seed=seed)
-    frames = [_summary_frame(tallies, metric, weights, ci) for metric in tallies.metrics]
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([_summary_frame(tallies, m, weights, ci) for m in tallies.metrics], ignore_index=True)
 
 
 def boot_weights(n: int, *, n_boot: int, seed: Seed, subset: Tensor | None = None) -> Tensor:
