@@ -143,7 +143,16 @@ def test_framework_run_writes_tables_and_figures(bundled, tmp_path: Path, monkey
     required = ["model", "corpus", "source", "layer", "head", "metric", "value", "ci_low", "ci_high", "null",
                 "ratio", "n_queries"]  # fmt: skip
     assert set(required) <= set(results.columns)
-    assert set(results.corpus) == {"builtin", "repeated-random", "vocab-sample"}
+    assert set(results.corpus) == {"builtin", "repeated-random", "random-control", "vocab-sample"}
+    held = pd.read_parquet(out / "held_out.parquet")
+    assert set(held.selection) == {"held-out"} and set(held.corpus) == {"builtin", "repeated-random"}
+    assert {"duplicate_copy_specific", "duplicate_type_balanced"} <= set(results.metric)
+    summary = pd.read_parquet(out / "summary.parquet")
+    assert {"held-out", "in-sample"} <= set(summary.selection)
+    findings = same_token.findings(out)
+    assert any(f.claim == "same-token" for f in findings)
+    assert all(any(ch.isdigit() for ch in f.text) for f in findings)
+    assert set(same_token.CAPTIONS) >= {p.stem for p in out.glob("*.png")}
     assert set(results.source) == {"raw", "head"}
     for name in ("summary.parquet", "example_maps.parquet", "heatmaps_builtin.png", "heatmaps_repeated_random.png",
                  "raw_vs_learned.png", "weights_self_preference.png", "example_maps_repeated_random.png"):
@@ -151,6 +160,44 @@ def test_framework_run_writes_tables_and_figures(bundled, tmp_path: Path, monkey
     boot = results[(results.metric == "self") & (results.source == "raw")]
     assert (boot.ci_low <= boot.value).all() and (boot.value <= boot.ci_high).all()
     assert set(results.loc[results.corpus != "vocab-sample", "n_sentences"]) == {6}
+
+
+def test_control_separates_copy_heads_from_offset_heads(tiny_config, tokenizer) -> None:
+    """An offset-m head scores duplicate 1 on repeated-random AND 1 at the would-be copies of the control:
+    copy-specific mass 0. A head that attends to copies of its token scores 1 on repeated-random and ~0 on
+    the control (it falls back to [CLS]): copy-specific 1."""
+    from bertscope.experiments.same_token.collect import collect
+    from bertscope.experiments.same_token.control import control_corpus, copy_specific
+
+    model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
+    repeated = load_corpus("repeated-random", tokenizer=tokenizer, max_sentences=8, seed=3)
+    m = repeated.meta["m"]
+    control = control_corpus(tokenizer, 8, m=m, seed=3)
+    assert all(len(set(s.words)) == 2 * m for s in control)  # same length, no repeats
+    ids_in = {}
+
+    def plant(pattern: torch.Tensor, hook) -> torch.Tensor:  # noqa: ANN001
+        out = pattern.clone()
+        n = pattern.shape[-1]
+        out[:, PLANT_HEAD] = offset_pattern(torch.ones(pattern.shape[0], n), m, 1)[:, 0]
+        ids = ids_in["ids"]
+        same = (ids[:, :, None] == ids[:, None, :]) & ~torch.eye(n, dtype=torch.bool)
+        same[:, :, 0] |= ~same.any(-1)  # no copy: all mass on [CLS]
+        out[:, PLANT_HEAD + 1] = same.float() / same.float().sum(-1, keepdim=True)
+        return out
+
+    stores = {}
+    for corpus, shadow in ((repeated, None), (control, m)):
+        batches = list(encode(corpus, tokenizer, batch_size=8))
+        ids_in["ids"] = batches[0].input_ids
+        with model.hooks(fwd_hooks=[(f"blocks.{PLANT_LAYER}.attn.hook_pattern", plant)]):
+            stores[corpus.name] = collect(model, batches, shadow_m=shadow)
+    table = copy_specific(stores["repeated-random"], stores["random-control"], n_boot=20)
+    rows = table[table.weighting == "attention"].set_index(["layer", "head"])
+    offset_head, copy_head = rows.loc[(PLANT_LAYER, PLANT_HEAD)], rows.loc[(PLANT_LAYER, PLANT_HEAD + 1)]
+    assert offset_head.null == pytest.approx(1.0) and offset_head.value == pytest.approx(0.0, abs=1e-6)
+    assert copy_head.null == pytest.approx(0.0, abs=1e-6) and copy_head.value == pytest.approx(1.0)
+    assert (table.ci_low <= table.value + 1e-9).all() and (table.value <= table.ci_high + 1e-9).all()
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -206,3 +253,25 @@ def _reference_masses(hf, encoded, tokenizer) -> dict[tuple, float]:
                             continue
                         add((source, site, weighting, metric, layer, h), float(a[i, keys[metric]].sum()))
     return {key: float(np.mean(values)) for key, values in sums.items()}
+
+
+def test_findings_are_generated_from_the_tables(tmp_path: Path) -> None:
+    """Planted tables: raw self mass 0.9 / 0.6 against a 0.05 null, 3 of 4 heads far below: the claim holds and
+    the sentence cites those numbers; flip the heads above raw and the verdict becomes partial."""
+    def row(site: str, value: float, **extra) -> dict:  # noqa: ANN003
+        return {"corpus": "builtin", "source": "raw", "site": site, "layer": -1, "head": -1,
+                "weighting": "attention", "metric": "self", "value": value, "ci_low": value - 0.02,
+                "ci_high": value + 0.02, "null_uniform": 0.05, "n_sentences": 10, **extra}
+
+    heads = [{**row("blocks.0.attn.hook_pattern", v), "source": "head", "layer": 0, "head": h}
+             for h, v in enumerate([0.1, 0.1, 0.2, 0.9])]
+    pd.DataFrame([row("embed.hook_word", 0.9), row("embed.hook_out", 0.6), *heads]).to_parquet(
+        tmp_path / "results.parquet")
+    (claim,) = same_token.findings(tmp_path)
+    assert claim.claim == "same-token" and claim.holds is True
+    assert "0.90 [0.88, 0.92]" in claim.text and "0.60 [0.58, 0.62]" in claim.text and "3 of 4" in claim.text
+    heads = [{**h, "value": 0.95, "ci_low": 0.93, "ci_high": 0.97} for h in heads]
+    pd.DataFrame([row("embed.hook_word", 0.9), row("embed.hook_out", 0.6), *heads]).to_parquet(
+        tmp_path / "results.parquet")
+    (claim,) = same_token.findings(tmp_path)
+    assert claim.holds is None and "0 of 4" in claim.text

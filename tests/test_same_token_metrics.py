@@ -6,16 +6,20 @@ import math
 
 import pytest
 import torch
+from bertscope.experiments.same_token.balance import QueryRows, type_balanced_draws
+from bertscope.experiments.same_token.held_out import held_out_top
 from bertscope.experiments.same_token.measures import (
     Positions,
     Tallies,
     attention_masses,
+    boot_weights,
     logit_metrics,
     norm_weighted,
     raw_attention,
     summarize,
     tally,
 )
+from bertscope.probes.bootstrap import resample_counts
 
 CLS, SEP, PAD = 101, 102, 0
 SPECIAL = {"cls": CLS, "sep": SEP}
@@ -212,3 +216,70 @@ def test_bad_shapes_are_named() -> None:
         tally(attention_masses(uniform_pattern(pos), pos), uniform_pattern(pos), pos, max_length=2)
     with pytest.raises(ValueError, match="value_norms"):
         norm_weighted(torch.ones(1, 2, 3, 3), torch.ones(1, 3, 3))
+
+
+def test_type_balanced_counts_each_type_once() -> None:
+    # token 7 ("the") occurs 4 times with duplicate mass 1 at each query; token 9 twice with mass 0.
+    # pooled: 4 / 6 = 0.667; type-balanced: (1 + 0) / 2 = 0.5
+    rows = QueryRows(
+        sentence=torch.tensor([0, 0, 0, 0, 1, 1]),
+        token=torch.tensor([7, 7, 7, 7, 9, 9]),
+        values=torch.tensor([[1.0], [1.0], [1.0], [1.0], [0.0], [0.0]], dtype=torch.float64),
+        uniform=torch.tensor([0.3, 0.3, 0.3, 0.3, 0.1, 0.1], dtype=torch.float64),
+    )
+    weights = torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.0, 3.0]], dtype=torch.float64)
+    value, null = type_balanced_draws(rows, weights)
+    assert value[:, 0].tolist() == pytest.approx([0.5, 1.0, 0.0])  # a draw without a type averages the others
+    assert null.tolist() == pytest.approx([0.2, 0.3, 0.1])
+    assert float(rows.values.mean()) == pytest.approx(4 / 6)
+
+
+def test_boot_weights_subset_resamples_only_that_half() -> None:
+    w = boot_weights(10, n_boot=50, seed=1, subset=torch.tensor([2, 5, 7]))
+    assert w[0].tolist() == [0, 0, 1, 0, 0, 1, 0, 1, 0, 0]
+    assert (w[:, [0, 1, 3, 4, 6, 8, 9]] == 0).all() and (w.sum(-1) == 3).all()
+    assert torch.equal(boot_weights(10, n_boot=50, seed=1)[1:].sum(-1), torch.full((50,), 10.0, dtype=torch.float64))
+
+
+def test_held_out_top_reads_the_choice_on_the_other_half() -> None:
+    # 4 sentences, 3 heads: half 1 = sentences 0, 1 (head 0 scores highest there), half 2 = 2, 3 (head 1 wins).
+    per_sentence = torch.tensor([[5.0, 1, 0], [5, 1, 0], [1, 3, 0], [1, 3, 0]], dtype=torch.float64)
+
+    def mean(w: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (w["c"] @ per_sentence) / w["c"].sum(-1, keepdim=True)
+
+    halves = tuple({"c": boot_weights(4, n_boot=20, seed=i, subset=torch.tensor(part))}
+                   for i, part in enumerate(([0, 1], [2, 3])))
+    rows = held_out_top(mean, {"score": mean}, halves, k=2)
+    top = rows[0]
+    assert top["rank"] == 1 and top["chosen"] == (0, 1)
+    # head 0 read on half 2 (1.0) and head 1 read on half 1 (1.0): held-out 1.0, where in-sample would say 4.0
+    assert top["value"] == pytest.approx(1.0) and top["ci_low"] == pytest.approx(1.0)
+    assert rows[1]["chosen"] == (1, 0) and rows[1]["value"] == pytest.approx(4.0)
+
+
+def test_boot_weights_are_the_shared_group_bootstrap() -> None:
+    """Rows 1.. are probes.bootstrap.resample_counts (one bootstrap in the project), on the subset's columns."""
+    assert torch.equal(boot_weights(9, n_boot=40, seed=3)[1:], torch.from_numpy(resample_counts(9, 40, 3)))
+    subset = torch.tensor([1, 4, 8])
+    w = boot_weights(9, n_boot=40, seed=3, subset=subset)
+    assert torch.equal(w[1:, subset], torch.from_numpy(resample_counts(3, 40, 3)))
+
+
+def test_held_out_top_removes_the_winners_curse() -> None:
+    """50 heads with the same true mean 0.5 and sentence noise: the in-sample top head looks inflated, the
+    held-out one reads ~0.5, and its interval (heads re-chosen per draw) covers 0.5."""
+    gen = torch.Generator().manual_seed(0)
+    per_sentence = 0.5 + torch.randn(200, 50, generator=gen, dtype=torch.float64)
+
+    def mean(w: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (w["c"] @ per_sentence) / w["c"].sum(-1, keepdim=True)
+
+    perm = torch.randperm(200, generator=gen)
+    halves = tuple({"c": boot_weights(200, n_boot=300, seed=i, subset=part.sort().values)}
+                   for i, part in enumerate((perm[:100], perm[100:])))
+    top = held_out_top(mean, {"mean": mean}, halves, k=1)[0]
+    in_sample = float(per_sentence.mean(0).max())
+    assert in_sample > 0.58  # the winner's curse: over 1 standard error (0.07) above the truth
+    assert abs(top["value"] - 0.5) < abs(in_sample - 0.5) / 2
+    assert top["ci_low"] < 0.5 < top["ci_high"]

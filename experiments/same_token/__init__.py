@@ -1,10 +1,14 @@
 """Experiment `same_token` (see :mod:`bertscope.experiments.same_token.experiment` for what it measures and writes).
 
 The package exposes what :class:`bertscope.experiments.registry.Experiment` asks for; files by role:
-``experiment`` (Settings, run: the one place that sees the run context), ``measures`` (tallies and
-summaries of the per-query metrics), ``weights`` (the context-free W_QK view), ``plots`` (figures from the tables).
+``experiment`` (Settings, run: the one place that sees the run context), ``collect`` (the model pass and the
+long table), ``measures`` (tallies and summaries of the per-query metrics), ``balance`` (type-balanced
+duplicate mass), ``control`` (repeated-random's non-repeating control, copy-specific mass), ``held_out``
+(top heads chosen held-out), ``weights`` (the context-free W_QK view), ``examples`` (example maps),
+``plots`` (figures from the tables), ``findings`` (the report's sentences and captions, from the tables).
 """
 
 from bertscope.experiments.same_token.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.same_token.findings import CAPTIONS, findings
 
-__all__ = ["DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -17,54 +17,53 @@ weight on identical tokens, and that learned projections exist to escape this. T
    alone with the position embedding replaced by its mean; exact input for layer 0 of a post-LN model,
    a direct-path approximation for later layers).
 
-Metric definitions and nulls: :mod:`experiments.same_token.measures`. Tables: ``results`` (long: model,
-corpus, source ``raw|head``, site, layer, head, weighting, metric, value, ci_low, ci_high, null, null_kind,
-ratio, ...; raw rows have ``head = -1`` and ``layer = -1`` for the embedding sites, else the layer whose
-``hook_resid_post`` was used) and ``example_maps`` (attention maps of a repeated sentence for the figures).
+Beside repeated-random, its non-repeating control ``random-control`` (:mod:`.control`) gives the copy-specific
+mass; on every corpus the duplicate mass is also type-balanced (:mod:`.balance`); the top heads are chosen
+held-out (:mod:`.held_out`). Every interval is a percentile group bootstrap (:mod:`bertscope.probes.bootstrap`)
+over sentences (tokens for the weight view).
+
+Files by role: ``collect`` (the model pass and the long table), ``measures`` (per-query metrics, tallies,
+nulls), ``balance``, ``control``, ``held_out``, ``weights`` (the W_QK view), ``examples`` (maps for the
+figures), ``plots``, ``findings``. Tables: ``results`` (long: model, corpus, source ``raw|head``, site, layer,
+head, weighting, metric, value, ci_low, ci_high, null, null_kind, ratio, ...; raw rows have ``head = -1`` and
+``layer = -1`` for the embedding sites, else the layer whose ``hook_resid_post`` was used), ``held_out``,
+``summary`` and ``example_maps`` (attention maps of a repeated sentence for the figures).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
-import torch
-from bertscope.experiments.attention import value_norms
-from bertscope.experiments.same_token.measures import (
-    DUPLICATE_METRICS,
-    Positions,
-    Tallies,
-    attention_masses,
-    logit_metrics,
-    norm_weighted,
-    raw_attention,
-    summarize,
-    tally,
-)
+from bertscope.experiments.same_token.collect import Progress, collect, tables
+from bertscope.experiments.same_token.control import CONTROL_CORPUS, RANDOM_CORPUS, control_corpus, copy_specific
+from bertscope.experiments.same_token.examples import example_maps
+from bertscope.experiments.same_token.held_out import held_out_table
+from bertscope.experiments.same_token.measures import DUPLICATE_METRICS
 from bertscope.experiments.same_token.plots import plot
 from bertscope.experiments.same_token.weights import weight_view
-from einops import rearrange
 
 NAME = "same-token"
 DIRNAME = "same_token"
 SUMMARY_TABLES = ["summary"]
 __all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "run", "plot", "measure", "weight_view", "example_maps"]
 
-RANDOM_CORPUS = "repeated-random"
-
 
 @dataclass(frozen=True)
 class Settings:
     """Sizes of the same-token run (recorded in the manifest; part of the step-cache key)."""
 
-    max_sentences: int = 200  # per corpus, when --max-sentences is not given (keeps the default run under a minute)
+    max_sentences: int = 200  # the run's corpus, when --max-sentences is not given
+    random_sentences: int = 100  # repeated-random beside it, and its control (2m = 40 queries with a copy each)
     n_boot: int = 1000  # bootstrap resamples behind every interval
     vocab_sample: int = 2000  # tokens of the weight view
     example_max_tokens: int = 40  # longest sentence drawn as an example map
-    random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus
+    random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus (with its control)
+    top_k: int = 5  # heads chosen held-out per criterion
     ci: float = 0.95  # level of every percentile interval
+
 
 CONVENTIONS = {
     "raw rows": "source=raw, head=-1; layer=-1 for embed.hook_word/embed.hook_out, else the layer of hook_resid_post",
@@ -72,54 +71,43 @@ CONVENTIONS = {
     "norm weighting": "||A[i,j] (x_j W_V[h] + b_V[h]) W_O[h]|| renormalised per query; b_O excluded (shared)",
     "duplicates": "other content positions with the same token id; [CLS]/[SEP]/padding excluded",
     "null": "offset-matched for duplicate metrics where defined, else uniform (see null_kind)",
-    "ci": "percentile group bootstrap at Settings.ci (95%) over sentences (tokens for the weight view)",
+    "control": "random-control: 2m distinct words from repeated-random's pool; its 'duplicate' is the mass at the "
+    "would-be copy (offset +-m); duplicate_copy_specific = repeated-random duplicate minus that",
+    "type-balanced": "duplicate_type_balanced: per token type the mean duplicate mass, then the mean over types",
+    "held-out": "held_out table: top heads chosen on one half of the sentences, reported on the other, both ways "
+    "averaged; intervals re-choose in every bootstrap draw",
+    "ci": "percentile group bootstrap at Settings.ci (95%) over sentences (tokens for the weight view); "
+    "intervals cover sentence sampling only (the model is fixed; the weight view's token sample is seeded)",
     "weight view": "x = LN(word + type 0 + mean position) of each token alone; biases b_Q, b_K included",
 }
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
-    """The framework entry point: measure every source on both corpora plus the weight view; write
-    ``example_maps`` and ``summary``; return the long results table."""
-    from bertscope.experiments.corpus import load_corpus
-
+    """The framework entry point: measure every source on the corpora (the run's, repeated-random and its
+    control) plus the weight view; write ``example_maps``, ``held_out`` and ``summary``; return the long
+    results table."""
     settings = ctx.use_settings(settings)
-    model, options = ctx.model, ctx.options
-    cap = options.max_sentences or settings.max_sentences
-    corpora = [ctx.corpus if options.max_sentences else ctx.corpus[:cap]]
-    if ctx.corpus.name != settings.random_corpus:
-        corpora.append(load_corpus(settings.random_corpus, tokenizer=model.tokenizer, max_sentences=cap, seed=ctx.seed))
-    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
+    model = ctx.model
+    corpora = _corpora(ctx, settings)
     ctx.note("settings", asdict(settings))
     ctx.note("n_boot", settings.n_boot)
     ctx.note("vocab_sample", settings.vocab_sample)
-    ctx.note("repeated_random_meta", dict(corpora[-1].meta) if corpora[-1].name == RANDOM_CORPUS else None)
+    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
+    random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
+    ctx.note("repeated_random_meta", dict(random.meta) if random is not None else None)
     ctx.note("conventions", CONVENTIONS)
-    tables = []
+    stats = {"n_boot": settings.n_boot, "seed": ctx.seed, "level": settings.ci}
+    stores, frames = {}, []
     for corpus in corpora:
-        encoded = ctx.encode(corpus)
-        tables.append(
-            ctx.step(
-                f"measure_{corpus.name}",
-                lambda corpus=corpus, encoded=encoded: measure(
-                    model,
-                    encoded,
-                    corpus=corpus.name,
-                    n_boot=settings.n_boot,
-                    level=settings.ci,
-                    seed=ctx.seed,
-                    progress=lambda it, n, c=corpus.name: ctx.progress(it, f"{c}", total=n),
-                ),
-            )
-        )
-    tables.append(ctx.step(
-        "weights",
-        lambda: weight_view(
-            model, n_tokens=settings.vocab_sample, seed=ctx.seed, n_boot=settings.n_boot, level=settings.ci
-        ),
-    ))
-    results = pd.concat(tables, ignore_index=True)
+        stores[corpus.name] = _collect_step(ctx, corpus)
+        frames.append(ctx.step(f"measure_{corpus.name}", lambda c=corpus.name: tables(stores[c], corpus=c, **stats)))
+    if random is not None:
+        frames.append(ctx.step("copy_specific", lambda: copy_specific(stores[RANDOM_CORPUS], stores[CONTROL_CORPUS],
+                                                                      **stats)))  # fmt: skip
+    held_out = ctx.step("held_out", lambda: held_out_table(stores, main=ctx.corpus.name, k=settings.top_k, **stats))
+    frames.append(ctx.step("weights", lambda: weight_view(model, n_tokens=settings.vocab_sample, **stats)))
+    results = pd.concat(frames, ignore_index=True)
     results.insert(0, "model", ctx.model_id)
-
     fallback = results[results.metric.isin(DUPLICATE_METRICS) & (results.null_kind == "uniform")]
     for corpus in sorted(fallback.corpus.unique()):
         ctx.log(
@@ -130,7 +118,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         "example_maps", lambda: example_maps(model, corpora, results, max_tokens=settings.example_max_tokens)
     )
     ctx.write_table(maps, "example_maps", formats=("parquet",))
-    ctx.write_table(summary_table(results), "summary")
+    ctx.write_table(held_out.assign(model=ctx.model_id), "held_out")
+    ctx.write_table(summary_table(results, held_out), "summary")
     return results
 
 
@@ -142,203 +131,73 @@ def measure(
     n_boot: int = 1000,
     level: float = 0.95,
     seed: int = 0,
-    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    progress: Progress | None = None,
+    shadow_m: int | None = None,
 ) -> pd.DataFrame:
     """Raw attention at every site and every learned head (plain and norm-weighted) on one encoded corpus.
 
     encoded: the batches of ``corpus.encode`` (each with input_ids, attention_mask, token_type_ids,
-    special_mask [batch, pos]). Returns the long table for this corpus (no ``model`` column).
+    special_mask [batch, pos]). Returns the long table for this corpus (no ``model`` column):
+    :func:`.collect.collect` then :func:`.collect.tables`.
     """
-    batches = list(encoded)
-    if not batches:
-        raise ValueError(f"corpus {corpus!r} encoded to no batches; give it at least one sentence")
-    cfg = model.config
-    n_layers, n_heads = cfg.n_layers, cfg.n_heads
-    tok = model.tokenizer
-    special_ids = {"cls": tok.cls_token_id, "sep": tok.sep_token_id}
-    raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
-    names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
-    W_O = [b.attn.W_O.float() for b in model.blocks]
-    max_length = max(b.input_ids.shape[1] for b in batches)
-    device = model.device
-
-    raw_parts: dict[str, list[Tallies]] = {site: [] for site in raw_sites}
-    head_parts: dict[str, list[Tallies]] = {"attention": [], "norm": []}
-    iterator = progress(batches, len(batches)) if progress is not None else batches
-    with torch.no_grad():
-        for batch in iterator:
-            ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-            _, cache = model.run_with_cache(
-                ids, attention_mask=mask, token_type_ids=batch.token_type_ids.to(device), names_filter=names
-            )
-            pos = Positions.from_batch(ids, mask, batch.special_mask.to(device), special_ids)
-            for site in raw_sites:
-                raw_parts[site].append(_raw_tallies(cache[site].float(), mask, pos, max_length))
-            patterns = [cache[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)]
-            values = [cache[f"blocks.{i}.attn.hook_v"] for i in range(n_layers)]
-            for weighting, t in _head_tallies(patterns, values, W_O, pos, max_length).items():
-                head_parts[weighting].append(t)
-
-    frames = []
-    for site, parts in raw_parts.items():
-        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed, ci=level)
-        layer = int(site.split(".")[1]) if site.startswith("blocks.") else -1
-        frames.append(_label(t, source="raw", site=site, layer=layer, head=-1, weighting="attention"))
-    for weighting, parts in head_parts.items():
-        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed, ci=level)
-        layer, head = t["head"] // n_heads, t["head"] % n_heads
-        site = "blocks." + layer.astype(str) + ".attn.hook_pattern"
-        frames.append(_label(t, source="head", site=site, layer=layer, head=head, weighting=weighting))
-    out = pd.concat(frames, ignore_index=True)
-    out.insert(0, "corpus", corpus)
-    return out
+    arrays = collect(model, encoded, progress=progress, shadow_m=shadow_m)
+    return tables(arrays, corpus=corpus, n_boot=n_boot, seed=seed, level=level)
 
 
-def _raw_tallies(x: torch.Tensor, mask: torch.Tensor, pos: Positions, max_length: int) -> Tallies:
-    """Tallies of raw attention ``softmax(x x^T / sqrt(d))`` on one site's vectors ``x [batch, pos, d]``."""
-    logits, pattern = raw_attention(x, mask)
-    per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
-    return tally(per_query, pattern[:, None], pos, max_length)
-
-
-def _head_tallies(
-    patterns: list[torch.Tensor], values: list[torch.Tensor], W_O: list[torch.Tensor], pos: Positions, max_length: int
-) -> dict[str, Tallies]:
-    """Tallies of every learned head, plain (``attention``) and norm-weighted (``norm``).
-
-    patterns per layer ``[batch, head, q, k]``; values per layer ``[batch, pos, head, d_head]`` (``hook_v``);
-    W_O per layer ``[head, d_head, d_model]``. Heads are flattened layer-major: index ``layer * n_heads + head``.
-    """
-    pattern = rearrange(torch.stack(patterns).float(), "layer b h q k -> b (layer h) q k")
-    norms = torch.stack([value_norms(v.float(), w) for v, w in zip(values, W_O, strict=True)])
-    weighted = norm_weighted(pattern, rearrange(norms, "layer b h k -> b (layer h) k"))
-    return {
-        "attention": tally(attention_masses(pattern, pos), pattern, pos, max_length),
-        "norm": tally(attention_masses(weighted, pos), weighted, pos, max_length),
-    }
-
-
-def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_tokens: int = 40) -> pd.DataFrame:
-    """Attention maps of one repeated sentence per corpus, for the figures.
-
-    The sentence is the one with the most repeated tokens among those of at most ``max_tokens`` tokens.
-    Panels: raw attention on the word embeddings, the embedding output and the last layer; the three heads
-    with the largest duplicate ratio on that corpus and the head with the largest self ratio. Long table:
-    corpus, sentence_id, panel, source, site, layer, head, query, key, query_token, key_token, weight.
-    """
-    from bertscope.experiments.corpus import Corpus, encode
-
-    tok = model.tokenizer
-    n_layers = model.config.n_layers
-    frames = []
-    for corpus in corpora:
-        sentence = _most_repetitive(corpus, tok, max_tokens)
-        if sentence is None:
-            continue
-        batch = next(iter(encode(Corpus(corpus.name, corpus.source, [sentence]), tok, max_length=max_tokens + 2)))
-        panels = _example_panels(results[results.corpus == corpus.name], n_layers)
-        names = [p["site"] for p in panels]
-        with torch.no_grad():
-            _, cache = model.run_with_cache(
-                batch.input_ids.to(model.device),
-                attention_mask=batch.attention_mask.to(model.device),
-                token_type_ids=batch.token_type_ids.to(model.device),
-                names_filter=sorted(set(names)),
-            )
-        tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
-        n = len(tokens)
-        for panel in panels:
-            if panel["source"] == "raw":
-                _, pattern = raw_attention(cache[panel["site"]].float(), batch.attention_mask.to(model.device))
-                grid = pattern[0]
-            else:
-                grid = cache[panel["site"]][0, panel["head"]].float()
-            q, k = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "corpus": corpus.name,
-                        "sentence_id": sentence.id,
-                        **panel,
-                        "query": q.reshape(-1).numpy(),
-                        "key": k.reshape(-1).numpy(),
-                        "query_token": [tokens[i] for i in q.reshape(-1).tolist()],
-                        "key_token": [tokens[j] for j in k.reshape(-1).tolist()],
-                        "weight": grid.cpu().reshape(-1).numpy(),
-                    }
-                )
-            )
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def summary_table(results: pd.DataFrame) -> pd.DataFrame:
+def summary_table(results: pd.DataFrame, held_out: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline numbers: raw self/duplicate mass per site and corpus; for learned heads the median
-    and max over heads of self and duplicate mass, and the five largest duplicate ratios."""
-    keep = ["self", "duplicate", "argmax_self_or_copy", "logit_gap", "qk_self_top1"]
+    and max over heads of self and duplicate mass, the five largest duplicate ratios (in-sample, as before),
+    and the held-out top heads (``held_out_table``). Column ``selection``: "in-sample" | "held-out" |
+    "" (no selection)."""
+    keep = ["self", "duplicate", "duplicate_type_balanced", "argmax_self_or_copy", "logit_gap", "qk_self_top1"]
     raw = results[(results.source == "raw") & results.metric.isin(keep)]
-    raw = raw[["corpus", "site", "metric", "value", "ci_low", "ci_high", "ratio"]].assign(stat="raw")
+    raw = raw[["corpus", "site", "metric", "value", "ci_low", "ci_high", "ratio"]].assign(stat="raw", selection="")
     heads = results[(results.source == "head") & results.metric.isin(keep)]
     spread = (
         heads.groupby(["corpus", "weighting", "metric"])["value"]
         .describe(percentiles=[0.5])[["min", "50%", "max"]]
         .reset_index()
         .melt(id_vars=["corpus", "weighting", "metric"], var_name="stat", value_name="value")
-        .assign(stat=lambda d: "heads " + d["stat"].replace({"50%": "median"}))
+        .assign(stat=lambda d: "heads " + d["stat"].replace({"50%": "median"}), selection="")
     )
     dup = heads[heads.metric == "duplicate"].dropna(subset=["ratio"])
     top = (
         dup.sort_values("ratio", ascending=False)
         .groupby(["corpus", "weighting"])
         .head(5)[["corpus", "weighting", "metric", "layer", "head", "value", "ratio", "ratio_ci_low", "null"]]
-        .assign(stat="top duplicate ratio")
+        .assign(stat="top duplicate ratio", selection="in-sample")
     )
-    return pd.concat([raw, spread, top], ignore_index=True)
+    parts = [raw, spread, top]
+    if held_out is not None and len(held_out):
+        keep_cols = ["corpus", "weighting", "metric", "layer", "head", "value", "ci_low", "ci_high", "rank",
+                     "criterion", "selection"]
+        parts.append(held_out[keep_cols].assign(stat="held-out top heads"))
+    return pd.concat(parts, ignore_index=True)
 
 
-# ------------------------------------------------------------------------------------------------ helpers
+def _corpora(ctx: Any, settings: Settings) -> list[Any]:
+    """The run's corpus (capped), repeated-random beside it (at most ``random_sentences``), and repeated-random's
+    non-repeating control (as many sequences as repeated-random)."""
+    from bertscope.experiments.corpus import load_corpus
+
+    cap = ctx.options.max_sentences or settings.max_sentences
+    tok = ctx.model.tokenizer
+    corpora = [ctx.corpus if ctx.options.max_sentences else ctx.corpus[:cap]]
+    if ctx.corpus.name != settings.random_corpus:
+        n_random = min(cap, settings.random_sentences)
+        corpora.append(load_corpus(settings.random_corpus, tokenizer=tok, max_sentences=n_random, seed=ctx.seed))
+    random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
+    if random is not None:
+        corpora.append(control_corpus(tok, len(random), m=int(random.meta["m"]), seed=ctx.seed))
+    return corpora
 
 
-def _label(t: pd.DataFrame, **columns: Any) -> pd.DataFrame:
-    """Put the identifying columns first, in the results' order."""
-    t = t.drop(columns="head")
-    ident = pd.DataFrame(columns, index=t.index)
-    return pd.concat([ident, t], axis=1)
-
-
-def _most_repetitive(corpus: Any, tok: Any, max_tokens: int) -> Any:
-    """The sentence of at most ``max_tokens`` word pieces with the most repeated pieces (None if none)."""
-    best, best_count = None, 0
-    for sentence in corpus:
-        ids = tok(list(sentence.words), is_split_into_words=True, add_special_tokens=False)["input_ids"]
-        repeats = len(ids) - len(set(ids))
-        if len(ids) <= max_tokens and repeats > best_count:
-            best, best_count = sentence, repeats
-    return best
-
-
-def _example_panels(results: pd.DataFrame, n_layers: int) -> list[dict[str, Any]]:
-    panels = [
-        {"panel": "raw: word embeddings", "source": "raw", "site": "embed.hook_word", "layer": -1, "head": -1},
-        {"panel": "raw: embedding output", "source": "raw", "site": "embed.hook_out", "layer": -1, "head": -1},
-        {
-            "panel": f"raw: layer {n_layers - 1} output",
-            "source": "raw",
-            "site": f"blocks.{n_layers - 1}.hook_resid_post",
-            "layer": n_layers - 1,
-            "head": -1,
-        },
-    ]
-    heads = results[(results.source == "head") & (results.weighting == "attention")]
-    for metric, n in (("duplicate", 3), ("self", 1)):
-        rows = heads[heads.metric == metric].sort_values("ratio", ascending=False)
-        for r in rows.head(n).itertuples():
-            panels.append(
-                {
-                    "panel": f"L{r.layer}H{r.head}: {metric} / {r.null_kind} null = {r.ratio:.1f}",
-                    "source": "head",
-                    "site": f"blocks.{r.layer}.attn.hook_pattern",
-                    "layer": int(r.layer),
-                    "head": int(r.head),
-                }
-            )
-    return panels
+def _collect_step(ctx: Any, corpus: Any) -> dict[str, Any]:
+    """The cached model pass over one corpus (:func:`.collect.collect`); the control needs only the heads, read
+    at its would-be copies."""
+    encoded = ctx.encode(corpus)
+    control = corpus.name == CONTROL_CORPUS
+    shadow = int(corpus.meta["m"]) if control else None
+    progress = lambda it, n: ctx.progress(it, corpus.name, total=n)  # noqa: E731
+    return ctx.step_arrays(f"collect_{corpus.name}", lambda: collect(ctx.model, encoded, shadow_m=shadow,
+                                                                     raw=not control, progress=progress))

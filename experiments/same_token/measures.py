@@ -39,12 +39,12 @@ import pandas as pd
 import torch
 from bertscope.experiments import attention
 from bertscope.experiments.attention import norm_weighted
-from bertscope.probes.bootstrap import percentile_interval, resample_counts
+from bertscope.probes.bootstrap import Seed, percentile_interval, resample_counts
 from torch import Tensor
 
 DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
-__all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "logit_metrics",
-           "norm_weighted", "raw_attention", "summarize", "tally"]  # fmt: skip
+__all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "boot_weights", "divide",
+           "logit_metrics", "metric_draws", "metric_value", "norm_weighted", "raw_attention", "summarize", "tally"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,24 @@ class Tallies:
             noncopy_mass=cat(lambda p: p.noncopy_mass),
             noncopy_count=cat(lambda p: p.noncopy_count),
         )
+
+    def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """Flat numpy arrays (keys ``{prefix}{field}__{metric}``) for the step cache; inverse of :meth:`from_arrays`."""
+        out = {f"{prefix}noncopy_mass": self.noncopy_mass.numpy(), f"{prefix}noncopy_count": self.noncopy_count.numpy()}
+        for field in ("sums", "counts", "uniform", "pair_offsets"):
+            out.update({f"{prefix}{field}__{m}": v.numpy() for m, v in getattr(self, field).items()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> Tallies:
+        """Rebuild the tallies that :meth:`to_arrays` flattened with the same ``prefix``."""
+        def part(field: str) -> dict[str, Tensor]:
+            head = f"{prefix}{field}__"
+            return {k[len(head):]: torch.from_numpy(np.asarray(v)) for k, v in arrays.items() if k.startswith(head)}
+
+        return cls(part("sums"), part("counts"), part("uniform"), part("pair_offsets"),
+                   torch.from_numpy(np.asarray(arrays[f"{prefix}noncopy_mass"])),
+                   torch.from_numpy(np.asarray(arrays[f"{prefix}noncopy_count"])))
 
     @property
     def metrics(self) -> list[str]:
@@ -272,6 +290,7 @@ def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions,
     )
 
 
+
 def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float = 0.95) -> pd.DataFrame:
     """Point estimates, percentile bootstrap CIs over sentences, nulls and observed/null ratios.
 
@@ -287,12 +306,52 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    n_sent = tallies.n_sentences
-    weights = torch.ones(n_boot + 1, n_sent, dtype=torch.float64)  # row 0: the full sample
-    weights[1:] = torch.from_numpy(resample_counts(n_sent, n_boot, seed))  # rows 1..: bootstrap multiplicities
+    weights = boot_weights(tallies.n_sentences, n_boot=n_boot, seed=seed)
+    return pd.concat([_summary_frame(tallies, m, weights, ci) for m in tallies.metrics], ignore_index=True)
 
-    frames = [_summary_frame(tallies, metric, weights, ci) for metric in tallies.metrics]
-    return pd.concat(frames, ignore_index=True)
+
+def boot_weights(n: int, *, n_boot: int, seed: Seed, subset: Tensor | None = None) -> Tensor:
+    """Sentence weights ``[n_boot + 1, n]`` (float64) for statistics that are ratios of weighted sums.
+
+    Row 0 is the sample itself (weight 1 on every sentence); rows 1.. are the group-bootstrap counts of
+    :func:`bertscope.probes.bootstrap.resample_counts`. ``subset`` (sentence indices): only those sentences take
+    part (weight 0 elsewhere; each draw resamples the subset's own size), as for one half of a held-out split.
+    """
+    idx = torch.arange(n) if subset is None else torch.as_tensor(subset, dtype=torch.long)
+    weights = torch.zeros(n_boot + 1, n, dtype=torch.float64)
+    weights[0, idx] = 1.0
+    weights[1:, idx] = torch.from_numpy(resample_counts(len(idx), n_boot, seed))
+    return weights
+
+
+def metric_draws(tallies: Tallies, metric: str, weights: Tensor) -> tuple[Tensor, Tensor, str, Tensor, Tensor]:
+    """One metric under sentence weights [draw, sentence] -> (value [draw, head], primary null [draw, head],
+    null kind, offset-matched null [draw, head] (NaN if none), uniform null [draw, head] (NaN if none)).
+
+    The primary null is the offset-matched one for the duplicate metrics where it is defined on the full
+    sample (row 0), else the uniform one (kind "offset" | "uniform" | "")."""
+    counts = weights @ tallies.counts[metric]  # [draw]
+    value = metric_value(tallies, metric, weights)  # [draw, head]
+    nan = torch.full_like(value, float("nan"))
+    uniform = (
+        divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
+        if metric in tallies.uniform
+        else nan
+    )
+    offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
+    use_offset = bool(torch.isfinite(offset[0]).all())
+    kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
+    return value, (offset if use_offset else uniform), kind, offset, uniform
+
+
+def metric_value(tallies: Tallies, metric: str, weights: Tensor) -> Tensor:
+    """The value alone of :func:`metric_draws` (no nulls): ``[draw, head]``."""
+    return divide(weights @ tallies.sums[metric], (weights @ tallies.counts[metric])[:, None])
+
+
+def divide(num: Tensor, den: Tensor) -> Tensor:
+    """num / den with NaN where den == 0."""
+    return torch.where(den != 0, num / den, float("nan"))
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -300,60 +359,36 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
 
 def _summary_frame(tallies: Tallies, metric: str, weights: Tensor, ci: float) -> pd.DataFrame:
     """Rows of one metric for ``summarize``: ``weights [draw, sentence]`` holds the full sample in row 0 and the
-    bootstrap multiplicities in rows 1..; intervals are percentiles over rows 1.. at level ``ci``."""
+    bootstrap counts in rows 1..; intervals are percentiles over rows 1.. at level ``ci``."""
     counts = weights @ tallies.counts[metric]  # [draw]
-    value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
-    nan = torch.full_like(value, float("nan"))
-    uniform = (
-        _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
-        if metric in tallies.uniform
-        else nan
-    )
-    offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
-    use_offset = bool(torch.isfinite(offset[0]).all())
-    kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
-    null = offset if use_offset else uniform
-    ratio = _divide(value, null)
+    value, null, kind, offset, uniform = metric_draws(tallies, metric, weights)
+    ratio = divide(value, null)
     ci_low, ci_high = percentile_interval(value[1:].numpy(), ci)
     ratio_low, ratio_high = percentile_interval(ratio[1:].numpy(), ci)
-    return pd.DataFrame(
-        {
-            "head": np.arange(value.shape[1]),
-            "metric": metric,
-            "value": value[0].numpy(),
-            "ci_low": ci_low,
-            "ci_high": ci_high,
-            "null": null[0].numpy(),
-            "null_kind": kind,
-            "ratio": ratio[0].numpy(),
-            "ratio_ci_low": ratio_low,
-            "ratio_ci_high": ratio_high,
-            "null_offset": offset[0].numpy(),
-            "ratio_offset": _divide(value, offset)[0].numpy(),
-            "null_uniform": uniform[0].numpy(),
-            "ratio_uniform": _divide(value, uniform)[0].numpy(),
-            "n_queries": int(counts[0]),
-            "n_sentences": tallies.n_sentences,
-        }
-    )
+    return pd.DataFrame({
+        "head": np.arange(value.shape[1]), "metric": metric, "value": value[0].numpy(), "ci_low": ci_low,
+        "ci_high": ci_high, "null": null[0].numpy(), "null_kind": kind, "ratio": ratio[0].numpy(),
+        "ratio_ci_low": ratio_low, "ratio_ci_high": ratio_high, "null_offset": offset[0].numpy(),
+        "ratio_offset": divide(value, offset)[0].numpy(), "null_uniform": uniform[0].numpy(),
+        "ratio_uniform": divide(value, uniform)[0].numpy(), "n_queries": int(counts[0]),
+        "n_sentences": tallies.n_sentences,
+    })  # fmt: skip
 
 
 def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor) -> Tensor:
     """Offset-matched null per draw and head: mean over counted queries of sum over their copies of the
-    head's mean non-copy mass at the copy's offset -> [draw, head] (NaN where an offset has no support)."""
+    head's mean non-copy mass at the copy's offset -> [draw, head] (NaN where an offset has no support).
+
+    sum_o pairs[o] * mass[h, o] / support[o] is read as mass [draw, head, offset] times a per-draw coefficient
+    ``pairs / support`` [draw, offset], so only the matrix product builds a [draw, head, offset] array."""
     pairs = tallies.pair_offsets[metric]  # [sentence, offset]
     used = pairs.sum(0) > 0
     pairs = weights @ pairs[:, used]  # [draw, offset]
-    mass = torch.einsum("ws,sho->who", weights, tallies.noncopy_mass[:, :, used])
+    noncopy = tallies.noncopy_mass[:, :, used]  # [sentence, head, offset]
+    mass = (weights @ noncopy.reshape(len(noncopy), -1)).reshape(len(weights), *noncopy.shape[1:])
     support = weights @ tallies.noncopy_count[:, used]  # [draw, offset]
-    mean_mass = _divide(mass, support[:, None, :])  # [draw, head, offset]
-    contrib = torch.where(pairs[:, None, :] > 0, pairs[:, None, :] * mean_mass, 0.0)
-    return _divide(contrib.sum(-1), counts[:, None])
-
-
-def _divide(num: Tensor, den: Tensor) -> Tensor:
-    """num / den with NaN where den == 0."""
-    return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), float("nan"))
+    coef = torch.where(pairs > 0, divide(pairs, support), 0.0)  # NaN where a copy's offset has no support
+    return divide(torch.einsum("who,wo->wh", mass, coef), counts[:, None])
 
 
 def _check_pattern(pattern: Tensor, pos: Positions) -> None:

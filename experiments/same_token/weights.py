@@ -112,10 +112,12 @@ def weight_rows(
 
 def self_preference(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [token, d]: per token, whether its own key scores highest (ties count) and the share of
-    other keys scoring strictly below it -> (top1 [token], percentile [token]) as float64."""
-    scores = (q @ k.T).double()
-    own = scores.diagonal()[:, None]
-    others = ~torch.eye(len(q), dtype=torch.bool, device=q.device)
-    above = ((scores > own) & others).sum(-1)
-    below = ((scores < own) & others).sum(-1)
-    return (above == 0).double().cpu(), (below.double() / (len(q) - 1)).cpu()
+    other keys scoring strictly below it -> (top1 [token], percentile [token]) as float64.
+
+    The own key is in its row, so it scores highest iff it equals the row's maximum, and it is never strictly
+    below itself, so the diagonal needs no mask."""
+    scores = q @ k.T  # [query token, key token]
+    own = scores.diagonal()
+    top1 = scores.amax(-1) == own
+    below = (scores < own[:, None]).sum(-1)
+    return top1.double().cpu(), (below.double() / (len(q) - 1)).cpu()
