@@ -206,6 +206,6 @@ def test_token_level_pointer_head_is_perfect_on_word_level_maps(tokenizer):
                 pattern[0, 0, q, first_piece] = 1.0
         maps = corpus_mod.word_attention(pattern, wids)
         parts.append(syn.sentence_arc_hits(maps, sentence.heads, sentence.deprels, si))
-    table = syn.syntax_table(syn.ArcHits.concat(parts)).set_index("relation")
-    assert (table["accuracy"] == 1.0).all()
+    table = syn.syntax_table(syn.ArcHits.concat(parts), n_boot=20).set_index("relation")
+    assert (table["accuracy"].dropna() == 1.0).all() and (table["heldout_accuracy"].dropna() == 1.0).all()
     assert (table.drop(index=[syn.ALL_RELATIONS, syn.PER_RELATION])["direction"] == "dep->head").all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -46,6 +48,12 @@ def test_experiment_writes_every_table_and_figure(tiny, tmp_path, monkeypatch):
     distances = pd.read_parquet(out / "distances.parquet")
     assert len(distances) == 8 * 8
     assert (distances.query("layer_a == layer_b and head_a == head_b")["distance"] == 0).all()
+    assert (syntax["selection"] == "held-out").all() and "punct" not in set(syntax["relation"])
+    log = json.loads((out / "manifest.json").read_text())["log"]
+    # 12 sentences: relations under Settings.syntax_min_arcs are named, and roles come with a warning
+    skipped = next(m for m in log if "left out of syntax.csv" in m)
+    assert "Settings.syntax_min_arcs" in skipped and "(1)" in skipped
+    assert any("roles assigned from only 12 sentences" in m for m in log)
     pruning = pd.read_csv(out / "pruning.csv")
     assert (pruning.query("n_removed == 0")["value"].abs() < 1e-6).all()
     figures = sorted(p.name for p in out.glob("fig_*.png"))

@@ -34,7 +34,7 @@ from bertscope.experiments.heads import importance as imp
 from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
-from bertscope.experiments.heads.roles import assign_roles, role_summary
+from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, role_summary
 
 NAME = "heads"
 DIRNAME = "heads"
@@ -56,8 +56,11 @@ class Settings:
     n_boot: int = 1000
     ci: float = 0.95
     offset_bins: int = 8  # argmax-offset histogram reported for -8..8 (plus the two tails)
-    syntax_min_arcs: int = 10  # relations with fewer arcs are left out of syntax.csv
+    syntax_min_arcs: int = 10  # relations with fewer arcs are left out of syntax.csv (named in a warning)
+    collapse_subtypes: bool = False  # True: nmod:poss counts as nmod (Clark et al. keep subtypes apart)
     role_min_arcs: int = 50  # relations with fewer arcs do not count for the syntactic role (noise)
+    role_min_sentences: int = 50  # fewer sentences with gold trees: roles are still assigned, with a warning
+    role_fdr: float = 0.05  # Benjamini-Hochberg false-discovery rate over head x relation candidates
     n_projections: int = 4  # random directions per sentence for gradient importance without an MLM head
     pruning_points: int = 12  # points on each pruning curve (plus k = 0)
 
@@ -87,14 +90,12 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     frames.append(_ratio_rows(distances, n_layers, n_heads, settings, ctx.seed))
     mean_distance = distances.mean(0)
 
-    syntax_acc, syntax_tab = None, None
+    syntax_gains, syntax_tab = None, None
     if "head_hits" in arrays and len(arrays["head_hits"]):
         hits = syn.ArcHits(arrays["head_hits"], arrays["offset_hits"], arrays["relations"].astype(object),
                            arrays["arc_sentences"])  # fmt: skip
-        syntax_acc = syn.head_relation_accuracy(hits)
-        syntax_tab = syn.syntax_table(hits, min_arcs=settings.syntax_min_arcs, seed=ctx.seed)
-        frames.append(_syntax_rows(syntax_acc))
-        ctx.note("n_arcs", int(len(hits.relations)))
+        frames.append(_syntax_rows(syn.head_relation_accuracy(hits)))
+        syntax_tab, syntax_gains = _syntax_selection(ctx, hits, settings)
     else:
         ctx.log("corpus has no gold dependencies: syntax scores and the syntactic role are skipped")
 
@@ -113,10 +114,11 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     results = _tidy(results)
 
     head_stats = head_stats_wide(results)
-    roles = assign_roles(head_stats, syntax_acc, min_arcs=settings.role_min_arcs)
+    roles = assign_roles(head_stats, syntax_gains, min_arcs=settings.role_min_arcs, fdr=settings.role_fdr)
     ctx.write_table(roles, "roles", formats=("csv",))
     if syntax_tab is not None:
         ctx.write_table(syntax_tab, "syntax", formats=("csv",))
+        ctx.write_table(syntax_gains, "syntax_heads", formats=("csv",))
     ctx.write_table(_distance_table(mean_distance, n_layers, n_heads, len(distances)), "distances",
                     formats=("parquet",))  # fmt: skip
     coords = sim.mds_embedding(mean_distance, seed=ctx.seed)
@@ -227,7 +229,8 @@ def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.n
                 skipped_syntax += 1
                 continue
             word_maps = word_attention(patterns[:, b], batch.word_ids[b].cpu())
-            arc_parts.append(syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si))
+            arc_parts.append(syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si,
+                                                   collapse_subtypes=settings.collapse_subtypes))  # fmt: skip
     if skipped_syntax:
         ctx.warn(f"{skipped_syntax} truncated sentences left out of the syntax scores")
     out = {"scalars": scalars, "offsets": offsets, "distances": distances}
@@ -304,6 +307,25 @@ def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Se
         rows.append({"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": value,
                      "ci_low": low, "ci_high": high, "n": s})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _syntax_selection(ctx: Any, hits: syn.ArcHits, settings: Settings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Held-out headline table and per-head held-out gains (for the syntactic role), with the warnings due."""
+    ctx.note("n_arcs", int(len(hits.relations)))
+    skipped = syn.skipped_relations(hits, settings.syntax_min_arcs)
+    if skipped:
+        names = ", ".join(f"{r} ({n})" for r, n in sorted(skipped.items()))
+        ctx.warn(f"relations with fewer than {settings.syntax_min_arcs} arcs left out of syntax.csv "
+                 f"(Settings.syntax_min_arcs): {names}")  # fmt: skip
+    n_sentences = len(np.unique(hits.sentences))
+    if n_sentences < settings.role_min_sentences:
+        ctx.warn(f"roles assigned from only {n_sentences} sentences with gold trees "
+                 f"(< {settings.role_min_sentences}, Settings.role_min_sentences): the syntactic role's held-out "
+                 "halves are small and unstable")  # fmt: skip
+    boot = {"seed": ctx.seed, "n_boot": settings.n_boot, "ci": settings.ci}
+    table = syn.syntax_table(hits, min_arcs=settings.syntax_min_arcs, **boot)
+    gains = syn.heldout_head_gains(hits, min_arcs=settings.role_min_arcs, threshold=SYNTAX_THRESHOLD, **boot)
+    return table, gains
 
 
 def _syntax_rows(acc: pd.DataFrame) -> pd.DataFrame:

@@ -238,3 +238,33 @@ def _argmax_offset_fraction(p: torch.Tensor, valid: torch.Tensor, max_offset: in
     hist = torch.zeros(batch, head, 2 * max_offset + 1, dtype=p.dtype, device=p.device)
     hist.scatter_add_(-1, bins, weight)
     return hist / valid.sum(-1).to(p.dtype)[:, None, None]
+
+
+def bootstrap_ratio(
+    numerators: np.ndarray, denominators: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Ratio of sums over groups with a percentile bootstrap that resamples groups (e.g. sentences) whole.
+
+    Args:
+        numerators: ``[group, k]`` per-group sums (e.g. hits per sentence).
+        denominators: ``[group]`` per-group counts (e.g. arcs per sentence).
+
+    Returns:
+        ``(ratio, ci_low, ci_high, se)``, each ``[k]``: ``sum(num) / sum(den)``, the percentile interval and
+        the standard deviation of the bootstrap replicates.
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    if num.ndim != 2 or den.shape != num.shape[:1] or len(den) == 0:
+        raise ValueError(f"bootstrap_ratio needs numerators [group, k] and denominators [group]; got {num.shape}, "
+                         f"{den.shape}")  # fmt: skip
+    ratio = num.sum(0) / den.sum()
+    if n_boot <= 0:
+        return ratio, ratio.copy(), ratio.copy(), np.zeros_like(ratio)
+    g = len(den)
+    counts = np.random.default_rng(seed).multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boots = (counts @ num) / (counts @ den)[:, None]  # [boot, k]
+    tail = (1.0 - ci) / 2.0
+    low, high = np.nanquantile(boots, [tail, 1.0 - tail], axis=0)
+    return ratio, low, high, np.nanstd(boots, axis=0)
