@@ -369,3 +369,32 @@ def test_offset_histogram_of_short_sentences_keeps_every_bin():
     np.testing.assert_allclose(hist.groupby("head")["value"].sum(), 1.0)
     top = table[table["metric"] == "top_offset"].set_index("head")["value"]
     assert top[0] == 0 and top[1] == -1
+
+
+# --------------------------------------------------------------------------------- selection-aware statistics
+
+
+def test_crossed_bootstrap_covers_order_variance():
+    rng = np.random.default_rng(0)
+    sentences = rng.normal(size=(30, 1, 1))  # sentence effects
+    orders = np.linspace(-1, 1, 20)[None, :, None] * 5  # orders differ far more than sentences
+    values = sentences + orders
+    mean, low, high = hs.crossed_bootstrap_mean(values, n_boot=400, seed=0)
+    assert mean.shape == (1,) and mean[0] == pytest.approx(values.mean())
+    sentence_only = hs.bootstrap_mean(values.mean(1), n_boot=400, seed=0)
+    assert (high - low)[0] > 3 * (sentence_only[2] - sentence_only[1])[0]  # order variance is in the interval
+
+
+def test_heldout_top_reads_the_choice_of_the_other_half():
+    # unit 0 is large on fold-0 sentences only, unit 1 on fold-1 only, unit 2 moderately everywhere
+    fold = np.array([0, 1] * 10)
+    values = np.zeros((20, 3))
+    values[fold == 0, 0] = 10.0
+    values[fold == 1, 1] = 10.0
+    values[:, 2] = 1.0
+    (top,) = hs.heldout_top(values, fold, 1, n_boot=50)
+    assert (top["chosen_on_0"], top["chosen_on_1"]) == (0, 1)
+    assert top["heldout_value"] == 0.0  # each half's winner is worthless on the other half
+    assert top["value"] == 5.0  # the in-sample winner looks good
+    ratio = hs.bootstrap_ratio(np.array([[1.0], [3.0]]), np.array([2.0, 2.0]), n_boot=10)
+    assert ratio[0][0] == 1.0

@@ -209,3 +209,52 @@ def test_token_level_pointer_head_is_perfect_on_word_level_maps(tokenizer):
     table = syn.syntax_table(syn.ArcHits.concat(parts), n_boot=20).set_index("relation")
     assert (table["accuracy"].dropna() == 1.0).all() and (table["heldout_accuracy"].dropna() == 1.0).all()
     assert (table.drop(index=[syn.ALL_RELATIONS, syn.PER_RELATION])["direction"] == "dep->head").all()
+
+
+def test_michel_importance_on_a_masked_lm_checkpoint_matches_autograd_on_transformers(tmp_path, tokenizer):
+    """A tiny BertForMaskedLM saved here: the MLM path is used, and its scores equal Michel et al.'s formula
+    computed directly on transformers' model (|<dL/dctx, ctx>| per head and real token, summed, / tokens)."""
+    import transformers
+    from helpers import save_tiny_bert
+
+    hf = save_tiny_bert(tmp_path, cls=transformers.BertForMaskedLM)
+    model = models.load(str(tmp_path)).eval()
+    assert imp.has_mlm_head(model)
+    batch = toy_batch(n=3, pos=9, seed=1)
+    grad, objective = imp.gradient_importance(model, [batch], seed=3)
+    assert objective == "mlm"
+    sums, tokens = imp.michel_importance(model, [batch], seed=3)
+    np.testing.assert_allclose(grad, sums / tokens[:, None, None])
+    # the same masking (same seed), then autograd on transformers' context layers
+    ids, labels = imp._mlm_inputs(model, batch, 0.15, torch.Generator().manual_seed(3))
+    contexts = {}
+
+    def keep(layer):
+        def hook(module, args, output):
+            ctx = output[0]
+            ctx.retain_grad()
+            contexts[layer] = ctx
+        return hook
+
+    cfg = hf.config
+    handles = [hf.bert.encoder.layer[L].attention.self.register_forward_hook(keep(L))
+               for L in range(cfg.num_hidden_layers)]  # fmt: skip
+    logits = hf(input_ids=ids, attention_mask=batch.attention_mask, token_type_ids=batch.token_type_ids).logits
+    for h in handles:
+        h.remove()
+    ce = torch.nn.functional.cross_entropy(logits.double().transpose(1, 2), labels, ignore_index=-100,
+                                           reduction="none")  # fmt: skip
+    loss = (ce.sum(-1) / (labels != -100).sum(-1)).sum()
+    loss.backward()
+    d_head = cfg.hidden_size // cfg.num_attention_heads
+    real = batch.attention_mask.double()
+    expected = np.zeros_like(sums)
+    for layer, ctx in contexts.items():
+        c = ctx.detach().double().reshape(*ctx.shape[:2], cfg.num_attention_heads, d_head)
+        g = ctx.grad.double().reshape(*ctx.shape[:2], cfg.num_attention_heads, d_head)
+        dot = torch.einsum("bphd,bphd->bph", g, c).abs()
+        expected[:, layer] = (dot * real[:, :, None]).sum(1).numpy()
+    np.testing.assert_allclose(sums, expected, rtol=2e-4, atol=1e-10)
+    np.testing.assert_allclose(tokens, batch.attention_mask.sum(-1).numpy())
+    normalised = imp.michel_normalise(sums.sum(0) / tokens.sum())
+    np.testing.assert_allclose(np.linalg.norm(normalised, axis=-1), 1.0)

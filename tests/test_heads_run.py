@@ -56,6 +56,11 @@ def test_experiment_writes_every_table_and_figure(tiny, tmp_path, monkeypatch):
     assert any("roles assigned from only 12 sentences" in m for m in log)
     pruning = pd.read_csv(out / "pruning.csv")
     assert (pruning.query("n_removed == 0")["value"].abs() < 1e-6).all()
+    random = pruning[pruning["order"] == "random (mean of 20 orders)"]
+    assert len(random) and (random["interval_covers"] == "sentences x 20 orders").all()
+    assert (pruning.loc[pruning["order"] != random["order"].iloc[0], "selection"] == "held-out").all()
+    top = pd.read_csv(out / "top_heads.csv")
+    assert (top["selection"] == "held-out").all() and list(top["rank"][:5]) == [1, 2, 3, 4, 5]
     figures = sorted(p.name for p in out.glob("fig_*.png"))
     assert len(figures) == 8
     for p in out.glob("fig_*"):

@@ -63,6 +63,8 @@ class Settings:
     role_fdr: float = 0.05  # Benjamini-Hochberg false-discovery rate over head x relation candidates
     n_projections: int = 4  # random directions per sentence for gradient importance without an MLM head
     pruning_points: int = 12  # points on each pruning curve (plus k = 0)
+    pruning_random_orders: int = 20  # random pruning orders (interval over sentences crossed with orders)
+    top_k: int = 5  # most important heads reported held-out (top_heads.csv)
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -105,7 +107,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("gradient_objective", {objective: imp.OBJECTIVE_DESCRIPTIONS[objective]})
     ctx.note("mlm_head", imp.has_mlm_head(model))
     if not imp.has_mlm_head(model):
-        ctx.log("the model has no masked-LM head: no mlm_loss_change; gradient importance uses a projection objective")
+        ctx.log("the model has no masked-LM head: no mlm_loss_change; gradient importance uses a projection "
+                "objective, a consistency check kept out of the findings (not Michel et al.'s score)")
     frames.append(_importance_rows(importance, settings, ctx.seed))
 
     results = pd.concat(frames, ignore_index=True)
@@ -124,6 +127,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     coords = sim.mds_embedding(mean_distance, seed=ctx.seed)
     ctx.write_table(_mds_table(coords, n_layers, n_heads, roles), "mds", formats=("csv",))
     ctx.write_table(_pruning_table(importance, settings, ctx.seed), "pruning", formats=("csv",))
+    ctx.write_table(_top_heads_table(importance, n_heads, settings, ctx.seed), "top_heads", formats=("csv",))
     summary = role_summary(roles)
     ctx.write_table(summary, "roles_by_head", formats=("csv",))
     ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
@@ -255,35 +259,58 @@ def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.
     ctx.log(f"ablating {n_layers * n_heads} heads x {len(settings.methods)} methods on {len(corpus)} sentences")
     effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=ctx.seed,
                                              progress=lambda it: ctx.progress(it, "ablation", len(it)))  # fmt: skip
-    grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=ctx.seed)
     inverse = np.argsort(order)  # back to corpus order
+    michel = {}
+    if imp.has_mlm_head(model):
+        sums, tokens = imp.michel_importance(model, batches, seed=ctx.seed)
+        grad, objective = sums / tokens[:, None, None], "mlm"
+        michel = {"michel_sums": sums[inverse], "michel_tokens": tokens[inverse]}
+    else:
+        grad, objective = imp.gradient_importance(model, batches, objective="projection",
+                                                  n_projections=settings.n_projections, seed=ctx.seed)  # fmt: skip
     effects, grad = effects[inverse], grad[inverse]
 
     total = n_layers * n_heads
     counts = sorted({round(i * total / settings.pruning_points) for i in range(settings.pruning_points + 1)})
-    mean_grad = grad.mean(0).ravel()  # [layer*head]
+    fold = heldout_folds(len(corpus), ctx.seed)  # [sentence] in corpus order: 0/1
     zero = list(settings.methods).index("zero") if "zero" in settings.methods else 0
-    mean_ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")].mean(0).ravel()
-    orders = {
-        "gradient, least important first": np.argsort(mean_grad, kind="stable"),
-        "gradient, most important first": np.argsort(-mean_grad, kind="stable"),
-        f"ablation ({settings.methods[zero]}), least important first": np.argsort(mean_ablation, kind="stable"),
-        "random": ctx.rng("pruning").permutation(total),
-    }
-    curves = []
-    for flat_order in orders.values():
-        pairs = [divmod(int(i), n_heads) for i in flat_order]
-        curves.append(imp.pruning_curve(model, batches, pairs, counts)[inverse])
-    return {
+    ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")]  # [sentence, layer, head]
+    scores = {"gradient": grad, f"ablation ({settings.methods[zero]})": ablation}
+    curves, names = [], []
+    for label, score in scores.items():
+        for sign, which in ((1, "least"), (-1, "most")):
+            if label.startswith("ablation") and which == "most":
+                continue
+            # order chosen on one half of the sentences, curve read on the other (both ways): held-out
+            heldout = np.zeros((len(corpus), len(counts), len(imp.OUTPUT_MEASURES)))
+            for f in (0, 1):
+                flat = np.argsort(sign * score[fold != f].mean(0).ravel(), kind="stable")
+                pairs = [divmod(int(i), n_heads) for i in flat]
+                heldout[fold == f] = imp.pruning_curve(model, batches, pairs, counts)[inverse][fold == f]
+            curves.append(heldout)
+            names.append(f"{label}, {which} important first")
+    rng = ctx.rng("pruning")
+    random = [imp.pruning_curve(model, batches, [divmod(int(i), n_heads) for i in rng.permutation(total)],
+                                counts)[inverse] for _ in range(settings.pruning_random_orders)]  # fmt: skip
+    out = {
         "effects": effects,
         "measures": np.asarray(measures, dtype=str),
         "methods": np.asarray(settings.methods, dtype=str),
         "grad": grad,
         "objective": np.asarray(objective),
         "pruning": np.stack(curves, axis=1),  # [sentence, order, count, measure]
-        "pruning_orders": np.asarray(list(orders), dtype=str),
+        "pruning_orders": np.asarray(names, dtype=str),
+        "pruning_random": np.stack(random, axis=1),  # [sentence, random order, count, measure]
         "pruning_counts": np.asarray(counts),
     }
+    return {**out, **michel}
+
+
+def heldout_folds(n: int, seed: int) -> np.ndarray:
+    """Seeded split of ``n`` sentences into halves -> ``[n]`` fold 0/1 (selection on one, report on the other)."""
+    fold = np.zeros(n, dtype=np.int64)
+    fold[np.random.default_rng(seed).permutation(n)[: n // 2]] = 1
+    return fold
 
 
 # ------------------------------------------------------------------------------------------ table builders
@@ -339,10 +366,11 @@ def _importance_rows(importance: dict[str, np.ndarray], settings: Settings, seed
     flat = einops.rearrange(effects, "s a l h m -> s l h (a m)")
     names = [f"ablation:{a}:{m}" for a in methods for m in measures]
     objective = str(importance["objective"])
-    rows = [
-        _rows_from(flat, names, settings, seed),
-        _rows_from(importance["grad"][..., None], [f"grad_importance:{objective}"], settings, seed),
-    ]
+    rows = [_rows_from(flat, names, settings, seed)]
+    if objective == "mlm":  # Michel et al.: pooled over tokens, L2-normalised per layer
+        rows.append(_michel_rows(importance["michel_sums"], importance["michel_tokens"], settings, seed))
+    else:
+        rows.append(_rows_from(importance["grad"][..., None], [f"grad_importance:{objective}"], settings, seed))
     grad_mean = importance["grad"].mean(0)
     for a in methods:
         for m in measures:
@@ -354,16 +382,62 @@ def _importance_rows(importance: dict[str, np.ndarray], settings: Settings, seed
     return pd.concat(rows, ignore_index=True)
 
 
+def _michel_rows(sums: np.ndarray, tokens: np.ndarray, settings: Settings, seed: int) -> pd.DataFrame:
+    """``grad_importance:mlm`` per head: Michel et al.'s score with a bootstrap over sentences (normalised in
+    every replicate)."""
+    point = imp.michel_normalise(sums.sum(0) / tokens.sum())  # [layer, head]
+    s = len(tokens)
+    counts = np.random.default_rng(seed).multinomial(s, np.full(s, 1.0 / s), size=settings.n_boot).astype(float)
+    boots = imp.michel_normalise(np.einsum("bs,slh->blh", counts, sums) / (counts @ tokens)[:, None, None])
+    tail = (1 - settings.ci) / 2
+    low, high = np.quantile(boots, [tail, 1 - tail], axis=0)
+    layer, head = np.meshgrid(np.arange(point.shape[0]), np.arange(point.shape[1]), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "metric": "grad_importance:mlm",
+                         "value": point.ravel(), "ci_low": low.ravel(), "ci_high": high.ravel(), "n": s})  # fmt: skip
+
+
 def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
+    """Pruning curves: held-out importance orders (bootstrap over sentences) and the mean random order
+    (bootstrap over sentences crossed with orders)."""
     curves = importance["pruning"]  # [sentence, order, count, measure]
     orders, counts = importance["pruning_orders"].tolist(), importance["pruning_counts"].tolist()
     mean, low, high, n = hs.bootstrap_mean(curves, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    random = importance["pruning_random"]  # [sentence, random order, count, measure]
+    r_mean, r_low, r_high = hs.crossed_bootstrap_mean(random, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    n_random = random.shape[1]
     rows = []
-    for o, order in enumerate(orders):
+    for o, order in enumerate([*orders, f"random (mean of {n_random} orders)"]):
         for c, count in enumerate(counts):
             for m, measure in enumerate(imp.OUTPUT_MEASURES):
-                rows.append({"order": order, "n_removed": count, "measure": measure, "value": mean[o, c, m],
-                             "ci_low": low[o, c, m], "ci_high": high[o, c, m], "n": int(n[o, c, m])})  # fmt: skip
+                if o < len(orders):
+                    value = (mean[o, c, m], low[o, c, m], high[o, c, m], int(n[o, c, m]))
+                    selection, variance = "held-out", "sentences"
+                else:
+                    value = (r_mean[c, m], r_low[c, m], r_high[c, m], random.shape[0])
+                    selection, variance = "none", f"sentences x {n_random} orders"
+                rows.append({"order": order, "n_removed": count, "measure": measure, "value": value[0],
+                             "ci_low": value[1], "ci_high": value[2], "n": value[3], "selection": selection,
+                             "interval_covers": variance})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _top_heads_table(importance: dict[str, np.ndarray], n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
+    """Most important heads chosen on one half of the importance sentences, reported on the other."""
+    effects = importance["effects"]
+    methods = importance["methods"].tolist()
+    zero = methods.index("zero") if "zero" in methods else 0
+    rankings = {f"ablation:{methods[zero]}:pooled_cos": effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")]}
+    if str(importance["objective"]) == "mlm":
+        rankings["grad_importance:mlm (per-sentence token mean)"] = importance["grad"]
+    fold = heldout_folds(len(effects), seed)
+    rows = []
+    for name, values in rankings.items():
+        for rec in hs.heldout_top(values.reshape(len(values), -1), fold, settings.top_k, n_boot=settings.n_boot,
+                                  ci=settings.ci, seed=seed):  # fmt: skip
+            for key in ("chosen_on_0", "chosen_on_1", "chosen_all"):
+                layer, head = divmod(rec.pop(key), n_heads)
+                rec[key] = f"{layer}-{head}"
+            rows.append({"ranking": name, **rec, "selection": "held-out"})
     return pd.DataFrame(rows)
 
 

@@ -17,9 +17,14 @@ Many ablations run in one forward pass: the batch is replicated ``C`` times and 
 according to ``keep[c, layer, head]``; single-head ablations start from the clean residual stream at the
 ablated layer, since earlier blocks are unchanged.
 
-Gradient importance (Michel et al. 2019) is ``E_x |dL(x)/dg_h|`` for a gate ``g_h`` multiplying ``z_h``,
-taken per example (each example gets its own gates, so one backward pass yields per-example gradients).
-``L`` is the masked-LM loss when the model has an MLM head. Otherwise, for a sentence encoder without one,
+Gradient importance (Michel et al. 2019) with an MLM head is what their code computes
+(pmichel31415/pytorch-pretrained-BERT, ``calculate_head_importance``): with ``ctx`` a head's output at a token
+(``z_h[b, t]``) and ``L`` the loss summed over examples, the token's score is ``|<dL/dctx, ctx>|``, i.e.
+``|dL/dg_{h,b,t}|`` for a gate per head AND token; it is summed over the real tokens of every sentence, divided by
+the number of real tokens, then normalised per layer by the L2 norm over that layer's heads
+(``normalize_scores_by_layer``; their extra division of the last layer by the subset size is not reproduced).
+``L`` is the masked-LM loss (15% of the word pieces masked, seeded; mean over a sentence's masked pieces).
+Otherwise, for a sentence encoder without an MLM head, a per-example gate is used and
 ``L = <r, u>`` with ``u`` the unit-normalised mean-pooled embedding and ``r ~ N(0, I)`` a fixed random
 direction per example (several per example): since ``E_r |<r, J>| = sqrt(2 / pi) ||J||``, the importance is
 proportional to the norm of the first-order change of the embedding's direction when the head is scaled, a
@@ -47,10 +52,14 @@ METHOD_DESCRIPTIONS = {
     "uniform": "the head attends uniformly to the real keys: z_h[q] = mean_k v_h[k]",
 }
 OBJECTIVE_DESCRIPTIONS = {
-    "mlm": "masked-LM loss (15% of word pieces masked, seeded)",
+    "mlm": (
+        "Michel et al.: |<dL/dz_h, z_h>| per token, masked-LM loss (15% of word pieces masked, seeded), mean over "
+        "real tokens, L2-normalised per layer"
+    ),
     "projection": (
-        "no MLM head: L = <r, u> with u the unit mean-pooled embedding and r ~ N(0, I) fixed per sentence "
-        "and projection; E|dL/dg_h| is proportional to the norm of the first-order change of u"
+        "consistency check, not Michel et al.'s score (no MLM head): L = <r, u> with u the unit mean-pooled "
+        "embedding and r ~ N(0, I) fixed per sentence and projection; E|dL/dg_h| is proportional to the norm of "
+        "the first-order change of u, i.e. a Taylor estimate of the pooled_cos ablation effect"
     ),
 }
 OUTPUT_MEASURES = ("hidden_cos", "pooled_cos")
@@ -153,11 +162,13 @@ def gradient_importance(
     mlm_mask_prob: float = 0.15,
     seed: int = 0,
 ) -> tuple[np.ndarray, str]:
-    """Per-sentence ``|dL/dg_h|`` at ``g = 1`` (Michel et al. 2019), averaged over random projections.
+    """Per-sentence gradient importance at ``g = 1``.
 
     Args:
-        objective: ``mlm`` (needs an MLM head), ``projection`` (see the module docstring) or ``auto`` (MLM
-            when the model has a head for it, else projection).
+        objective: ``mlm`` (needs an MLM head: Michel et al.'s per-token score, ``michel_importance``, as the mean
+            over a sentence's real tokens, before the per-layer normalisation), ``projection`` (per-example gate,
+            ``|dL/dg_h|`` averaged over random projections; a consistency check, see the module docstring) or
+            ``auto`` (MLM when the model has a head for it, else projection).
         n_projections: random directions per sentence for the projection objective.
 
     Returns:
@@ -170,28 +181,64 @@ def gradient_importance(
         raise ValueError("objective='mlm' needs a model with a masked-LM head; use objective='projection'")
     if objective not in ("mlm", "projection"):
         raise ValueError(f"objective must be 'auto', 'mlm' or 'projection', got {objective!r}")
+    if objective == "mlm":
+        sums, tokens = michel_importance(model, batches, mlm_mask_prob=mlm_mask_prob, seed=seed)
+        return sums / tokens[:, None, None], objective
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     generator = torch.Generator().manual_seed(seed)
-    copies = n_projections if objective == "projection" else 1
+    copies = n_projections
     out = []
     for raw in batches:
         batch = TokenBatch.of(raw)
         b = batch.input_ids.shape[0]
-        labels = None
-        if objective == "mlm":
-            ids, labels = _mlm_inputs(model, batch, mlm_mask_prob, generator)
-            batch = TokenBatch(ids, *_rest(batch))
-            projections = None
-        else:
-            projections = torch.randn(copies * b, model.config.d_model, generator=generator)
+        projections = torch.randn(copies * b, model.config.d_model, generator=generator)
         rep = _replicate(batch, copies)
         gates = torch.ones(copies * b, n_layers, n_heads, device=_device(model), dtype=_dtype(model))
         gates.requires_grad_(True)
-        loss = gate_objective(model, rep, gates, projections=projections, mlm_labels=labels)
+        loss = gate_objective(model, rep, gates, projections=projections)
         (grad,) = torch.autograd.grad(loss.sum(), gates)
         grad = einops.reduce(grad.abs().double(), "(k b) l h -> b l h", "mean", k=copies)
         out.append(grad.cpu())
     return torch.cat(out).numpy(), objective
+
+
+def michel_importance(
+    model: torch.nn.Module, batches: Iterable[Any], *, mlm_mask_prob: float = 0.15, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Michel et al.'s per-token head importance on the masked-LM loss, per sentence (before normalisation).
+
+    Returns:
+        ``(token_sums [sentence, layer, head], tokens [sentence])``: ``sum_t |dL/dg_{h,t}|`` over the real tokens
+        of each sentence (``g`` a gate per head and token on ``z``) and the number of real tokens. The corpus score
+        is ``michel_normalise(token_sums.sum(0) / tokens.sum())``.
+    """
+    _check_eval(model)
+    if not has_mlm_head(model):
+        raise ValueError("Michel et al.'s importance needs a model with a masked-LM head")
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    generator = torch.Generator().manual_seed(seed)
+    sums, tokens = [], []
+    for raw in batches:
+        batch = TokenBatch.of(raw)
+        ids, labels = _mlm_inputs(model, batch, mlm_mask_prob, generator)
+        b, p = ids.shape
+        gates = torch.ones(b, p, n_layers, n_heads, device=_device(model), dtype=_dtype(model), requires_grad=True)
+        hooks = [(f"blocks.{layer}.attn.hook_z", lambda z, hook, g=gates[:, :, layer, :, None]: z * g.to(z.dtype))
+                 for layer in range(n_layers)]  # fmt: skip
+        with model.hooks(hooks):
+            hidden = model(ids, batch.attention_mask, batch.token_type_ids)
+        loss = _mlm_loss(model, hidden, labels).sum()  # summed over examples, as their classifier loss
+        (grad,) = torch.autograd.grad(loss, gates)
+        real = batch.attention_mask.to(grad.device, torch.float64)[:, :, None, None]
+        sums.append((grad.abs().double() * real).sum(1).cpu())
+        tokens.append(batch.attention_mask.sum(-1).double().cpu())
+    return torch.cat(sums).numpy(), torch.cat(tokens).numpy()
+
+
+def michel_normalise(importance: np.ndarray) -> np.ndarray:
+    """Per-layer L2 normalisation of ``[..., layer, head]`` scores (their ``normalize_scores_by_layer``)."""
+    x = np.asarray(importance, dtype=np.float64)
+    return x / (np.sqrt((x**2).sum(-1, keepdims=True)) + 1e-20)
 
 
 def gate_objective(

@@ -268,3 +268,58 @@ def bootstrap_ratio(
     tail = (1.0 - ci) / 2.0
     low, high = np.nanquantile(boots, [tail, 1.0 - tail], axis=0)
     return ratio, low, high, np.nanstd(boots, axis=0)
+
+
+def crossed_bootstrap_mean(
+    values: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over sentences AND orders of ``values [sentence, order, ...]``, with a bootstrap that resamples
+    sentences and orders independently (so the interval covers both sources of variance).
+
+    Returns ``(mean, ci_low, ci_high)``, each shaped ``values.shape[2:]``.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim < 2 or 0 in x.shape[:2]:
+        raise ValueError(f"crossed_bootstrap_mean needs [sentence, order, ...] with both non-empty, got {x.shape}")
+    s, o = x.shape[:2]
+    flat = x.reshape(s, o, -1)
+    mean = flat.mean((0, 1))
+    rng = np.random.default_rng(seed)
+    w_s = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) / s  # [boot, sentence]
+    w_o = rng.multinomial(o, np.full(o, 1.0 / o), size=n_boot) / o  # [boot, order]
+    boots = np.einsum("bs,sok,bo->bk", w_s, flat, w_o)
+    tail = (1.0 - ci) / 2.0
+    low, high = np.quantile(boots, [tail, 1.0 - tail], axis=0) if n_boot else (mean, mean)
+    shape = x.shape[2:]
+    return mean.reshape(shape), np.reshape(low, shape), np.reshape(high, shape)
+
+
+def heldout_top(
+    values: np.ndarray, fold: np.ndarray, k: int, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> list[dict]:
+    """The ``k`` largest units chosen on one half of the sentences, their value read on the other half.
+
+    Args:
+        values: ``[sentence, unit]`` (e.g. a head's ablation effect per sentence, heads flattened).
+        fold: ``[sentence]`` 0/1.
+
+    Returns:
+        One dict per rank ``1..k``: ``rank, chosen_on_0, chosen_on_1`` (units chosen on each half),
+        ``heldout_value, ci_low, ci_high, n`` (the mean over sentences of the value of the unit chosen on the
+        OTHER half; bootstrap over sentences, the choice held fixed), and the in-sample ``value`` of the unit
+        chosen on all sentences (``chosen_all``), for comparison.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    fold = np.asarray(fold)
+    k = min(k, x.shape[1])
+    chosen = {f: np.argsort(-x[fold == f].mean(0), kind="stable")[:k] for f in (0, 1)}
+    overall = np.argsort(-x.mean(0), kind="stable")[:k]
+    # sentence in half f is scored with the unit chosen on the other half
+    heldout = np.stack([x[i, chosen[1 - fold[i]]] for i in range(len(x))])  # [sentence, rank]
+    mean, low, high, n = bootstrap_mean(heldout, n_boot=n_boot, ci=ci, seed=seed)
+    return [
+        {"rank": r + 1, "chosen_on_0": int(chosen[0][r]), "chosen_on_1": int(chosen[1][r]),
+         "heldout_value": mean[r], "ci_low": low[r], "ci_high": high[r], "n": int(n[r]),
+         "chosen_all": int(overall[r]), "value": x[:, overall[r]].mean()}
+        for r in range(k)
+    ]  # fmt: skip
