@@ -63,6 +63,12 @@ def test_experiment_writes_every_table_and_figure(tiny, tmp_path, monkeypatch):
     assert (top["selection"] == "held-out").all() and list(top["rank"][:5]) == [1, 2, 3, 4, 5]
     figures = sorted(p.name for p in out.glob("fig_*.png"))
     assert len(figures) == 8
+    assert {p.removesuffix(".png") for p in figures} <= set(heads.CAPTIONS)  # a caption for every figure
+    found = heads.findings(out)
+    specialisation = [f for f in found if f.claim == "specialisation"]
+    assert len(specialisation) == 1 and specialisation[0].numbers
+    for f in found:  # every number the sentence relies on comes from the tables, formatted in
+        assert any(f"{v:.2f}" in f.text or f"{v:.3f}" in f.text or f"{int(v)}" in f.text for v in f.numbers.values())
     for p in out.glob("fig_*"):
         p.unlink()
     redrawn = heads.plot(out)  # from the saved tables alone

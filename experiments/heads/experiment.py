@@ -38,7 +38,7 @@ from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, ro
 
 NAME = "heads"
 DIRNAME = "heads"
-SUMMARY_TABLES = ["roles_by_head.csv", "syntax.csv", "pruning.csv"]
+SUMMARY_TABLES = ["roles_by_head.csv", "syntax.csv", "top_heads.csv", "pruning.csv"]
 RESULT_COLUMNS = ["model", "corpus", "layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
 PUNCTUATION = (".", ",")
 SCALARS = (*hs.SCALAR_METRICS, *hs.NORM_METRICS)  # per-sentence statistics, in array order
