@@ -13,14 +13,24 @@ from collections.abc import Callable
 import torch
 
 
-def make_batch(batch: int, length: int, tokenizer, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random word-piece ids framed by the tokenizer's [CLS] ... [SEP], no padding: ``[batch, length]``.
+def make_batch(
+    batch: int, length: int, tokenizer, device: torch.device, seed: int = 0, *, vocab_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Random ids framed by the tokenizer's [CLS] ... [SEP] (or <s> ... </s>), no padding: ``[batch, length]``.
 
-    Ids are drawn above every special token's id (special tokens come first in BERT vocabularies)."""
+    Ids are drawn above every special token's id (special tokens come first in these vocabularies). A random
+    checkpoint saved without a tokenizer (``tokenizer=None``) takes ids from ``[5, vocab_size)`` framed by 1 and 2:
+    for timing, which ids frame the sequence does not matter."""
     g = torch.Generator().manual_seed(seed)
-    low = max(tokenizer.all_special_ids) + 1
-    ids = torch.randint(low, len(tokenizer), (batch, length), generator=g)
-    ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if tokenizer is None:
+        if vocab_size is None:
+            raise ValueError("make_batch needs a tokenizer or vocab_size")
+        low, high, first, last = 5, vocab_size, 1, 2
+    else:
+        low, high = max(tokenizer.all_special_ids) + 1, len(tokenizer)
+        first, last = tokenizer.cls_token_id, tokenizer.sep_token_id
+    ids = torch.randint(low, high, (batch, length), generator=g)
+    ids[:, 0], ids[:, -1] = first, last
     return {
         "input_ids": ids.to(device),
         "attention_mask": torch.ones_like(ids).to(device),

@@ -1,7 +1,9 @@
-"""Forward throughput of bertscope's encoder against transformers' BertModel (sdpa and eager), same run.
+"""Forward throughput of bertscope's encoder against transformers' own model (sdpa and eager), same run.
 
     python benchmarks/forward.py                      # bundled model, batch 16 x 128, CPU
     python benchmarks/forward.py --device cuda        # on a GPU (TF32 off)
+    python benchmarks/forward.py --arch roberta       # a random base-sized RoBERTa (also: xlm-roberta,
+                                                      # distilbert, albert, electra, bert); --size tiny
 
 Prints tokens/s for each and the ratio of ours to the faster transformers implementation.
 """
@@ -9,16 +11,55 @@ Prints tokens/s for each and the ratio of ours to the faster transformers implem
 from __future__ import annotations
 
 import argparse
+import tempfile
+import warnings
+from pathlib import Path
 
 import torch
 from benchutils import make_batch, reference_model, time_interleaved
 
 from bertscope import models
 
+# Random configs per architecture: "base" is the released base model's shape (ALBERT-base, ELECTRA-base
+# discriminator, DistilBERT-base); "tiny" a small one where per-call overhead dominates.
+_TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=5000)
+ARCHS: dict[str, tuple[str, dict, dict]] = {  # name -> (transformers config class, base shape, tiny shape)
+    "bert": ("BertConfig", {}, _TINY),
+    "roberta": ("RobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1),
+                dict(_TINY, max_position_embeddings=514, type_vocab_size=1)),
+    "xlm-roberta": ("XLMRobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1),
+                    dict(_TINY, max_position_embeddings=514, type_vocab_size=1)),
+    "distilbert": ("DistilBertConfig", {}, dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512, vocab_size=5000)),
+    "albert": ("AlbertConfig", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                                    embedding_size=128), dict(_TINY, embedding_size=64)),
+    "electra": ("ElectraConfig", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                                      embedding_size=768), dict(_TINY, embedding_size=64)),
+}
+
+
+def save_random(arch: str, size: str, folder: Path) -> None:
+    """A random ``arch`` base model of the given size saved with save_pretrained (no tokenizer needed)."""
+    import transformers
+
+    name, base, tiny = ARCHS[arch]
+    torch.manual_seed(0)
+    config = getattr(transformers, name)(**(base if size == "base" else tiny))
+    transformers.AutoModel.from_config(config).save_pretrained(folder)
+
+
+def auto_reference(path: str, impl: str, device: torch.device):
+    """transformers' own base model class for the checkpoint, with the given attention implementation."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path, attn_implementation=impl).to(device).eval()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model folder (default: bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--arch", default=None, choices=sorted(ARCHS),
+                        help="benchmark a random checkpoint of this architecture instead of --model")
+    parser.add_argument("--size", default="base", choices=["base", "tiny"], help="shape of the --arch config")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
@@ -30,11 +71,22 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = getattr(torch, args.dtype)
-    ours = models.load(args.model, device=device, dtype=dtype)
-    folder = str(models.loading.resolve_source(args.model))
-    sdpa = reference_model(folder, "sdpa", device).to(dtype)
-    eager = reference_model(folder, "eager", device).to(dtype)
-    batch = make_batch(args.batch, args.length, ours.tokenizer, device)
+    if args.arch is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            save_random(args.arch, args.size, Path(tmp))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no tokenizer files: expected here
+                ours = models.load(tmp, device=device, dtype=dtype)
+            sdpa = auto_reference(tmp, "sdpa", device).to(dtype)
+            eager = auto_reference(tmp, "eager", device).to(dtype)
+    else:
+        ours = models.load(args.model, device=device, dtype=dtype)
+        folder = str(models.loading.resolve_source(args.model))
+        sdpa = reference_model(folder, "sdpa", device).to(dtype)
+        eager = reference_model(folder, "eager", device).to(dtype)
+    batch = make_batch(args.batch, args.length, ours.tokenizer, device, vocab_size=ours.config.vocab_size)
+    if ours.config.type_vocab_size == 0:
+        del batch["token_type_ids"]  # DistilBERT takes no segment ids
 
     with torch.inference_mode():
         check = (ours(**batch).float() - sdpa(**batch).last_hidden_state.float()).abs().max().item()
@@ -48,7 +100,8 @@ def main() -> None:
             args.repeats,
         )
     tokens = args.batch * args.length
-    print(f"model: {ours.source}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}")
+    what = f"random {args.size} {args.arch}" if args.arch else ours.source
+    print(f"model: {what}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}")
     print(f"batch {args.batch} x {args.length}, median of {args.repeats}; max |ours - sdpa| = {check:.2e}")
     print(f"{'implementation':<22}{'ms/batch':>10}{'tokens/s':>12}")
     for name, s in seconds.items():

@@ -1,13 +1,18 @@
 """Benchmark: fitting a many-class linear probe with each backend, and one `probes.evaluate` call.
 
-    python benchmarks/probes.py                       # 128-class probe, 100k x 384, sklearn and torch, CPU
+    python benchmarks/probes.py --threads 2 --rounds 2  # 128-class probe, 100k x 384, sklearn and torch, A/B
     python benchmarks/probes.py --device cuda         # torch backend on a GPU (sklearn stays on CPU)
     python benchmarks/probes.py --mode evaluate --n 30000 --folds 5 --alpha 10
 
 The data are planted: class means in a random 384-d space plus unit Gaussian noise, scaled so that a linear
 probe reaches a moderate (not perfect) accuracy, which keeps the optimiser honest. `fit` mode reports wall
 time, process CPU time (less sensitive to other load on a shared machine), iterations and held-out accuracy
-per backend, and the largest difference between the backends' held-out class probabilities. `evaluate`
+per backend, and the largest difference between the backends' held-out class probabilities. With
+`--rounds R` the backends are fit R times each, alternating (the order rotates every round, so load that
+other processes put on a shared machine hits both alike); one row per fit, then a `ratio` summary of the
+median times (sklearn / torch).
+
+Alpha is on the MEAN loss (`LinearProbe`); the default 1 / n_train is scikit-learn's C = 1 (its default). `evaluate`
 mode times one grouped-CV `evaluate` call (sentence-like groups, ordinal position-like labels, control task
 and selectivity rows, 1000 bootstrap resamples).
 """
@@ -35,7 +40,8 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=128)
     p.add_argument("--backends", nargs="+", default=["sklearn", "torch"], choices=["sklearn", "torch"])
     p.add_argument("--device", default="cpu", help="torch device for the torch backend (cpu, cuda, cuda:1)")
-    p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--alpha", type=float, default=None, help="L2 on the mean loss (default 1/n_train: C = 1)")
+    p.add_argument("--rounds", type=int, default=1, help="fit mode: fits per backend, alternating")
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--max-iter", type=int, default=1000)
     p.add_argument("--folds", type=int, default=5, help="evaluate mode: outer folds")
@@ -61,36 +67,46 @@ def main() -> None:
 def run_fit(args: argparse.Namespace) -> pd.DataFrame:
     X, y = planted(args.n, args.d, args.classes, args.seed)
     n_train = int(0.9 * len(X))
+    alpha = args.alpha if args.alpha is not None else 1.0 / n_train
     rows, proba = [], {}
-    for backend in args.backends:
-        device = args.device if backend == "torch" else None
-        probe = probes.LinearProbe(alpha=args.alpha, backend=backend, device=device, max_iter=args.max_iter,
-                                   tol=args.tol)  # fmt: skip
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            start, cpu_start = time.perf_counter(), time.process_time()
-            probe.fit(X[:n_train], y[:n_train])
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-        proba[backend] = probe.predict_proba(X[n_train:])
-        rows.append({
-            "backend": backend,
-            "device": args.device if backend == "torch" else "cpu",
-            "n_train": n_train, "d": args.d, "classes": args.classes, "alpha": args.alpha, "tol": args.tol,
-            "fit_seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu_seconds, 2),
-            "iterations": probe.n_iter_,
-            "converged": probe.converged_ and not caught,
-            "heldout_accuracy": round(probe.score(X[n_train:], y[n_train:]), 4),
-        })  # fmt: skip
+    backends = list(args.backends)
+    for r in range(args.rounds):
+        for backend in backends[r % len(backends) :] + backends[: r % len(backends)]:
+            device = args.device if backend == "torch" else None
+            probe = probes.LinearProbe(alpha=alpha, backend=backend, device=device, max_iter=args.max_iter,
+                                       tol=args.tol)  # fmt: skip
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                start, cpu_start = time.perf_counter(), time.process_time()
+                probe.fit(X[:n_train], y[:n_train])
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+            proba[backend] = probe.predict_proba(X[n_train:])
+            rows.append({
+                "round": r, "backend": backend,
+                "device": args.device if backend == "torch" else "cpu",
+                "n_train": n_train, "d": args.d, "classes": args.classes, "alpha": f"{alpha:.3g}",
+                "sklearn_C": f"{1 / (alpha * n_train):.3g}", "tol": args.tol,
+                "fit_seconds": round(seconds, 2),
+                "cpu_seconds": round(cpu_seconds, 2),
+                "iterations": probe.n_iter_,
+                "converged": probe.converged_ and not caught,
+                "heldout_accuracy": round(probe.score(X[n_train:], y[n_train:]), 4),
+            })  # fmt: skip
+            print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     if len(proba) == 2:
         diff = np.abs(proba["sklearn"] - proba["torch"])
         table["proba_diff_max"] = round(float(diff.max()), 4)
-        table["proba_diff_mean"] = float(f"{diff.mean():.2g}")
         agree = np.argmax(proba["sklearn"], axis=1) == np.argmax(proba["torch"], axis=1)
         table["same_prediction"] = round(float(agree.mean()), 4)
+        med = table.groupby("backend")[["fit_seconds", "cpu_seconds"]].median()
+        acc = table.groupby("backend").heldout_accuracy.first()
+        print(f"# ratio sklearn/torch (median over {args.rounds} round(s)): wall "
+              f"{med.fit_seconds['sklearn'] / med.fit_seconds['torch']:.2f}x, process CPU "
+              f"{med.cpu_seconds['sklearn'] / med.cpu_seconds['torch']:.2f}x; held-out accuracy sklearn "
+              f"{acc['sklearn']:.4f}, torch {acc['torch']:.4f}")  # fmt: skip
     return table
 
 
@@ -107,15 +123,15 @@ def run_evaluate(args: argparse.Namespace) -> pd.DataFrame:
         device = args.device if backend == "torch" else None
         control = None if args.no_control else probes.control_labels(word_types, position)
         start, cpu_start = time.perf_counter(), time.process_time()
-        table = probes.evaluate(X, position, groups, task="classification", alphas=args.alpha, n_folds=args.folds,
-                                backend=backend,
-                                device=device, n_boot=args.n_boot, within_k=2, control=control,
+        alpha = args.alpha if args.alpha is not None else 1e-4
+        table = probes.evaluate(X, position, groups, task="classification", alphas=alpha, n_folds=args.folds,
+                                backend=backend, device=device, n_boot=args.n_boot, within_k=2, control=control,
                                 max_iter=args.max_iter, tol=args.tol)  # fmt: skip
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         acc = table[(table.metric == "accuracy")].set_index("labels").value
         rows.append({
             "backend": backend, "rows": args.n, "groups": int(groups.max()) + 1, "d": args.d,
-            "classes": int(position.max()) + 1, "folds": args.folds, "alpha": args.alpha, "tol": args.tol,
+            "classes": int(position.max()) + 1, "folds": args.folds, "alpha": alpha, "tol": args.tol,
             "n_boot": args.n_boot, "evaluate_seconds": round(seconds, 2), "cpu_seconds": round(cpu_seconds, 2),
             "task_accuracy": round(acc["task"], 4), "control_accuracy": round(acc.get("control", np.nan), 4),
         })  # fmt: skip

@@ -14,6 +14,8 @@ caches, interventions), ``bertscope.probes`` (linear probes with controls) and `
 Interventions take the model first (``ablate_heads(model, heads)``, ``patch_heads(model, heads, source)``,
 ``patch_activation(model, names, source)``). A walk-through: ``docs/tutorial.md``; the hook reference:
 ``docs/hooks.md``.
+
+>>> bertscope.explore(model, ["The cat sat."]).save("explore.html")   # interactive attention views
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from bertscope.hooks import (
     HookedModule,
     HookPoint,
     ablate_heads,
+    contributions,
     mean_z,
+    mixing_ratio,
     patch_activation,
     patch_heads,
 )
 from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
-from bertscope.probes import LinearProbe, evaluate
+from bertscope.probes import LinearProbe, StructuralProbe, evaluate
 
 try:
     __version__ = _metadata.version("bertscope")
@@ -45,6 +49,14 @@ def load_capture(*args, **kwargs):
     return _load_capture(*args, **kwargs)
 
 
+def explore(*args, **kwargs):
+    """Interactive attention explorer for a few texts (an object Jupyter shows and ``.save(path)`` writes as one
+    offline HTML page); see ``bertscope.experiments.explorer.explore``."""
+    from bertscope.experiments.explorer import explore as _explore
+
+    return _explore(*args, **kwargs)
+
+
 __all__ = [
     "ActivationCache",
     "CheckpointError",
@@ -53,12 +65,16 @@ __all__ = [
     "HookPoint",
     "HookedModule",
     "LinearProbe",
+    "StructuralProbe",
     "__version__",
     "ablate_heads",
+    "contributions",
     "evaluate",
+    "explore",
     "load",
     "load_capture",
     "mean_z",
+    "mixing_ratio",
     "patch_activation",
     "patch_heads",
     "random_encoder",

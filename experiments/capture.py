@@ -1,4 +1,5 @@
-"""Stream activations for a whole corpus to disk: safetensors shards plus an ``index.json``.
+"""Stream activations for a whole corpus to disk: safetensors shards plus an ``index.json``; one process or
+many (``torchrun``), with the same bytes either way.
 
 Layout of ``OUT`` after ``capture(...)``::
 
@@ -15,34 +16,49 @@ Every shard carries, per row: ``rows.sentence_index`` (into the corpus), ``rows.
 position in the sequence, 0 = [CLS]), ``rows.word_index`` (-1 for [CLS]/[SEP]), ``rows.token_id``,
 ``rows.token_type`` and ``rows.seq_length``.
 
-Memory is bounded by the shard size: shards are planned up front from the token counts (whole sentences,
+**Order.** The corpus is batched longest sentence first (less padding), and shards hold whole sentences in
+that batch order; ``iter_capture`` yields them so. ``load_capture`` returns rows in corpus order (sentence,
+then position), with the sentence's ``id`` from ``sentences.parquet``.
+
+**Memory** is bounded by the shard size: shards are planned up front from the token counts (whole sentences,
 in batch order), each is written atomically as soon as its last sentence is done and then freed. A rerun
 with the same settings skips the shards already on disk (checked by their embedded fingerprint) and
 produces the same bytes as an uninterrupted run.
 
+**Several processes.** Under ``torch.distributed`` (``torchrun -m bertscope.experiments.capture`` or
+``bertscope capture --nproc N``) every rank builds the same batch and shard plan, takes a contiguous run of
+shards balanced by padded tokens, runs the whole batches those shards need (a batch split between two ranks'
+shards is run by both) and writes its shards; rank 0 writes ``sentences.parquet`` and the index. Every tensor
+sees the batch it sees in one process, so the shards are byte-identical to a one-process capture.
+
 >>> index = capture(model, corpus, "blocks.*.hook_resid_post", "acts", shard_size=parse_size("64MB"))
->>> tensors, rows = load_capture("acts", ["blocks.3.hook_resid_post"])   # [n_rows, d_model], DataFrame
+>>> tensors, rows = load_capture("acts", "blocks.3.hook_resid_post")   # {hook: [n_rows, d_model]}, DataFrame
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
-import fnmatch
 import hashlib
 import json
 import math
+import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from bertscope.experiments import io
 from bertscope.experiments.io import parse_size  # noqa: F401  (re-exported: capture sizes)
+from bertscope.hooks import HookedModule
 from einops import rearrange
 
 FORMAT = "bertscope-capture/1"
@@ -52,6 +68,8 @@ SHARD_GLOB = "shard-*.safetensors"
 ROW_FIELDS = ("sentence_index", "position", "word_index", "token_id", "token_type", "seq_length")
 ATTENTION_SUFFIXES = ("hook_scores", "hook_pattern")
 DEFAULT_SHARD_SIZE = 256 * 2**20
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+COLLECTIVE_TIMEOUT = _dt.timedelta(hours=24)  # ranks that finish early wait this long for the others
 
 
 class CaptureError(ValueError):
@@ -77,17 +95,27 @@ def capture(
     (a shard holds at least one sentence). ``force`` discards what ``out_dir`` holds; without it a capture
     with other settings in ``out_dir`` is an error, a finished identical one is returned as is, and a
     partial identical one is resumed. ``info`` is stored in the index (model/corpus descriptions, options).
-    Returns the index (also written to ``out_dir/index.json``).
+
+    When ``torch.distributed`` is initialised, every rank of the default group must call this with the same
+    arguments; each writes its share of the shards and rank 0 writes the index (see the module docstring).
+
+    Returns the index (as written to ``out_dir/index.json``) plus ``"run"``, what this call did:
+    ``already_complete``, ``shards_written``, ``shards_reused``, ``world_size`` and per rank ``ranks``
+    (``shards``, ``rows`` computed, ``seconds``, ``tokens_per_s``).
     """
     from bertscope.experiments import corpus as corpus_mod
 
     if shard_size < 1:
         raise CaptureError(f"shard size must be positive, got {shard_size}")
+    group = _Group.current()
     out_dir = Path(out_dir)
-    names = select_hooks(model.hook_names(), hooks)
+    names = select_hooks(model, hooks)
     with warnings.catch_warnings(record=True) as caught:  # kept in the index; the caller reports truncation
         warnings.simplefilter("always")
-        encoded = corpus_mod.encode(corpus, model.tokenizer, max_length=max_length, batch_size=batch_size)
+        try:
+            encoded = corpus_mod.encode(corpus, model.tokenizer, max_length=max_length, batch_size=batch_size)
+        except ValueError as e:  # CorpusError included: e.g. --max-length too small for a first word
+            raise CaptureError(str(e)) from e
     batches = list(encoded)
     if not batches:
         raise CaptureError(f"corpus {corpus.name!r} has no sentences to capture")
@@ -96,85 +124,150 @@ def capture(
     specs = _hook_specs(model, names, batches[0], key_width, device)
     fingerprint = _fingerprint(model, corpus, specs, max_length, batch_size, shard_size, device)
     plan = _plan_shards(batches, specs, shard_size)
+    owner = _assign_shards(plan, batches, group.world)
+    mine = {s.number for s in plan if owner[s.number] == group.rank}
 
-    _prepare_folder(out_dir, fingerprint, force)
+    # Every rank checks the folder; nobody writes a shard before all have (a forced rerun deletes first).
+    problems = [p for p in group.gather(_prepare_folder(out_dir, fingerprint, force)) if p]
+    if problems:
+        raise CaptureError(problems[0])
     index_path = out_dir / INDEX
-    if index_path.is_file():  # same fingerprint: complete, unless shards were deleted since
-        index = io.read_json(index_path)
-        if all((out_dir / s["file"]).is_file() for s in index["shards"]):
-            return index
+    existing = io.read_json(index_path) if index_path.is_file() else None
+    on_disk = {n for n in mine if _shard_is_done(out_dir / plan[n].file, fingerprint, n)}
+    # Complete: rank 0 has the index and every rank its shards (on a folder that is not shared, too).
+    complete = all(group.gather(on_disk == mine and (existing is not None or group.rank != 0)))
+    if complete:
+        run = {"already_complete": True, "shards_written": 0, "shards_reused": len(plan),
+               "world_size": group.world, "ranks": []}  # fmt: skip
+        return group.broadcast(existing) | {"run": run}
+    group.barrier()  # every rank has read the old index before rank 0 removes it
+    if group.rank == 0 and index_path.is_file():  # same fingerprint, but shards were deleted since
         index_path.unlink()
-    done = {s.number for s in plan if _shard_is_done(out_dir / s.file, fingerprint, s.number)}
-    writer = _ShardWriter(out_dir, plan, specs, fingerprint, done)
-    stop_at = _last_layer_needed(names)
 
+    writer = _ShardWriter(out_dir, plan, specs, fingerprint, skip={s.number for s in plan} - (mine - on_disk))
+    todo = [b for b in range(len(batches)) if not writer.batch_is_done(b)]
+    stop_at = _last_layer_needed(names)
     from tqdm.auto import tqdm
 
-    bar = tqdm(batches, desc="capture", disable=quiet, dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
+    bar = tqdm(todo, desc="capture", disable=quiet or group.rank != 0 or not sys.stderr.isatty(),
+               dynamic_ncols=True, mininterval=0.5, file=sys.stderr)  # fmt: skip
+    started, n_rows = time.perf_counter(), 0
     with torch.inference_mode():
-        for batch_number, batch in enumerate(bar):
-            if writer.batch_is_done(batch_number):
-                continue
+        for batch_number in bar:
+            batch = batches[batch_number]
             cache = _run(model, batch, names, device, stop_at)
             writer.add_batch(batch_number, batch, cache)
+            n_rows += int(batch.attention_mask.sum())
     writer.finish()
+    seconds = time.perf_counter() - started
+    mine_stats = {"rank": group.rank, "shards": len(mine), "shards_written": len(mine - on_disk),
+                  "rows": n_rows, "seconds": round(seconds, 3),
+                  "tokens_per_s": round(n_rows / seconds, 1) if seconds > 0 else None,
+                  "bytes": {n: (out_dir / plan[n].file).stat().st_size for n in sorted(mine)}}  # fmt: skip
+    ranks = group.gather(mine_stats)
+    shard_bytes = {n: b for r in ranks for n, b in r.pop("bytes").items()}
 
-    _write_sentences(out_dir / SENTENCES, corpus, batches)
-    index = {
-        "format": FORMAT,
-        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "fingerprint": fingerprint,
-        "hooks": {s.name: s.describe() for s in specs},
-        "row_fields": list(ROW_FIELDS),
-        "key_width": key_width,
-        "n_rows": sum(s.n_rows for s in plan),
-        "n_sentences": len(corpus),
-        "n_truncated": encoded.n_truncated,
-        "warnings": [str(w.message) for w in caught],
-        "max_length": max_length,
-        "batch_size": batch_size,
-        "shard_size": shard_size,
-        "shards": [
-            {"file": s.file, "n_rows": s.n_rows, "n_sentences": len(s.sentences),
-             "bytes": (out_dir / s.file).stat().st_size}
-            for s in plan
-        ],  # fmt: skip
-        **(info or {}),
-    }
-    io.write_json(index_path, index)
-    return index
+    index = None
+    if group.rank == 0:
+        _write_sentences(out_dir / SENTENCES, corpus, batches)
+        index = {
+            "format": FORMAT,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "fingerprint": fingerprint,
+            "hooks": {s.name: s.describe() for s in specs},
+            "row_fields": list(ROW_FIELDS),
+            "key_width": key_width,
+            "n_rows": sum(s.n_rows for s in plan),
+            "n_sentences": len(corpus),
+            "n_truncated": encoded.n_truncated,
+            "warnings": [str(w.message) for w in caught],
+            "max_length": max_length,
+            "batch_size": batch_size,
+            "shard_size": shard_size,
+            "world_size": group.world,
+            "shards": [
+                {"file": s.file, "n_rows": s.n_rows, "n_sentences": len(s.sentences), "bytes": shard_bytes[s.number]}
+                for s in plan
+            ],
+            **(info or {}),
+        }
+        io.write_json(index_path, index)
+    index = group.broadcast(index)
+    written = sum(r["shards_written"] for r in ranks)
+    run = {"already_complete": False, "shards_written": written, "shards_reused": len(plan) - written,
+           "world_size": group.world, "ranks": ranks}  # fmt: skip
+    return index | {"run": run}
 
 
 def load_capture(
-    out_dir: str | Path, names: Sequence[str] | None = None
-) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
-    """All shards of a finished capture, concatenated: ``{hook: [rows, ...]}`` and the row table
-    (columns ``ROW_FIELDS`` plus ``shard``). ``names``: hooks to load (default all)."""
-    parts: dict[str, list[torch.Tensor]] = {}
-    row_tables = []
-    for number, (tensors, rows) in enumerate(iter_capture(out_dir, names)):
-        for name, t in tensors.items():
-            parts.setdefault(name, []).append(t)
-        row_tables.append(rows.assign(shard=number))
-    tensors = {name: torch.cat(ts) for name, ts in parts.items()}
-    return tensors, pd.concat(row_tables, ignore_index=True)
+    out_dir: str | Path,
+    hooks: str | Sequence[str] | None = None,
+    *,
+    as_frame: bool = False,
+    order: str = "corpus",
+) -> tuple[dict[str, torch.Tensor], pd.DataFrame] | pd.DataFrame:
+    """Load a finished capture: every row of every shard, in corpus order.
+
+    ``hooks``: names or globs of the hooks to load (a comma-separated string or a list; default all).
+    ``order``: ``"corpus"`` (default: by ``sentence_index``, then ``position``) or ``"shard"`` (as stored:
+    length-sorted batch order, as ``iter_capture`` yields).
+
+    Returns ``(tensors, rows)``: ``{hook: [n_rows, ...]}`` (``[n_rows, d]`` for token hooks,
+    ``[n_rows, head, key]`` for attention hooks) and the row table, row ``i`` describing ``tensors[h][i]``:
+    ``sentence_index``, ``sentence_id`` (the corpus's id), ``position`` (word piece, 0 = [CLS]),
+    ``word_index`` (-1 for special tokens), ``token_id``, ``token_type``, ``seq_length``, ``shard``.
+    With ``as_frame=True``, one DataFrame instead: the row table plus one column per hook whose cells are
+    numpy arrays (the row's activation; bfloat16 as float32).
+
+    Memory: the result plus one shard (rows are placed straight into their corpus-order slot).
+    """
+    if order not in ("corpus", "shard"):
+        raise CaptureError(f"order must be 'corpus' or 'shard', got {order!r}")
+    out_dir = Path(out_dir)
+    index = read_index(out_dir)
+    names = _select_stored(index, hooks)
+    tables = [rows.assign(shard=number) for number, rows in enumerate(_iter_rows(out_dir, index))]
+    rows = pd.concat(tables, ignore_index=True)
+    if order == "corpus":
+        slot = np.empty(len(rows), dtype=np.int64)  # stored row i goes to corpus-order row slot[i]
+        slot[np.lexsort((rows["position"].to_numpy(), rows["sentence_index"].to_numpy()))] = np.arange(len(rows))
+    else:
+        slot = np.arange(len(rows))
+    tensors: dict[str, torch.Tensor] = {}
+    start = 0
+    for shard_tensors, shard_rows in iter_capture(out_dir, names):
+        where = torch.from_numpy(slot[start : start + len(shard_rows)])
+        for name, t in shard_tensors.items():
+            if name not in tensors:
+                tensors[name] = t.new_empty((len(rows), *t.shape[1:]))
+            tensors[name][where] = t
+        start += len(shard_rows)
+    rows = rows.iloc[np.argsort(slot)].reset_index(drop=True)
+    sentences = pd.read_parquet(out_dir / SENTENCES, columns=["sentence_index", "id"])
+    ids = sentences.set_index("sentence_index")["id"]
+    rows.insert(1, "sentence_id", ids.reindex(rows["sentence_index"]).to_numpy())
+    if not as_frame:
+        return tensors, rows
+    for name in names:
+        t = tensors[name]
+        values = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+        rows[name] = list(values)
+    return rows
 
 
 def iter_capture(
-    out_dir: str | Path, names: Sequence[str] | None = None
+    out_dir: str | Path, hooks: str | Sequence[str] | None = None
 ) -> Iterator[tuple[dict[str, torch.Tensor], pd.DataFrame]]:
-    """Yield ``({hook: [rows, ...]}, row table)`` shard by shard (memory: one shard at a time)."""
+    """Yield ``({hook: [rows, ...]}, row table)`` shard by shard, in stored (length-sorted batch) order;
+    memory: one shard at a time. The row table has the ``rows.*`` fields (see the module docstring)."""
     from safetensors import safe_open
 
     out_dir = Path(out_dir)
     index = read_index(out_dir)
-    wanted = list(index["hooks"]) if names is None else list(names)
-    unknown = [n for n in wanted if n not in index["hooks"]]
-    if unknown:
-        raise CaptureError(f"{out_dir} has no capture of {unknown}; it holds {list(index['hooks'])}")
+    names = _select_stored(index, hooks)
     for shard in index["shards"]:
         with safe_open(out_dir / shard["file"], framework="pt") as f:
-            tensors = {n: f.get_tensor(n) for n in wanted}
+            tensors = {n: f.get_tensor(n) for n in names}
             rows = pd.DataFrame({k: f.get_tensor(f"rows.{k}").numpy() for k in index["row_fields"]})
         yield tensors, rows
 
@@ -195,23 +288,219 @@ def read_index(out_dir: str | Path) -> dict[str, Any]:
     return index
 
 
-def select_hooks(available: Sequence[str], hooks: str | Sequence[str]) -> list[str]:
-    """Hook names matching any of ``hooks`` (names or globs; a string may be comma-separated), in
-    forward order. A pattern that matches nothing is an error naming close matches."""
-    patterns = [p.strip() for p in hooks.split(",")] if isinstance(hooks, str) else [str(p) for p in hooks]
-    patterns = [p for p in patterns if p]
+def select_hooks(model: Any, hooks: str | Sequence[str]) -> list[str]:
+    """The model's hook names matching any of ``hooks`` (names or globs; a string may be comma-separated),
+    in forward order, resolved by ``HookedModule.select_hooks``; a pattern matching nothing is a
+    ``CaptureError`` that names close matches."""
+    patterns = _patterns(hooks)
     if not patterns:
         raise CaptureError("no hook given; pass --hooks with a name or glob such as 'blocks.*.hook_resid_post'")
-    chosen: set[str] = set()
-    for pattern in patterns:
-        matched = [n for n in available if fnmatch.fnmatchcase(n, pattern)]
-        if not matched:
-            tail = pattern.rsplit(".", 1)[-1].strip("*")
-            close = [n for n in available if tail and tail in n][:4]
-            hint = f"; close names: {', '.join(close)}" if close else "; `bertscope info` lists the names"
-            raise CaptureError(f"--hooks {pattern!r} matches no hook point{hint}")
-        chosen.update(matched)
-    return [n for n in available if n in chosen]
+    try:
+        return model.select_hooks(patterns)
+    except KeyError as e:
+        raise CaptureError(f"--hooks: {e.args[0]} `bertscope info` lists every name.") from None
+
+
+# ----------------------------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bertscope.experiments.capture ARGS`` (and ``torchrun ... -m bertscope.experiments.capture
+    ARGS``): the same options as ``bertscope capture ARGS``."""
+    from bertscope.experiments import cli
+
+    return cli.main(["capture", *(sys.argv[1:] if argv is None else argv)])
+
+
+def run_command(args: argparse.Namespace, options: Any) -> int:
+    """Body of ``bertscope capture``: ``args`` from its parser, ``options`` the shared ``RunOptions``.
+
+    With ``--nproc N`` (outside torchrun) it launches N local worker processes with torchrun; under torchrun
+    (``WORLD_SIZE`` set) it joins the process group (gloo on CPU, nccl on CUDA, one GPU per local rank).
+    Only rank 0 prints; bad input raises ``UsageError`` there and exits 2 silently elsewhere.
+    """
+    from bertscope.experiments.options import UsageError
+
+    worker = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    nproc = getattr(args, "nproc", None)
+    if nproc and worker:
+        raise UsageError("--nproc launches torchrun itself; under torchrun leave it out (use --nproc-per-node)")
+    if nproc:
+        return launch(args, nproc)
+    rank = int(os.environ.get("RANK", "0")) if worker else 0
+    try:
+        with _process_group(options.device) as device:
+            return _capture_command(args, replace(options, device=device), quiet_rank=rank != 0)
+    except (UsageError, CaptureError) as e:
+        if rank == 0:
+            raise UsageError(str(e)) from e
+        return EXIT_USAGE
+
+
+def launch(args: argparse.Namespace, nproc: int) -> int:
+    """Run this capture in ``nproc`` local processes: ``torchrun --standalone --nproc-per-node nproc -m
+    bertscope.experiments.capture ...`` in-process (``torch.distributed.run``), so a worker's bad-input
+    error stays one line. Each worker gets ``cores // nproc`` threads unless ``OMP_NUM_THREADS`` is set.
+    Returns the exit status: 0, 2 (bad input, printed by rank 0), 130 (interrupted) or 1."""
+    import logging
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    argv = ["--standalone", "--nproc-per-node", str(nproc), "-m", "bertscope.experiments.capture",
+            *_worker_argv(args)]  # fmt: skip
+    saved_env = dict(os.environ)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
+    elastic = logging.getLogger("torch.distributed.elastic")
+    level = elastic.level
+    elastic.setLevel(logging.CRITICAL)  # workers report their own errors; no agent tracebacks
+    try:
+        torchrun.run(torchrun.parse_args(argv))
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        if codes == {EXIT_USAGE}:
+            return EXIT_USAGE
+        if codes & {EXIT_INTERRUPTED, -2}:
+            return EXIT_INTERRUPTED
+        rank, failure = min(e.failures.items())
+        print(f"bertscope: error: capture worker rank {rank} failed with exit code {failure.exitcode} "
+              "(its traceback is above); rerun the same command to resume", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
+    except SignalException:  # Ctrl-C or SIGTERM reached the launcher: the workers were stopped with it
+        print("\nbertscope: interrupted; finished shards are kept, rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        elastic.setLevel(level)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return EXIT_OK
+
+
+def _capture_command(args: argparse.Namespace, options: Any, quiet_rank: bool) -> int:
+    from bertscope.experiments.options import prepare_inputs
+    from bertscope.experiments.runner import device_summary, package_versions
+
+    if quiet_rank:
+        options = replace(options, quiet=True)
+    inputs = prepare_inputs(options)
+    info = {
+        "model": inputs.model_info,
+        "corpus": inputs.corpus_info,
+        "options": options.to_dict() | {"hooks": args.hooks, "shard_size": args.shard_size},
+        "device": device_summary(inputs.device),
+        "packages": package_versions(),
+    }
+    index = capture(
+        inputs.model, inputs.corpus, args.hooks, options.out,
+        max_length=options.max_length, batch_size=options.batch_size, shard_size=args.shard_size,
+        force=options.force, quiet=options.quiet, info=info,
+    )  # fmt: skip
+    if quiet_rank:
+        return EXIT_OK
+    run = index["run"]
+    n_bytes = sum(s["bytes"] for s in index["shards"])
+    what = (f"{len(index['hooks'])} hook(s), {index['n_rows']:,} token rows from {index['n_sentences']:,} "
+            f"sentences in {len(index['shards'])} shard(s), {n_bytes / 1e6:,.1f} MB")  # fmt: skip
+    if run["already_complete"]:
+        print(f"capture in {options.out} is already complete ({what}); nothing to do (--force recaptures)\n"
+              f"index: {options.out / INDEX}")  # fmt: skip
+        return EXIT_OK
+    if index.get("n_truncated"):
+        print(
+            f"warning: {index['n_truncated']} sentences were longer than --max-length {options.max_length} "
+            "and were truncated (see sentences.parquet, column truncated)",
+            file=sys.stderr,
+        )
+    resumed = f" ({run['shards_reused']} already on disk)" if run["shards_reused"] else ""
+    print(f"captured {what}; wrote {run['shards_written']} shard(s){resumed}")
+    if not options.quiet:
+        for r in run["ranks"]:
+            rate = f"{r['tokens_per_s']:,.0f} tokens/s" if r["tokens_per_s"] else "idle"
+            print(f"  rank {r['rank']}: {r['shards']} shard(s), {r['rows']:,} token rows run, {rate}")
+    print(f"index: {options.out / INDEX}")
+    return EXIT_OK
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``bertscope capture`` arguments that reproduce ``args``, less the launcher's own (``--nproc``)."""
+    from bertscope.experiments.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["capture"]
+    argv: list[str] = []
+    for action in sub._actions:
+        flag = next((o for o in action.option_strings if o.startswith("--")), None)
+        if flag is None or action.dest in ("help", "nproc"):
+            continue
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._StoreTrueAction):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+@contextmanager
+def _process_group(device: str) -> Iterator[str]:
+    """Join torchrun's process group when running as its worker (gloo on CPU, nccl on CUDA with one GPU per
+    local rank); yields the device this rank uses, and leaves the group on exit."""
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        yield device
+        return
+    spec = (device or "auto").strip().lower()
+    cuda = spec.startswith("cuda") or (spec == "auto" and torch.cuda.is_available())
+    if cuda and spec in ("auto", "cuda"):
+        spec = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_device(torch.device(spec))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    try:
+        yield spec
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class _Group:
+    """The ranks taking part: ``torch.distributed``'s default group when initialised, else this process."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def current(cls) -> _Group:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` from every rank, in rank order (a barrier too)."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        self.gather(None)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -246,12 +535,14 @@ class _Shard:
 
 
 class _ShardWriter:
-    """Collects rows per planned shard and writes each shard when its last sentence arrives."""
+    """Collects rows per planned shard and writes each shard when its last sentence arrives (memory: the
+    shards being filled, at most two in batch order, plus one batch)."""
 
     def __init__(self, out_dir: Path, plan: list[_Shard], specs: list[_HookSpec], fingerprint: str,
-                 done: set[int]) -> None:  # fmt: skip
+                 skip: set[int]) -> None:  # fmt: skip
+        # skip: shards not to write here (already on disk, or another rank's); they count as done
         self.out_dir, self.plan, self.specs, self.fingerprint = out_dir, plan, specs, fingerprint
-        self.done = set(done)
+        self.done = set(skip)
         self.shard_of: dict[tuple[int, int], int] = {}
         self.shards_of_batch: dict[int, set[int]] = {}
         for shard in plan:
@@ -265,15 +556,19 @@ class _ShardWriter:
         return self.shards_of_batch.get(batch_number, set()) <= self.done
 
     def add_batch(self, batch_number: int, batch: Any, cache: Any) -> None:
+        mask = batch.attention_mask.bool()  # [batch, pos]
+        wanted = [j for j in range(mask.shape[0]) if self.shard_of[(batch_number, j)] not in self.done]
+        if not wanted:
+            return
+        lengths = mask.sum(dim=1).tolist()
+        if not all(bool(mask[j, :n].all()) for j, n in enumerate(lengths)):
+            raise RuntimeError("capture expects right padding: real tokens first in every row")
         rows = _batch_rows(batch, cache, self.specs)  # {name: [batch, pos, ...]}
-        mask = batch.attention_mask.bool()
-        for j in range(mask.shape[0]):
+        for j in wanted:
             number = self.shard_of[(batch_number, j)]
-            if number in self.done:
-                continue
             store = self.pending.setdefault(number, {})
             for name, t in rows.items():
-                store.setdefault(name, []).append(t[j][mask[j]])  # real tokens only, never padding
+                store.setdefault(name, []).append(t[j, : lengths[j]])  # real tokens only, never padding (a view)
             self.remaining[number] -= 1
             if self.remaining[number] == 0:
                 self._write(number)
@@ -329,6 +624,18 @@ def _plan_shards(batches: list[Any], specs: list[_HookSpec], shard_size: int) ->
             shard.sentences.append((b, j))
             shard.n_rows += int(length)
     return plan
+
+
+def _assign_shards(plan: list[_Shard], batches: list[Any], world: int) -> list[int]:
+    """The rank writing each shard: contiguous runs of shards, balanced by padded tokens (what a forward
+    costs). Contiguous, so a rank runs a contiguous run of batches and only boundary batches run twice."""
+    width = [int(b.attention_mask.shape[1]) for b in batches]
+    cost = [sum(width[b] for b, _ in s.sentences) for s in plan]
+    total, before, owner = sum(cost), 0, []
+    for c in cost:
+        owner.append(min(world - 1, int((before + c / 2) * world // total)))  # the rank owning its midpoint
+        before += c
+    return owner
 
 
 def _run(model: Any, batch: Any, names: list[str], device: Any, stop_at: int | None) -> Any:
@@ -398,15 +705,16 @@ def _fingerprint(model: Any, corpus: Any, specs: list[_HookSpec], max_length: in
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _prepare_folder(out_dir: Path, fingerprint: str, force: bool) -> None:
+def _prepare_folder(out_dir: Path, fingerprint: str, force: bool) -> str | None:
+    """Make ``out_dir`` ready: ``force`` empties it of our files; otherwise a capture with another
+    fingerprint there is a problem, returned as a message (``None``: fine). Safe to run on every rank."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    io.remove_partials(out_dir, recursive=False)
-    ours = [out_dir / INDEX, out_dir / SENTENCES, *sorted(out_dir.glob(SHARD_GLOB))]
-    existing = [p for p in ours if p.is_file()]
+    for p in out_dir.glob(f".*{io.PARTIAL_SUFFIX}"):  # a killed writer's leftovers
+        p.unlink(missing_ok=True)
     if force:
-        for p in existing:
-            p.unlink()
-        return
+        for p in [out_dir / INDEX, out_dir / SENTENCES, *sorted(out_dir.glob(SHARD_GLOB))]:
+            p.unlink(missing_ok=True)  # another rank may have removed it already
+        return None
     index = out_dir / INDEX
     foreign = []
     if index.is_file():
@@ -415,12 +723,11 @@ def _prepare_folder(out_dir: Path, fingerprint: str, force: bool) -> None:
                 foreign.append(index)
         except ValueError:
             foreign.append(index)
-    foreign += [p for p in out_dir.glob(SHARD_GLOB) if _shard_fingerprint(p) != fingerprint]
+    foreign += [p for p in sorted(out_dir.glob(SHARD_GLOB)) if _shard_fingerprint(p) != fingerprint]
     if foreign:
-        raise CaptureError(
-            f"{out_dir} already holds a capture made with other settings ({foreign[0].name}); "
-            "use --force to replace it, or choose another --out"
-        )
+        return (f"{out_dir} already holds a capture made with other settings ({foreign[0].name}); "
+                "use --force to replace it, or choose another --out")  # fmt: skip
+    return None
 
 
 def _shard_metadata(path: Path) -> dict[str, Any]:
@@ -464,3 +771,45 @@ def _write_sentences(path: Path, corpus: Any, batches: list[Any]) -> None:
         }
     )
     io.write_table(table, path, formats=("parquet",))
+
+
+def _patterns(hooks: str | Sequence[str] | None) -> list[str]:
+    if hooks is None:
+        return []
+    patterns = hooks.split(",") if isinstance(hooks, str) else [str(h) for h in hooks]
+    return [p.strip() for p in patterns if p.strip()]
+
+
+class _StoredHooks:
+    """The hook names a capture holds, in the shape ``HookedModule.select_hooks`` expects (``hook_names()``),
+    so loading resolves globs with the same implementation as capturing."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+
+    def hook_names(self) -> list[str]:
+        return self.names
+
+
+def _select_stored(index: dict[str, Any], hooks: str | Sequence[str] | None) -> list[str]:
+    stored = list(index["hooks"])
+    patterns = _patterns(hooks)
+    if not patterns:
+        return stored
+    try:
+        return HookedModule.select_hooks(_StoredHooks(stored), patterns)  # type: ignore[arg-type]
+    except KeyError as e:
+        raise CaptureError(f"{e.args[0]} (the capture holds {', '.join(stored)})") from None
+
+
+def _iter_rows(out_dir: Path, index: dict[str, Any]) -> Iterator[pd.DataFrame]:
+    """Each shard's row table (metadata only: the activations are not read)."""
+    from safetensors import safe_open
+
+    for shard in index["shards"]:
+        with safe_open(out_dir / shard["file"], framework="pt") as f:
+            yield pd.DataFrame({k: f.get_tensor(f"rows.{k}").numpy() for k in index["row_fields"]})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

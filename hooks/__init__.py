@@ -3,6 +3,7 @@
 from bertscope.hooks.cache import ActivationCache, act_name
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
+from bertscope.hooks.mixing import contributions, mixing_ratio, token_decomposition
 
 __all__ = [
     "ActivationCache",
@@ -10,7 +11,10 @@ __all__ = [
     "HookedModule",
     "ablate_heads",
     "act_name",
+    "contributions",
     "mean_z",
+    "mixing_ratio",
     "patch_activation",
     "patch_heads",
+    "token_decomposition",
 ]

@@ -36,6 +36,7 @@ class Encoder(HookedModule):
         self.config = config
         self.embed = Embeddings(config)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layers)])
+        _share_layer_groups(self.blocks, config)
         self.ln_final = LayerNorm(config.d_model, config.layer_norm_eps) if config.norm_placement == "pre" else None
         self.pooler = Pooler(config) if pooler else None
         self.mlm_head = MLMHead(config) if mlm_head else None
@@ -89,17 +90,23 @@ class Encoder(HookedModule):
             raise ValueError(
                 f"attention_mask shape {tuple(attention_mask.shape)} != [batch, pos] {tuple(resid_pre.shape[:2])}"
             )
-        keep = _key_mask(None if attention_mask is None else attention_mask.to(resid_pre.device))
+        ctx = self.context(resid_pre, attention_mask)
         x = resid_pre
         self.current_attention_mask = attention_mask  # the run's padding, for hooks (see ablate_heads "uniform")
         try:
             for block in self.blocks[layer : last + 1]:
-                x = block(x, keep)
+                x = block(x, ctx)
         finally:
             self.current_attention_mask = None
         if self.ln_final is not None and stop_at_layer is None:
             x = self.ln_final(x)
         return x
+
+    def context(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> Any:
+        """What every block of one run needs besides its input ``x`` ``[batch, pos, d_model]``: here the key mask
+        ``[batch, 1, 1, key]`` (None when nothing is padded). Architectures with more per-run state (relative
+        positions, rotary tables, local windows) override this; ``forward_from`` is the same for all."""
+        return _key_mask(None if attention_mask is None else attention_mask.to(x.device))
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
         """BERT's pooler output ``tanh(W h_[CLS] + b)`` ``[batch, d_model]`` (needs a checkpoint with a pooler)."""
@@ -108,11 +115,11 @@ class Encoder(HookedModule):
         return self.pooler(hidden)
 
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Masked-LM logits ``[batch, pos, vocab]`` (needs a checkpoint with a ``cls.predictions`` head)."""
+        """Masked-LM logits ``[batch, pos, vocab]`` (needs a checkpoint with a masked-LM head)."""
         if self.mlm_head is None:
             raise RuntimeError(
-                "this model has no masked-LM head: load a checkpoint saved from BertForMaskedLM or "
-                "BertForPreTraining to get one"
+                "this model has no masked-LM head: load a checkpoint saved from a *ForMaskedLM (or BERT/ALBERT "
+                "*ForPreTraining) model to get one"
             )
         return self.mlm_head(hidden, self.embed.word.weight)
 
@@ -121,17 +128,29 @@ class Encoder(HookedModule):
         self, texts: str | list[str], pairs: str | list[str] | None = None, *, padding: bool = True
     ) -> dict[str, torch.Tensor]:
         """Tokenise with the checkpoint's tokenizer: ``{"input_ids", "attention_mask", "token_type_ids"}``
-        on the model's device. Texts longer than ``max_positions`` raise (no silent truncation)."""
+        on the model's device (no token types for models without them). Texts longer than
+        ``config.max_length`` raise (no silent truncation)."""
         if self.tokenizer is None:
             raise RuntimeError("this model has no tokenizer; pass input ids directly")
         enc = self.tokenizer(texts, pairs, padding=padding, truncation=False, return_tensors="pt")
-        if enc["input_ids"].shape[1] > self.config.max_positions:
+        if enc["input_ids"].shape[1] > self.config.max_length:
             raise ValueError(
                 f"a text is {enc['input_ids'].shape[1]} tokens long; the model takes at most "
-                f"{self.config.max_positions}. Shorten or split it."
+                f"{self.config.max_length}. Shorten or split it."
             )
-        keys = ("input_ids", "attention_mask", "token_type_ids")
+        keys = ("input_ids", "attention_mask", "token_type_ids") if self.config.type_vocab_size else (
+            "input_ids", "attention_mask")
         return {k: enc[k].to(self.device) for k in keys if k in enc}
+
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        """The tokenizer's special tokens that are set, by role: ``{"cls", "sep", "pad", "mask", "unk",
+        "bos", "eos"} -> id`` ([CLS]/[SEP] in BERT's vocabulary, ``<s>``/``</s>`` in RoBERTa's, ...)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer, so no special tokens")
+        roles = ("cls", "sep", "pad", "mask", "unk", "bos", "eos")
+        ids = {role: getattr(self.tokenizer, f"{role}_token_id", None) for role in roles}
+        return {role: int(i) for role, i in ids.items() if i is not None}
 
     @property
     def device(self) -> torch.device:
@@ -174,17 +193,18 @@ class Encoder(HookedModule):
     # weights as tables and per-head views
     @property
     def W_E(self) -> torch.Tensor:
-        """Token embeddings ``[vocab, d_model]``."""
+        """Token embeddings ``[vocab, d_embed]`` (``d_embed`` = ``d_model`` unless the embeddings are projected)."""
         return self.embed.word.weight
 
     @property
     def W_pos(self) -> torch.Tensor:
-        """Position table ``[max_positions, d_model]`` (learned or sinusoidal)."""
+        """Position table ``[max_positions, d_embed]`` (learned or sinusoidal). With RoBERTa's padding-aware
+        ids the first token uses row ``config.position_offset``."""
         return self.embed.position_table()
 
     @property
     def W_type(self) -> torch.Tensor | None:
-        """Token-type (segment) embeddings ``[type_vocab, d_model]``."""
+        """Token-type (segment) embeddings ``[type_vocab, d_embed]``; None for models without them."""
         return None if self.embed.token_type is None else self.embed.token_type.weight
 
     # ------------------------------------------------------------------ text
@@ -210,7 +230,8 @@ class Encoder(HookedModule):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, LayerNorm):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, MLMHead):
                 nn.init.zeros_(module.bias)
 
@@ -238,10 +259,10 @@ class Encoder(HookedModule):
         n_pos = input_ids.shape[1]
         if n_pos == 0:
             raise ValueError("input_ids has no positions")
-        if n_pos > cfg.max_positions:
+        if n_pos > cfg.max_length:
             raise ValueError(
-                f"sequence length {n_pos} exceeds the position table ({cfg.max_positions}); "
-                f"truncate or split inputs to at most {cfg.max_positions} tokens"
+                f"sequence length {n_pos} exceeds the position table ({cfg.max_length} tokens); "
+                f"truncate or split inputs to at most {cfg.max_length} tokens"
             )
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= cfg.vocab_size:
@@ -260,6 +281,8 @@ class Encoder(HookedModule):
             attention_mask = attention_mask.to(device)
             if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
                 raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+        if token_type_ids is not None and cfg.type_vocab_size == 0:
+            token_type_ids = None  # no segment embeddings (DistilBERT): segments are not an input of the model
         if token_type_ids is not None:
             if token_type_ids.shape != input_ids.shape:
                 raise ValueError(
@@ -275,38 +298,63 @@ class Encoder(HookedModule):
 
 # ====================================================================== modules
 class Embeddings(nn.Module):
-    """``LN(word + type + position)``, then dropout."""
+    """``LN(word + type + position)``, then dropout, then (ALBERT, ELECTRA) a projection ``d_embed -> d_model``.
+
+    Positions are 0, 1, ... or RoBERTa's padding-aware ids (``config.position_ids``); models without token
+    types (DistilBERT) have no type embedding and no ``hook_type``.
+    """
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        e = cfg.d_vocab_embed
+        self.word = nn.Embedding(cfg.vocab_size, e)
         if cfg.position_encoding == "learned":
-            self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+            self.pos = nn.Embedding(cfg.max_positions, e)
         else:
             self.pos = None
-            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size > 0 else None
-        self.ln = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_positions, e), persistent=False)
+        self.ln = LayerNorm(e, cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
-        self.hook_word = HookPoint()  # [batch, pos, d_model]
-        self.hook_pos = HookPoint()  # [batch, pos, d_model]
-        self.hook_type = HookPoint()  # [batch, pos, d_model]
+        self.hook_word = HookPoint()  # [batch, pos, d_embed]
+        self.hook_pos = HookPoint()  # [batch, pos, d_embed]
+        if cfg.type_vocab_size > 0:
+            self.token_type = nn.Embedding(cfg.type_vocab_size, e)
+            self.hook_type = HookPoint()  # [batch, pos, d_embed]
+        else:
+            self.token_type = self.hook_type = None
+        if cfg.d_embed is not None:
+            self.proj = nn.Linear(e, cfg.d_model)
+            self.hook_proj_in = HookPoint()  # [batch, pos, d_embed]
+        else:
+            self.proj = self.hook_proj_in = None
         self.hook_out = HookPoint()  # [batch, pos, d_model]
 
     def position_table(self) -> torch.Tensor:
         return self.pos.weight if self.pos is not None else self.sinusoid
 
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """``[batch, pos]`` position of each token, or None for the plain 0, 1, ... of every row."""
+        if self.cfg.position_ids == "sequential":
+            return None
+        real = (input_ids != self.cfg.pad_token_id).long()
+        return torch.cumsum(real, dim=1) * real + self.cfg.pad_token_id
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         b, p = input_ids.shape
         word = self.hook_word(self.word(input_ids))
-        pos = self.hook_pos(self.position_table()[:p].to(word.dtype).expand(b, p, -1))
+        ids = self.position_ids(input_ids)
+        table = self.position_table().to(word.dtype)
+        pos = self.hook_pos(table[:p].expand(b, p, -1) if ids is None else F.embedding(ids, table))
         x = word
         if self.token_type is not None:
             types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
             x = x + self.hook_type(self.token_type(types))
         x = x + pos  # BERT's order: (word + type) + position
-        return self.hook_out(self.dropout(self.ln(x)))
+        x = self.dropout(self.ln(x))
+        if self.proj is not None:
+            x = self.proj(self.hook_proj_in(x))
+        return self.hook_out(x)
 
 
 class Attention(nn.Module):
@@ -494,11 +542,11 @@ class LayerNorm(nn.Module):
     The output comes from the fused kernel unless a hook replaces the scale or the normalised input.
     """
 
-    def __init__(self, d: int, eps: float) -> None:
+    def __init__(self, d: int, eps: float, *, bias: bool = True) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
         self.hook_scale = HookPoint()  # [batch, pos, 1]
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
@@ -513,7 +561,8 @@ class LayerNorm(nn.Module):
         hooked_normalized = self.hook_normalized(normalized)
         if hooked_scale is scale and hooked_normalized is normalized:
             return fused  # only observed: keep the fused kernel's exact numbers
-        return hooked_normalized * self.weight + self.bias
+        out = hooked_normalized * self.weight
+        return out + self.bias if self.bias is not None else out
 
 
 class Pooler(nn.Module):
@@ -528,14 +577,17 @@ class Pooler(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """BERT's masked-LM head: ``LN(act(dense(h))) @ W_dec^T + bias``. The decoder is tied to the word
-    embeddings unless the checkpoint stores a different matrix (then ``decoder`` holds it)."""
+    """The family's masked-LM head: ``LN(act(dense(h))) @ W_dec^T + bias``, ``dense: d_model -> d_embed``.
+
+    One shape covers BERT's ``cls.predictions``, RoBERTa's ``lm_head``, DistilBERT's ``vocab_*``, ALBERT's
+    ``predictions`` and ELECTRA's generator head. The decoder is tied to the word embeddings unless the
+    checkpoint stores a different matrix (then ``decoder`` holds it)."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
-        self.act = activation(cfg.activation)
-        self.ln = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.dense = nn.Linear(cfg.d_model, cfg.d_vocab_embed)
+        self.act = activation(cfg.mlm_activation or cfg.activation)
+        self.ln = LayerNorm(cfg.d_vocab_embed, cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.decoder: nn.Parameter | None = None
 
@@ -568,7 +620,8 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     raise ValueError(f"unsupported activation {name!r}")
 
 
-_EMBED_ORDER = ("hook_word", "hook_pos", "hook_type", "ln.hook_scale", "ln.hook_normalized", "hook_out")
+_EMBED_ORDER = ("hook_word", "hook_pos", "hook_type", "ln.hook_scale", "ln.hook_normalized", "hook_proj_in",
+                "hook_out")
 _ATTN = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores", "attn.hook_pattern", "attn.hook_z",
          "attn.hook_result", "hook_attn_out")
 _MLP = ("mlp.hook_pre", "mlp.hook_post", "hook_mlp_out")
@@ -587,6 +640,21 @@ def _forward_rank(name: str, cfg: EncoderConfig) -> tuple[int, int, int]:
     if parts[0] == "blocks":
         return (1, int(parts[1]), _BLOCK_ORDER[cfg.norm_placement].index(".".join(parts[2:])))
     return (2, 0, 0 if name.endswith("hook_scale") else 1)
+
+
+def _share_layer_groups(blocks: nn.ModuleList, cfg: EncoderConfig) -> None:
+    """ALBERT: every layer of a group uses the group's first layer's parameters (the same ``nn.Parameter``
+    objects), while each layer keeps its own modules and so its own hook points."""
+    if cfg.layer_groups is None:
+        return
+    for layer, block in enumerate(blocks):
+        first = next(i for i in range(cfg.n_layers) if cfg.layer_group(i) == cfg.layer_group(layer))
+        if first == layer:
+            continue
+        source = dict(blocks[first].named_modules())
+        for name, module in block.named_modules():
+            for pname in list(module._parameters):
+                setattr(module, pname, getattr(source[name], pname))
 
 
 def _key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,9 +1,10 @@
-"""Loading real BERT checkpoints into ``Encoder``: every tensor mapped, every shape checked.
+"""Loading real BERT-family checkpoints into ``Encoder``: every tensor mapped, every shape checked.
 
 Accepted sources: ``None`` (the bundled all-MiniLM-L6-v2 weights), a folder saved by ``transformers``
-(``BertModel``, ``BertForMaskedLM``, ``BertForPreTraining``, ``BertForSequenceClassification``, ...), a
-sentence-transformers folder, or a hub id that is already in the local Hugging Face cache. Nothing is ever
-downloaded.
+(``*Model``, ``*ForMaskedLM``, ``*ForPreTraining``, ``*ForSequenceClassification``, ... of any family in
+``models.families``: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA, DeBERTa-v2/v3,
+ModernBERT), a sentence-transformers folder, or a hub id that is already in the local Hugging Face cache.
+Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -18,38 +19,10 @@ import torch
 from bertscope.models.config import EncoderConfig
 from bertscope.models.devices import resolve_device, resolve_dtype
 from bertscope.models.encoder import Encoder
+from bertscope.models.families import family_for
 
-# Task heads other than the masked-LM head: known, not needed by an encoder, skipped on purpose.
-IGNORED_HEADS = ("cls.seq_relationship.", "classifier.", "qa_outputs.", "lm_head.")
-_IGNORED_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-
-_LAYER_MAP = {
-    "attention.output.dense": "attn.out",
-    "attention.output.LayerNorm": "ln1",
-    "intermediate.dense": "mlp.fc_in",
-    "output.dense": "mlp.fc_out",
-    "output.LayerNorm": "ln2",
-}
-_TOP_MAP = {
-    "embeddings.word_embeddings.weight": "embed.word.weight",
-    "embeddings.position_embeddings.weight": "embed.pos.weight",
-    "embeddings.token_type_embeddings.weight": "embed.token_type.weight",
-    "embeddings.LayerNorm.weight": "embed.ln.weight",
-    "embeddings.LayerNorm.bias": "embed.ln.bias",
-    "pooler.dense.weight": "pooler.dense.weight",
-    "pooler.dense.bias": "pooler.dense.bias",
-}
-_MLM_MAP = {
-    "cls.predictions.transform.dense.weight": "mlm_head.dense.weight",
-    "cls.predictions.transform.dense.bias": "mlm_head.dense.bias",
-    "cls.predictions.transform.LayerNorm.weight": "mlm_head.ln.weight",
-    "cls.predictions.transform.LayerNorm.bias": "mlm_head.ln.bias",
-    "cls.predictions.bias": "mlm_head.bias",
-    "cls.predictions.decoder.bias": "mlm_head.bias",
-    "cls.predictions.decoder.weight": "mlm_head.decoder",
-}
-_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$")
-_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
+_QKV = re.compile(r"^(blocks\.\d+\.attn)\.(\w+)\.(weight|bias)$")
+_GROUP = re.compile(r"^groups\.(\d+)\.(.+)$")
 
 
 class CheckpointError(ValueError):
@@ -63,7 +36,9 @@ def load(
     dtype: torch.dtype | str | None = None,
     **config_overrides: Any,
 ) -> Encoder:
-    """Load a BERT checkpoint into a from-scratch ``Encoder`` in eval mode.
+    """Load a BERT-family checkpoint into a from-scratch ``Encoder`` in eval mode.
+
+    ``config.json``'s ``model_type`` picks the family (``models.families.supported_model_types()``).
 
     ``source``: None (bundled all-MiniLM-L6-v2), a local folder, or a hub id found in the local Hugging Face
     cache. ``device``/``dtype``: where and in what precision to put the weights (default CPU, float32).
@@ -81,9 +56,11 @@ def load(
 
 
 def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, source: str = "state_dict") -> Encoder:
-    """Build an ``Encoder`` from a Hugging Face BERT state dict (any task model's), checking every tensor."""
-    mapped, has_pooler, has_mlm = convert_state_dict(state, config)
-    model = Encoder(config, pooler=has_pooler, mlm_head=has_mlm)
+    """Build an ``Encoder`` (the family's class) from a Hugging Face state dict of ``config.model_type`` (any task
+    model's), checking every tensor: a ``CheckpointError`` names every missing, unexpected or mis-shaped one."""
+    family = family_for(config.model_type)
+    mapped, has_pooler, has_mlm = family.convert_state_dict(state, config)
+    model = family.encoder_class()(config, pooler=has_pooler, mlm_head=has_mlm)
     if "mlm_head.decoder" in mapped:
         decoder = mapped.pop("mlm_head.decoder")
         if not torch.equal(decoder, mapped["embed.word.weight"]):
@@ -106,7 +83,7 @@ def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, so
         problems.append(f"wrong shapes: {wrong}")
     if problems:
         raise CheckpointError(
-            f"checkpoint {source} does not fit a BERT encoder with {config}:\n  " + "\n  ".join(problems)
+            f"checkpoint {source} does not fit a {config.model_type} encoder with {config}:\n  " + "\n  ".join(problems)
         )
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in mapped.items()}, strict=True)
     model.source = source
@@ -114,7 +91,7 @@ def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, so
 
 
 def from_hf_model(hf_model: Any) -> Encoder:
-    """Convert an in-memory ``transformers`` BERT model (``BertModel`` or a task model) to an ``Encoder``."""
+    """Convert an in-memory ``transformers`` model of a supported family (base or task model) to an ``Encoder``."""
     config = EncoderConfig.from_hf(hf_model.config)
     return from_state_dict(config, hf_model.state_dict(), source=f"in-memory {type(hf_model).__name__}")
 
@@ -128,7 +105,7 @@ def random_encoder(
     dtype: torch.dtype | str | None = None,
 ) -> Encoder:
     """The same architecture with BERT's random initialisation, deterministic for ``seed``."""
-    model = Encoder(config)
+    model = family_for(config.model_type).encoder_class()(config)
     model.init_weights(torch.Generator().manual_seed(seed))
     model.tokenizer = tokenizer
     model.source = f"random initialisation (seed {seed})"
@@ -138,47 +115,64 @@ def random_encoder(
 def convert_state_dict(
     state: dict[str, torch.Tensor], config: EncoderConfig
 ) -> tuple[dict[str, torch.Tensor], bool, bool]:
-    """Map Hugging Face BERT keys to this package's names; fuse Q/K/V. Returns (state, has_pooler, has_mlm)."""
+    """Map a Hugging Face state dict of ``config.model_type``'s family to this package's names (see
+    ``models.families``), fuse Q/K/V, and give each layer its group's weights where layers share them.
+    Returns (state, has_pooler, has_mlm)."""
+    family = family_for(config.model_type)
     state = {_rename_legacy(k): v for k, v in state.items()}
-    prefix = _encoder_prefix(state)
-    out: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    prefix = _encoder_prefix(state, family.marker)
+    mapped: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}  # our name -> checkpoint key, for error messages
     unknown = []
     for key, tensor in state.items():
-        if key.startswith(prefix):
-            name = key[len(prefix) :]
-        elif key.startswith("cls.predictions."):
-            if key in _MLM_MAP:
-                out[_MLM_MAP[key]] = tensor
-            else:
-                unknown.append(key)
-            continue
-        elif key.startswith(IGNORED_HEADS):
-            continue
-        else:
+        matched, target = family.map_encoder_key(key[len(prefix) :]) if key.startswith(prefix) else (False, None)
+        if not matched:
+            matched, target = family.map_head_key(key)
+        if not matched:
             unknown.append(key)
-            continue
-        if name in _IGNORED_BUFFERS:
-            continue
-        if name in _TOP_MAP:
-            out[_TOP_MAP[name]] = tensor
-        elif m := _QKV.match(name):
-            qkv.setdefault((int(m.group(1)), m.group(3)), {})[m.group(2)] = tensor
-        elif (m := _LAYER.match(name)) and m.group(2) in _LAYER_MAP:
-            out[f"blocks.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.{m.group(3)}"] = tensor
+        elif target is not None:
+            mapped[target] = tensor
+            origin[target] = key
+    mapped, origin = _expand_groups(mapped, origin, config)
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, tuple[str, torch.Tensor]]] = {}
+    for name, tensor in mapped.items():
+        m = _QKV.match(name)
+        if m and m.group(2) in family.qkv_names:
+            qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = (origin[name], tensor)
         else:
-            unknown.append(key)
-    for (layer, kind), parts in qkv.items():
-        absent = [p for p in ("query", "key", "value") if p not in parts]
+            out[name] = tensor
+    for (attn, kind), parts in qkv.items():
+        absent = [p for p in family.qkv_names if p not in parts]
         if absent:
-            unknown.extend(f"(missing) encoder.layer.{layer}.attention.self.{p}.{kind}" for p in absent)
+            some, (key, _) = next(iter(parts.items()))
+            unknown.extend(f"(missing) {key.replace(f'.{some}.', f'.{p}.')}" for p in absent)
             continue
-        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
+        out[f"{attn}.qkv.{kind}"] = torch.cat([parts[p][1] for p in family.qkv_names])
     if unknown:
         raise CheckpointError(f"tensors this loader does not know how to place: {sorted(unknown)}")
     has_pooler = "pooler.dense.weight" in out
     has_mlm = any(k.startswith("mlm_head.") for k in out)
     return out, has_pooler, has_mlm
+
+
+def _expand_groups(
+    mapped: dict[str, torch.Tensor], origin: dict[str, str], config: EncoderConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``groups.G.x`` (weights shared by a layer group) -> ``blocks.L.x`` for every layer L of group G."""
+    out, where = {}, {}
+    for name, tensor in mapped.items():
+        m = _GROUP.match(name)
+        if m is None:
+            out[name], where[name] = tensor, origin[name]
+            continue
+        group = int(m.group(1))
+        layers = [L for L in range(config.n_layers) if config.layer_group(L) == group]
+        if not layers:  # a group no layer uses: keep the name so that the shape check reports it
+            out[name], where[name] = tensor, origin[name]
+        for layer in layers:
+            out[f"blocks.{layer}.{m.group(2)}"], where[f"blocks.{layer}.{m.group(2)}"] = tensor, origin[name]
+    return out, where
 
 
 def resolve_source(source: str | Path | None) -> Path:
@@ -207,13 +201,12 @@ def _rename_legacy(key: str) -> str:
     return key
 
 
-def _encoder_prefix(state: dict[str, torch.Tensor]) -> str:
-    marker = "embeddings.word_embeddings.weight"
+def _encoder_prefix(state: dict[str, torch.Tensor], marker: str) -> str:
     hits = [k[: -len(marker)] for k in state if k.endswith(marker)]
     if len(hits) != 1:
         raise CheckpointError(
-            "cannot find the BERT encoder in this checkpoint: expected exactly one "
-            f"'*embeddings.word_embeddings.weight' tensor, found {len(hits)}"
+            "cannot find the encoder in this checkpoint: expected exactly one "
+            f"'*{marker}' tensor, found {len(hits)}"
         )
     return hits[0]
 

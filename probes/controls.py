@@ -50,8 +50,14 @@ def selectivity(
     """Evaluate the task, a control task built from `word_types`, and their difference, in one table.
 
     X: [n, d]; y, word_types, groups: [n]. Keyword arguments go to `evaluate` (task, n_folds, alphas,
-    backend, n_boot, within_k, ...). Returns `evaluate`'s long table with labels "task", "control" and
-    "selectivity" (task - control, with a paired group-bootstrap interval).
+    backend, n_boot, within_k, repeats, ...). Returns `evaluate`'s long table with labels "task", "control"
+    and "selectivity" (task - control, with a paired group-bootstrap interval). The control labels are drawn
+    with the seed of each repeat (`seed`, `seed + 1`, ...), so with `repeats > 1` the interval also covers
+    the choice of control task.
     """
-    control = control_labels(word_types, y, seed=seed)
+    word_types = np.asarray(word_types)
+
+    def control(repeat_seed: int) -> np.ndarray:
+        return control_labels(word_types, y, seed=repeat_seed)
+
     return evaluate(X, y, groups, seed=seed, control=control, **evaluate_kwargs)

@@ -1,14 +1,17 @@
 """`LinearProbe`: an L2-regularised linear probe with a scikit-learn and a torch backend.
 
-Regularisation convention (both backends, both tasks): the probe minimises
+Regularisation convention (both backends, both tasks) -- **the L2 term is on the MEAN loss**:
 
-    sum_i loss_i + (alpha / 2) * ||W||^2          loss = cross-entropy        (classification)
-    sum_i (y_i - w x_i - b)^2 + alpha * ||w||^2                                (regression)
+    (1/n) sum_i loss_i + (alpha / 2) * ||W||^2        loss = cross-entropy        (classification)
+    (1/n) sum_i (y_i - w x_i - b)^2 + alpha * ||w||^2                             (regression)
 
 over features standardised to zero mean and unit variance (when `standardize=True`), with an unpenalised
-intercept. That is exactly scikit-learn's `LogisticRegression(C=1/alpha)` and `Ridge(alpha=alpha)`, so
-`alpha` maps to scikit-learn's `C` as **C = 1 / alpha**. Because the loss is a sum over rows, a fixed alpha
-regularises less as n grows (as in scikit-learn).
+intercept. Because the loss is a mean, one alpha regularises equally at every training-set size, so an alpha
+chosen on folds of 1,000 rows means the same on folds of 3,000 rows or on all rows. In scikit-learn's terms
+(whose loss is a sum) that is `LogisticRegression(C=1 / (alpha * n))` and `Ridge(alpha=alpha * n)` with n the
+number of training rows, which is exactly what the sklearn backend fits.
+
+(Before this convention the loss was a sum and C = 1 / alpha: an old alpha a on n training rows is a / n now.)
 
 Binary problems use one logit (scikit-learn's binomial parametrisation, `coef_` of shape [1, d]); problems
 with K > 2 classes use K logits (`coef_` [K, d]).
@@ -16,13 +19,15 @@ with K > 2 classes use K logits (`coef_` [K, d]).
 
 from __future__ import annotations
 
+import copy
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from scipy.special import expit, softmax
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression, Ridge
 
@@ -36,12 +41,15 @@ class LinearProbe(BaseEstimator):
     Parameters
     ----------
     task: "classification" or "regression".
-    alpha: L2 strength (>= 0 for ridge, > 0 for logistic); scikit-learn's C = 1 / alpha (module docstring).
+    alpha: L2 strength on the MEAN loss (>= 0 for ridge, > 0 for logistic); scikit-learn's C = 1 / (alpha * n)
+        for n training rows (module docstring). The same alpha means the same at any training-set size.
     standardize: scale features to zero mean / unit variance (statistics of the training rows) before fitting;
         constant columns keep scale 1.
     backend: "sklearn" (LogisticRegression / Ridge, CPU, float64 or float32 as given) or "torch" (float32,
-        L-BFGS for logistic, closed form for ridge, on `device`; X may also be a torch tensor).
-    device: torch device for the torch backend (None = "cpu"); ignored by the sklearn backend.
+        discriminant-analysis start + preconditioned L-BFGS for logistic, closed form for ridge, on `device`;
+        X may also be a torch tensor). See `probes._torch_solvers`.
+    device: torch device for the torch backend (None = the device of X when X is a tensor, else "cpu");
+        ignored by the sklearn backend.
     max_iter: L-BFGS iteration limit (logistic only). A fit that stops before `tol` warns (ConvergenceWarning).
     seed: random state handed to the solver. Both default solvers are deterministic, so results do not depend
         on it; it is kept so that callers can pin it uniformly.
@@ -61,7 +69,7 @@ class LinearProbe(BaseEstimator):
     def __init__(
         self,
         task: str = "classification",
-        alpha: float = 1.0,
+        alpha: float = 1e-3,
         standardize: bool = True,
         backend: str = "sklearn",
         device: str | torch.device | None = None,
@@ -107,6 +115,61 @@ class LinearProbe(BaseEstimator):
         """Fit on X [n, d] (numpy array, or torch tensor for the torch backend) and y [n]. Returns self."""
         with thread_limit(self.n_threads):
             return self._fit(X, y)
+
+    def fit_path(self, X: Any, y: Any, alphas: Sequence[float]) -> list[LinearProbe]:
+        """One fitted copy of this probe per alpha, all on the same X [n, d] and y [n], in the order given.
+
+        Cheaper than separate fits: the torch backend standardises once, solves ridge for every alpha from one
+        eigendecomposition, and solves logistic probes from the strongest to the weakest L2, each warm-started
+        from the previous one (on these rows only) with shared covariance statistics; the sklearn backend
+        warm-starts scikit-learn along the same order. `self` is left unfitted.
+        """
+        grid = [float(a) for a in alphas]
+        if not grid:
+            raise ValueError("alphas is empty; pass at least one alpha")
+        checker = clone(self)
+        for a in grid:
+            checker.set_params(alpha=a)._check_alpha()
+        with thread_limit(self.n_threads):
+            if check_backend(self.backend) == "torch":
+                return self._fit_path_torch(X, y, grid)
+            out: list[LinearProbe | None] = [None] * len(grid)
+            probe = clone(self).set_params(warm_start=True)
+            for i in sorted(range(len(grid)), key=lambda j: -grid[j]):
+                out[i] = copy.deepcopy(probe.set_params(alpha=grid[i])._fit(X, y))
+                out[i].set_params(warm_start=self.warm_start)
+            return out  # type: ignore[return-value]
+
+    def _fit_path_torch(self, X: Any, y: Any, grid: list[float]) -> list[LinearProbe]:
+        check_task(self.task)
+        X = check_features(X)
+        n, d = X.shape
+        y = check_target(y, n, self.task)
+        template = clone(self)
+        if self.task == "classification":
+            template.classes_, y_idx = check_classes(y)
+        Xs, device = template._standardized_tensor(X)
+        if self.task == "regression":
+            yt = torch.as_tensor(y, dtype=torch.float64, device=device)
+            sols = [(w[None, :], b[None], 0, True) for w, b in
+                    _torch_solvers.fit_ridge_path(Xs, yt, grid, batch_size=self.batch_size)]  # fmt: skip
+        else:
+            yt = torch.as_tensor(y_idx, dtype=torch.long, device=device)
+            path = _torch_solvers.fit_logistic_path(Xs, yt, len(template.classes_), grid, max_iter=self.max_iter,
+                                                    tol=self.tol, batch_size=self.batch_size)  # fmt: skip
+            sols = [(s.weight, s.bias, s.n_iter, s.converged) for s in path]
+        out = []
+        for alpha, (w, b, n_iter, converged) in zip(grid, sols, strict=True):
+            probe = copy.deepcopy(template).set_params(alpha=alpha)
+            probe._w, probe._b = w.double().cpu().numpy(), np.atleast_1d(b.double().cpu().numpy())
+            probe.n_iter_, probe.converged_, probe.n_features_in_ = n_iter, converged, d
+            probe._sync_public_coef()
+            if not converged:
+                warnings.warn(f"torch logistic solver stopped after {n_iter} iterations at alpha={alpha:g} before "
+                              f"tol={self.tol}; raise max_iter, loosen tol, or increase alpha", ConvergenceWarning,
+                              stacklevel=3)  # fmt: skip
+            out.append(probe)
+        return out
 
     def decision_function(self, X: Any) -> np.ndarray:
         """Linear scores: [n] for regression and binary classification, [n, K] for K > 2 classes."""
@@ -188,12 +251,12 @@ class LinearProbe(BaseEstimator):
             mean, scale, Xs = np.zeros(Xn.shape[1]), np.ones(Xn.shape[1]), Xn
         self.mean_, self.scale_ = mean, _safe_scale(scale)
         if self.task == "regression":
-            est = Ridge(alpha=self.alpha, random_state=self.seed).fit(Xs, target)
+            est = Ridge(alpha=self.alpha * len(Xs), random_state=self.seed).fit(Xs, target)
             self._w, self._b = np.atleast_2d(est.coef_).astype(np.float64), np.atleast_1d(est.intercept_)
             self.n_iter_, self.converged_ = 0, True
             return
         est = LogisticRegression(
-            C=1.0 / self.alpha,
+            C=1.0 / (self.alpha * len(Xs)),
             tol=self.tol,
             max_iter=self.max_iter,
             random_state=self.seed,
@@ -211,15 +274,7 @@ class LinearProbe(BaseEstimator):
         self.n_iter_ = int(np.max(est.n_iter_))
 
     def _fit_torch(self, X: Any, target: np.ndarray, previous: tuple | None) -> None:
-        device = torch.device(self.device) if self.device is not None else torch.device("cpu")
-        Xt = _to_tensor(X, device)
-        mean, scale = _torch_solvers.column_stats(Xt, self.batch_size)
-        if self.standardize:
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            Xs = torch.sub(Xt, mean.float()).div_(scale.float())
-        else:
-            mean, scale, Xs = torch.zeros_like(mean), torch.ones_like(scale), Xt
-        self.mean_, self.scale_ = mean.cpu().numpy(), scale.cpu().numpy()
+        Xs, device = self._standardized_tensor(X)
         if self.task == "regression":
             yt = torch.as_tensor(target, dtype=torch.float64, device=device)
             w, b = _torch_solvers.fit_ridge(Xs, yt, self.alpha, batch_size=self.batch_size)
@@ -245,14 +300,14 @@ class LinearProbe(BaseEstimator):
         self.n_iter_, self.converged_ = sol.n_iter, sol.converged
         if not sol.converged:
             warnings.warn(
-                f"torch L-BFGS stopped after {sol.n_iter} iterations with max |gradient| {sol.grad_max:.2e} "
+                f"torch logistic solver stopped after {sol.n_iter} iterations with max |gradient| {sol.grad_max:.2e} "
                 f"> tol={self.tol}; raise max_iter, loosen tol, or increase alpha",
                 ConvergenceWarning,
                 stacklevel=3,
             )
 
     def _scores_torch(self, X: Any) -> np.ndarray:
-        device = torch.device(self.device) if self.device is not None else torch.device("cpu")
+        device = self._device_for(X)
         Xt = _to_tensor(X, device)
         mean = torch.as_tensor(self.mean_, dtype=torch.float32, device=device)
         scale = torch.as_tensor(self.scale_, dtype=torch.float32, device=device)
@@ -261,6 +316,24 @@ class LinearProbe(BaseEstimator):
         step = _torch_solvers.chunk_rows(Xt.shape[1], W.shape[0], self.batch_size)
         out = [torch.addmm(b, (Xt[s : s + step] - mean) / scale, W.T).cpu() for s in range(0, len(Xt), step)]
         return torch.cat(out).double().numpy()
+
+    def _device_for(self, X: Any) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+
+    def _standardized_tensor(self, X: Any) -> tuple[torch.Tensor, torch.device]:
+        """X as float32 on the fit device, standardised; sets `mean_`, `scale_`."""
+        device = self._device_for(X)
+        Xt = _to_tensor(X, device)
+        mean, scale = _torch_solvers.column_stats(Xt, self.batch_size)
+        if self.standardize:
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            Xs = torch.sub(Xt, mean.float()).div_(scale.float())
+        else:
+            mean, scale, Xs = torch.zeros_like(mean), torch.ones_like(scale), Xt
+        self.mean_, self.scale_ = mean.cpu().numpy(), scale.cpu().numpy()
+        return Xs, device
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _check_alpha(self) -> None:

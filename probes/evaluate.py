@@ -14,9 +14,21 @@ With `control` labels (Hewitt & Liang control task, see `controls.control_labels
 and in each fold the alpha chosen for the task) is fit to the control labels, and selectivity rows give
 task - control for every metric, with an interval from the same group resamples (a paired bootstrap).
 
-Cost: one fit per outer fold per label set when `alphas` is a single value; with a grid, add
-inner_folds x len(alphas) fits per outer fold (warm-started along the grid from strong to weak L2, within
-one training split only: a warm start never crosses splits, where it would leak).
+Repeated cross-validation (`repeats=R`): the whole procedure runs R times with seeds seed, seed+1, ...,
+seed+R-1, which redraw the fold split, the inner alpha-selection folds, the bootstrap resamples, and (when
+`control` is a function of the seed) the control labels. The headline `value` is the mean of the R repeats'
+scores; the interval is the percentile interval of all R x n_boot replicates pooled (each repeat's own group
+resamples around its own score), so its width includes the spread between repeats as well as the sentence
+variance. The `ci_covers` column says which variance an interval covers: "groups" (one split, fitted probes
+held fixed: sentence resampling only) or "groups+repeats" (also fold splits, alpha choices and control draws,
+with the probes refit in every repeat); `value_sd_repeats` is the standard deviation of the repeats' scores.
+
+Alpha (see `LinearProbe`) is the L2 strength on the MEAN loss, so an alpha chosen by the inner CV on
+(inner_folds - 1) / inner_folds of a training split means the same when the probe is refit on all of it.
+
+Cost: one fit per outer fold per label set per repeat when `alphas` is a single value; with a grid, add
+inner_folds x len(alphas) fits per outer fold (`LinearProbe.fit_path`: warm-started along the grid from strong
+to weak L2, within one training split only: a warm start never crosses splits, where it would leak).
 """
 
 from __future__ import annotations
@@ -40,15 +52,18 @@ from ._checks import (
     infer_task,
     thread_limit,
 )
+from .bootstrap import iter_resample_counts, percentile_interval
 from .estimator import LinearProbe, _to_tensor
-from .metrics import GroupScorer, bootstrap_counts, chance_baseline, metric_names, percentile_interval
+from .metrics import GroupScorer, chance_baseline, metric_names
 
-DEFAULT_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
+# L2 strengths on the mean loss (`LinearProbe`): from barely regularised to shrunk to the majority class. The
+# old sum-loss grid (0.01 ... 10000) on training splits of ~1,000 rows is this grid.
+DEFAULT_ALPHAS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 COLUMNS = [
     "labels", "metric", "value", "ci_low", "ci_high", "baseline_majority", "baseline_chance",
     "n_train", "n_test", "n_groups", "alpha", "alpha_by_fold", "converged", "n_folds", "n_boot", "ci_level",
-    "task", "backend",
+    "task", "backend", "repeats", "value_sd_repeats", "ci_covers",
 ]  # fmt: skip
 
 
@@ -91,6 +106,7 @@ def evaluate(
     max_iter: int = 1000,
     tol: float = 1e-4,
     n_threads: int | None = None,
+    repeats: int = 1,
 ) -> pd.DataFrame:
     """Grouped K-fold probe scores with group-bootstrap intervals and baselines, as a long table.
 
@@ -102,7 +118,11 @@ def evaluate(
         inner CV (the fast path for many calls); a list = inner CV over it. See `LinearProbe` for the scale.
     within_k: int or ints; adds `accuracy_within_<k>` (|prediction - truth| <= k). For classification it also
         marks labels as ordinal (numeric), which adds `mae` and `spearman` (or pass `ordinal=True`).
-    control: [n] control labels (e.g. `control_labels(word_types, y)`); adds control and selectivity rows.
+    control: [n] control labels (e.g. `control_labels(word_types, y)`), or a function seed -> [n] labels (e.g.
+        `lambda s: control_labels(word_types, y, seed=s)`) so that repeats redraw them; adds control and
+        selectivity rows.
+    repeats: run the cross-validation this many times (seeds seed .. seed + repeats - 1) and pool them
+        (module docstring): `value` is the mean over repeats and the interval includes the repeat variance.
     metrics: subset of the default metric names to compute (e.g. to skip a slow `spearman` on huge data).
     n_boot: bootstrap resamples of groups (0 = no interval); ci: interval level.
     n_threads: cap torch / BLAS / OpenMP threads for the call (None = leave them; 1 is several times faster
@@ -110,9 +130,10 @@ def evaluate(
 
     Returns one row per (labels, metric): labels in {"task", "control", "selectivity"}; columns `COLUMNS`.
     `n_train` is the mean training-split size, `n_test` the number of rows scored (all of them, out of fold),
-    `alpha` the median of the per-fold alphas (all in `alpha_by_fold`), `converged` whether every final fit
-    of that label set reached `tol` within `max_iter` (a small `max_iter` buys speed with early-stopped probes;
-    this column says so).
+    `alpha` the median of the per-fold alphas (all in `alpha_by_fold`, repeats separated by "|"), `converged`
+    whether every final fit of that label set reached `tol` within `max_iter` (a small `max_iter` buys speed
+    with early-stopped probes; this column says so), `repeats`, `value_sd_repeats` (NaN for one repeat) and
+    `ci_covers` ("groups" or "groups+repeats": the variance the interval covers, module docstring).
     """
     task = infer_task(y, task)  # before any fitting
     if not 0 < ci < 1:
@@ -130,20 +151,73 @@ def evaluate(
     numeric = task == "regression" or ordinal or bool(ks)
     if numeric:  # fail before fitting, not after
         for what, labels in (("y", y), ("control", control)):
-            if labels is not None:
+            if labels is not None and not callable(labels):
                 as_numeric_labels(np.asarray(labels), what=f"{what} with metrics {names}")
-    cv = grouped_cross_val_predict(
-        X, y, groups, task=task, n_folds=n_folds, alphas=alphas, backend=backend, device=device, seed=seed,
-        control=control, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter, tol=tol,
-        n_threads=n_threads,
-    )  # fmt: skip
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    runs = []
+    for r in range(repeats):
+        seed_r = seed + r
+        control_r = control(seed_r) if callable(control) else control
+        runs.append(_one_repeat(
+            X, y, groups, control_r, names, numeric, task=task, n_folds=n_folds, alphas=alphas, backend=backend,
+            device=device, seed=seed_r, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter,
+            tol=tol, n_threads=n_threads, n_boot=n_boot,
+        ))  # fmt: skip
+    labels_all = list(runs[0]["points"])
+    common = {
+        "n_train": int(round(np.mean([np.mean(run["cv"].n_train_by_fold) for run in runs]))),
+        "n_test": len(runs[0]["cv"].y_pred),
+        "n_groups": runs[0]["cv"].n_groups,
+        "alpha": float(np.median([a for run in runs for a in run["cv"].alpha_by_fold])),
+        "alpha_by_fold": "|".join(";".join(f"{a:g}" for a in run["cv"].alpha_by_fold) for run in runs),
+        "n_folds": n_folds,
+        "n_boot": n_boot,
+        "ci_level": ci,
+        "task": task,
+        "backend": backend,
+        "repeats": repeats,
+        "ci_covers": "groups" if repeats == 1 else "groups+repeats",
+    }
+    rows = []
+    for labels in labels_all:
+        converged = all(run["converged"][labels] for run in runs)
+        for m in names:
+            values = np.array([run["points"][labels][m] for run in runs])
+            pooled = np.concatenate([run["replicates"][labels][m] for run in runs]) if n_boot else np.empty(0)
+            lo, hi = (float(b) for b in percentile_interval(pooled, ci)) if n_boot else (np.nan, np.nan)
+            base = [run["baselines"].get(labels, {}).get(m, (np.nan, np.nan)) for run in runs]
+            majority, chance = (float(np.mean([b[i] for b in base])) for i in (0, 1))
+            rows.append({"labels": labels, "metric": m, "value": float(np.mean(values)), "ci_low": lo,
+                         "ci_high": hi, "baseline_majority": majority, "baseline_chance": chance, **common,
+                         "converged": converged,
+                         "value_sd_repeats": float(np.std(values, ddof=1)) if repeats > 1 else np.nan})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _one_repeat(
+    X: Any,
+    y: Any,
+    groups: Any,
+    control: Any,
+    names: list[str],
+    numeric: bool,
+    *,
+    task: str,
+    n_boot: int,
+    seed: int,
+    n_threads: int | None,
+    **cv_kwargs: Any,
+) -> dict[str, Any]:
+    """Points, bootstrap replicates, baselines and convergence of one cross-validation run (one seed)."""
+    cv = grouped_cross_val_predict(X, y, groups, task=task, seed=seed, control=control, n_threads=n_threads,
+                                   **cv_kwargs)  # fmt: skip
     n = len(cv.y_pred)
     y = check_target(y, n, task)
     label_sets = {"task": (y, cv.y_pred, cv.majority_pred)}
     if cv.control_pred is not None:
         label_sets["control"] = (check_target(control, n, task, name="control"), cv.control_pred,
                                  cv.control_majority_pred)  # fmt: skip
-
     scorers, baselines = {}, {}
     for labels, (truth, pred, majority) in label_sets.items():
         if numeric:
@@ -151,38 +225,16 @@ def evaluate(
         scorers[labels] = GroupScorer(truth, pred, cv.group_idx, cv.n_groups, names)
         majority_scores = GroupScorer(truth, majority, cv.group_idx, cv.n_groups, names).point()
         baselines[labels] = {m: (majority_scores[m], chance_baseline(m, truth)) for m in names}
-
     with thread_limit(n_threads):
         replicates = _bootstrap(scorers, cv.n_groups, n_boot, seed)
     if "control" in scorers:
         replicates["selectivity"] = {m: replicates["task"][m] - replicates["control"][m] for m in names}
-    points = {labels: s.point() for labels, s in scorers.items()}
+    points = {labels: sc.point() for labels, sc in scorers.items()}
     if "control" in points:
         points["selectivity"] = {m: points["task"][m] - points["control"][m] for m in names}
-
-    common = {
-        "n_train": int(round(np.mean(cv.n_train_by_fold))),
-        "n_test": n,
-        "n_groups": cv.n_groups,
-        "alpha": float(np.median(cv.alpha_by_fold)),
-        "alpha_by_fold": ";".join(f"{a:g}" for a in cv.alpha_by_fold),
-        "n_folds": n_folds,
-        "n_boot": n_boot,
-        "ci_level": ci,
-        "task": task,
-        "backend": backend,
-    }
     converged = {"task": all(cv.converged), "control": all(cv.control_converged)}
     converged["selectivity"] = converged["task"] and converged["control"]
-    rows = []
-    for labels, values in points.items():
-        for m in names:
-            lo, hi = percentile_interval(replicates[labels][m], ci) if n_boot else (np.nan, np.nan)
-            majority, chance = baselines.get(labels, {}).get(m, (np.nan, np.nan))
-            rows.append({"labels": labels, "metric": m, "value": values[m], "ci_low": lo, "ci_high": hi,
-                         "baseline_majority": majority, "baseline_chance": chance, **common,
-                         "converged": converged[labels]})  # fmt: skip
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return {"cv": cv, "points": points, "replicates": replicates, "baselines": baselines, "converged": converged}
 
 
 def grouped_cross_val_predict(
@@ -355,10 +407,10 @@ def _choose_alpha(
         train, test = np.flatnonzero(inner != j), np.flatnonzero(inner == j)
         if task == "classification":
             check_classes(y[train], where=f"{where[:-1]}, inner fold {j})")
-        probe = new_probe()
         Xtr, Xte = _rows(X, train), _rows(X, test)
-        for i, alpha in enumerate(path):
-            pred = probe.set_params(alpha=alpha).fit(Xtr, y[train]).predict(Xte)
+        # one alpha path per inner training split, warm-started within it only
+        for i, probe in enumerate(new_probe().fit_path(Xtr, y[train], path)):
+            pred = probe.predict(Xte)
             if task == "classification":
                 correct[i] += np.sum(pred == y[test])
             else:
@@ -372,7 +424,7 @@ def _bootstrap(
 ) -> dict[str, dict[str, np.ndarray]]:
     """Replicates {labels: {metric: [n_boot]}}; every label set sees the same group resamples (paired)."""
     parts: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in s.metrics} for k, s in scorers.items()}
-    for counts in bootstrap_counts(n_groups, n_boot, [seed, 1]):
+    for counts in iter_resample_counts(n_groups, n_boot, [seed, 1]):
         for labels, scorer in scorers.items():
             for m, v in scorer(counts).items():
                 parts[labels][m].append(v)

@@ -2,9 +2,18 @@
 
 The rows are put in a random order (whole groups together, when groups are given) and cut at doubling
 boundaries t_0 < t_1 < ... < t_m = n, with t_j ~ n / 2^(m - j) (by default m = 10: 0.1%, 0.2%, ..., 50%,
-100%). The first block is sent with the uniform code; block j+1 is sent with a probe trained on the first
-t_j rows. The online codelength is the total in bits; compression = uniform codelength / online codelength,
-so 1 means the probe saved nothing and larger is better.
+100%). As in Voita & Titov's definition, the first block is sent with the uniform code; block j+1 is sent
+with a probe trained on the first t_j rows, and costs the cross-entropy (in bits) of its labels under that
+probe. The online codelength is the total in bits; compression = uniform codelength / online codelength, so
+1 means the probe saved nothing and larger is better.
+
+**Regularisation is chosen from the prefix only**, so the code stays a real online code (a receiver can
+repeat every choice): with a grid of alphas (the default, `DEFAULT_ALPHAS` on the mean loss), every
+probe-coded block but the last is coded by a probe per alpha, and the block j+1 is sent with the alpha whose
+probes gave the shortest total codelength on the blocks already sent (follow the leader; the strongest L2
+when there is no history yet or on ties). Choosing alpha after seeing all blocks (or fixing the alpha that
+was tuned for accuracy on all rows) is not a code: it can make a learnable label look worse than uniform (a
+weak L2 on a tiny prefix) or flatter a probe with information from the rows it codes.
 
 Every code used is a proper (sub-)probability, so every codelength is a real, achievable one:
 - a probe's class probabilities are mixed with the uniform distribution, p = (1 - eps) p_probe + eps / K, so
@@ -23,6 +32,7 @@ the prefix's mean and variance.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +43,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._checks import check_backend, check_classes, check_features, check_groups, check_target, check_task
 from .estimator import LinearProbe, _to_tensor
+from .evaluate import DEFAULT_ALPHAS, _alpha_grid
 
 
 def mdl_probe(
@@ -42,7 +53,7 @@ def mdl_probe(
     *,
     task: str = "classification",
     seed: int = 0,
-    alpha: float = 1.0,
+    alpha: float | Sequence[float] | None = None,
     backend: str = "sklearn",
     device: str | torch.device | None = None,
     control: Any = None,
@@ -57,14 +68,17 @@ def mdl_probe(
     """Online codelength of y given X with a linear probe, and of `control` labels if given.
 
     X: [n, d]; y: [n]; groups: [n] sentence/document ids (kept together and never split by a block boundary)
-    or None (rows are independent). alpha: the probe's L2 strength (`LinearProbe` scale), fixed for all
-    blocks. n_blocks: number of doublings (first block ~ n / 2^n_blocks rows). epsilon: weight of the uniform
+    or None (rows are independent). alpha: the probe's L2 strength on the mean loss (`LinearProbe`): None =
+    choose per block from `DEFAULT_ALPHAS` on the prefix (module docstring); a list = choose from that grid;
+    a number = that alpha for every block (a valid code only if it was not tuned on these rows).
+    n_blocks: number of doublings (first block ~ n / 2^n_blocks rows). epsilon: weight of the uniform
     code mixed into the probe's predictions. precision: regression bin width (None: 1 for integer targets,
     else (max - min) / 1000). n_threads: thread cap for the fits (see `LinearProbe`).
 
     Returns a dict: `online_codelength`, `uniform_codelength`, `prior_codelength` (bits), `compression`
     (uniform / online), `prior_compression` (uniform / prior), `n`, `alphabet_size` (classes or bins),
-    `alpha`, `blocks` (DataFrame: start, end, n_train, bits, uniform_bits, prior_bits, model),
+    `alpha` (the last block's), `alphas` (the grid), `blocks` (DataFrame: start, end, n_train, bits,
+    uniform_bits, prior_bits, model, alpha: the alpha that coded the block, NaN if no probe did),
     `order` ([n] the row order used); with `control`, `control` holds the same dict for the control labels;
     `table` is a long DataFrame (labels, metric, value) of the scalar results.
     """
@@ -74,6 +88,7 @@ def mdl_probe(
         raise ValueError(f"epsilon must be in (0, 1), got {epsilon}")
     if n_blocks < 1:
         raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
+    grid = _alpha_grid_or_default(alpha)
     X = check_features(X)
     n = X.shape[0]
     y = check_target(y, n, task)
@@ -94,15 +109,16 @@ def mdl_probe(
         Xo = X[torch.as_tensor(order, device=X.device)]
     else:
         Xo = X[order]
-    probe = LinearProbe(task=task, alpha=alpha, standardize=standardize, backend=backend, device=device,
+    probe = LinearProbe(task=task, alpha=grid[0], standardize=standardize, backend=backend, device=device,
                         max_iter=max_iter, seed=seed, tol=tol, warm_start=True, n_threads=n_threads)  # fmt: skip
-    result = _codelength(Xo, y[order], bounds, probe, task, epsilon, precision, name="y")
+    result = _codelength(Xo, y[order], bounds, probe, grid, task, epsilon, precision, name="y")
     result["order"] = order
     labelled = {"task": result}
     if control is not None:
         yc = check_target(control, n, task, name="control")
         control_probe = probe.__class__(**probe.get_params())
-        result["control"] = _codelength(Xo, yc[order], bounds, control_probe, task, epsilon, precision, name="control")
+        result["control"] = _codelength(Xo, yc[order], bounds, control_probe, grid, task, epsilon, precision,
+                                        name="control")  # fmt: skip
         result["control"]["order"] = order
         labelled["control"] = result["control"]
     metrics = ["online_codelength", "uniform_codelength", "prior_codelength", "compression", "prior_compression"]
@@ -124,6 +140,7 @@ def _codelength(
     y: np.ndarray,
     bounds: np.ndarray,
     probe: LinearProbe,
+    grid: list[float],
     task: str,
     epsilon: float,
     precision: float | None,
@@ -151,8 +168,13 @@ def _codelength(
 
     first = int(bounds[1])
     rows = [dict(start=0, end=first, n_train=0, bits=first * per_row, uniform_bits=first * per_row,
-                 prior_bits=first * per_row, model="uniform")]  # fmt: skip
-    for start, end in zip(bounds[1:-1], bounds[2:], strict=True):
+                 prior_bits=first * per_row, model="uniform", alpha=np.nan)]  # fmt: skip
+    strongest_first = sorted(grid, reverse=True)
+    history = dict.fromkeys(grid, 0.0)  # bits each alpha's probes spent on the blocks already sent
+    seen_probe_block = False
+    n_bounds = len(bounds)
+    for index, (start, end) in enumerate(zip(bounds[1:-1], bounds[2:], strict=True)):
+        last_block = index == n_bounds - 3
         start, end = int(start), int(end)
         block = slice(start, end)
         if task == "classification":
@@ -163,21 +185,33 @@ def _codelength(
             prior = mixed_bits(_gauss_bin(centers[block], np.full(end - start, y[:start].mean()), sigma, precision))
         if start < 2 or (task == "classification" and np.count_nonzero(np.bincount(codes[:start])) < 2):
             rows.append(dict(start=start, end=end, n_train=start, bits=prior, uniform_bits=(end - start) * per_row,
-                             prior_bits=prior, model="prior"))  # fmt: skip
+                             prior_bits=prior, model="prior", alpha=np.nan))  # fmt: skip
             continue
+        # the alpha is fixed before this block is seen: best total on the blocks sent so far (ties and no
+        # history: the strongest L2, which is min() over the grid sorted strongest first)
+        chosen = min(strongest_first, key=lambda a: history[a]) if seen_probe_block else strongest_first[0]
+        candidates = [chosen] if last_block else grid  # the last block's other alphas would never be used
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # an imperfect fit only costs bits
-            probe.fit(X[:start], y[:start])
-        if task == "classification":
-            proba = np.zeros((end - start, alphabet))
-            proba[:, np.searchsorted(classes, probe.classes_)] = probe.predict_proba(X[block])
-            p = proba[np.arange(end - start), codes[block]]
-        else:
-            residual = probe.predict(X[:start]) - y[:start]
-            sigma = max(float(np.sqrt(np.mean(residual**2))), precision)
-            p = _gauss_bin(centers[block], probe.predict(X[block]), sigma, precision)
-        rows.append(dict(start=start, end=end, n_train=start, bits=mixed_bits(p), uniform_bits=(end - start) * per_row,
-                         prior_bits=prior, model="probe"))  # fmt: skip
+            fits = probe.fit_path(X[:start], y[:start], candidates)
+        bits_by_alpha = {}
+        for a, fitted in zip(candidates, fits, strict=True):
+            if task == "classification":
+                proba = np.zeros((end - start, alphabet))
+                proba[:, np.searchsorted(classes, fitted.classes_)] = fitted.predict_proba(X[block])
+                p = proba[np.arange(end - start), codes[block]]
+            else:
+                residual = fitted.predict(X[:start]) - y[:start]
+                sigma = max(float(np.sqrt(np.mean(residual**2))), precision)
+                p = _gauss_bin(centers[block], fitted.predict(X[block]), sigma, precision)
+            bits_by_alpha[a] = mixed_bits(p)
+        if not last_block:
+            for a in grid:
+                history[a] += bits_by_alpha[a]
+        seen_probe_block = True
+        rows.append(dict(start=start, end=end, n_train=start, bits=bits_by_alpha[chosen],
+                         uniform_bits=(end - start) * per_row, prior_bits=prior, model="probe",
+                         alpha=chosen))  # fmt: skip
     blocks = pd.DataFrame(rows)
     online, uniform, prior = blocks.bits.sum(), blocks.uniform_bits.sum(), blocks.prior_bits.sum()
     return {
@@ -188,9 +222,14 @@ def _codelength(
         "prior_compression": float(uniform / prior),
         "n": len(y),
         "alphabet_size": alphabet,
-        "alpha": float(probe.alpha),
+        "alpha": float(blocks.alpha.dropna().iloc[-1]) if blocks.alpha.notna().any() else float("nan"),
+        "alphas": list(grid),
         "blocks": blocks,
     }
+
+
+def _alpha_grid_or_default(alpha: float | Sequence[float] | None) -> list[float]:
+    return _alpha_grid(DEFAULT_ALPHAS if alpha is None else alpha)
 
 
 def _gauss_bin(centers: np.ndarray, mean: np.ndarray, sigma: float, precision: float) -> np.ndarray:

@@ -25,3 +25,19 @@ def save_tiny_bert(folder: Path, cls: type = transformers.BertModel, seed: int =
     for name in TOKENIZER_FILES:
         shutil.copy(BUNDLED / name, folder / name)
     return model
+
+
+def corpus_texts(tokenizer, n_texts: int, n_tokens: int, seed: int = 0) -> list[str]:
+    """``n_texts`` texts from the built-in corpus that tokenise to about ``n_tokens`` tokens each (with [CLS] and
+    [SEP]; decoding and re-tokenising can shift a word piece or two)."""
+    from bertscope.experiments.corpus import generate_builtin
+
+    words = [w for s in generate_builtin(400, seed=seed) for w in s.words]
+    texts, at = [], 0
+    for _ in range(n_texts):
+        ids: list[int] = []
+        while len(ids) < n_tokens - 2:
+            ids += tokenizer(words[at % len(words)], add_special_tokens=False)["input_ids"]
+            at += 1
+        texts.append(tokenizer.decode(ids[: n_tokens - 2]))
+    return texts

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -154,7 +155,7 @@ def test_hook_glob_matching_nothing_is_one_line_status_2(
     args = ["capture", "--model", str(tiny_model_dir), "--hooks", "blocks.*.hook_nothing", "--out", str(tmp_path)]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "matches no hook point" in err and not list(tmp_path.iterdir())
+    assert err.count("\n") == 1 and "no hook point matches" in err and not list(tmp_path.iterdir())
 
 
 def test_bad_shard_size_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,9 +164,69 @@ def test_bad_shard_size_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[
     assert exc.value.code == 2 and "'lots' is not a number of bytes" in capsys.readouterr().err
 
 
-def test_parse_size_and_select_hooks() -> None:
-    names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "blocks.1.attn.hook_q"]
-    assert capture_mod.select_hooks(names, "blocks.*.hook_resid_post, embed.*") == names[:3]
-    assert capture_mod.select_hooks(names, ["blocks.1.*"]) == names[2:]
-    with pytest.raises(capture_mod.CaptureError, match="close names: blocks.0.hook_resid_post"):
-        capture_mod.select_hooks(names, "blocks.7.hook_resid_post")
+def test_select_hooks_uses_the_models_globbing(tiny_model_dir: Path) -> None:
+    model = models.load(tiny_model_dir)
+    names = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert capture_mod.select_hooks(model, "blocks.*.hook_resid_post, embed.hook_out") == names
+    assert capture_mod.select_hooks(model, ["blocks.1.hook_resid_po*"]) == names[2:]
+    assert capture_mod.select_hooks(model, "blocks.*.hook_resid_post") == model.select_hooks("blocks.*.hook_resid_post")
+    with pytest.raises(capture_mod.CaptureError, match="blocks.0.hook_resid_post"):  # close names offered
+        capture_mod.select_hooks(model, "blocks.7.hook_resid_post")
+    with pytest.raises(capture_mod.CaptureError, match="no hook given"):
+        capture_mod.select_hooks(model, " , ")
+
+
+def test_load_capture_gives_corpus_order_with_sentence_ids_as_tensors_or_a_table(reference: Path) -> None:
+    import bertscope
+
+    corpus = load_corpus("builtin", max_sentences=N_SENTENCES)
+    tensors, rows = bertscope.load_capture(reference)
+    key = list(zip(rows["sentence_index"], rows["position"], strict=True))
+    assert key == sorted(key) and rows["sentence_index"].iloc[0] == 0  # corpus order, then piece order
+    assert rows["sentence_id"].tolist() == [corpus[i].id for i in rows["sentence_index"]]
+    stored, stored_rows = capture_mod.load_capture(reference, order="shard")
+    assert stored_rows["sentence_index"].iloc[0] != 0  # as written: the longest sentence's batch first
+    # the same rows, reordered: every (sentence, position) keeps its activations
+    where = {k: i for i, k in enumerate(zip(stored_rows["sentence_index"], stored_rows["position"], strict=True))}
+    perm = torch.tensor([where[k] for k in key])
+    for name in tensors:
+        assert torch.equal(tensors[name], stored[name][perm])
+    only, _ = capture_mod.load_capture(reference, "blocks.*.hook_resid_post")
+    assert list(only) == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+
+    table = bertscope.load_capture(reference, "blocks.1.hook_resid_post", as_frame=True)
+    assert isinstance(table, pd.DataFrame) and len(table) == len(rows)
+    assert table[rows.columns].equals(rows)
+    matrix = torch.from_numpy(np.stack(table["blocks.1.hook_resid_post"].to_list()))
+    assert torch.equal(matrix, tensors["blocks.1.hook_resid_post"])
+    with pytest.raises(capture_mod.CaptureError, match="the capture holds"):
+        capture_mod.load_capture(reference, "blocks.*.hook_q")
+
+
+def test_rerun_of_a_complete_capture_says_so(
+    tiny_model_dir: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    before = shard_hashes(out), (out / "index.json").read_bytes()
+    capsys.readouterr()
+    assert cli.main(capture_args(tiny_model_dir, out)) == 0
+    said = capsys.readouterr().out
+    assert "already complete" in said and "captured" not in said and "--force" in said
+    assert (shard_hashes(out), (out / "index.json").read_bytes()) == before
+
+
+def test_max_length_too_small_is_one_line_status_2_nothing_written(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("Antidisestablishmentarianism is long.\nThe cat sat.\n")  # first word: many pieces
+    out = tmp_path / "out"
+    for max_length in ("3", "2"):
+        args = ["capture", "--model", str(tiny_model_dir), "--hooks", "embed.hook_out", "--corpus", str(corpus),
+                "--max-length", max_length, "--out", str(out)]  # fmt: skip
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("bertscope: error:"), err
+        assert "max_length" in err or "--max-length" in err, err
+        assert not out.exists()

@@ -13,6 +13,7 @@ from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
 from bertscope.experiments.heads.roles import assign_roles, role_summary
+from bertscope.probes.bootstrap import mean_of_groups, ratio_of_sums
 
 CLS, SEP, PAD, DOT, COMMA = 101, 102, 0, 1012, 1010
 HEADS = ("identity", "previous", "uniform", "to_sep", "next")
@@ -131,15 +132,6 @@ def test_norm_weighted_masses_follow_kobayashi():
         torch.testing.assert_close(same[f"norm_{name}"], same[f"mass_{name}"])
 
 
-def test_value_norms_are_norms_of_head_writes():
-    v = torch.randn(2, 3, 4, 5)
-    W_O = torch.randn(4, 5, 6)
-    expected = torch.stack([torch.linalg.vector_norm(v[:, :, h] @ W_O[h], dim=-1) for h in range(4)], dim=1)
-    torch.testing.assert_close(hs.value_norms(v, W_O), expected)
-    with pytest.raises(ValueError, match="W_O"):
-        hs.value_norms(v, torch.randn(3, 5, 6))
-
-
 def test_statistics_reject_bad_shapes():
     batch = planted_batch()
     with pytest.raises(ValueError, match="cls_mask"):
@@ -152,20 +144,6 @@ def test_statistics_reject_bad_shapes():
             batch["pattern"][..., :3], batch["mask"], cls_mask=batch["ids"] == CLS,
             sep_mask=batch["ids"] == SEP, punct_mask=batch["ids"] == DOT,
         )  # fmt: skip
-
-
-def test_bootstrap_mean_weights_sentences_equally_and_skips_undefined():
-    values = np.array([[1.0, np.nan], [3.0, 2.0], [5.0, 4.0]])
-    mean, low, high, n = hs.bootstrap_mean(values, n_boot=500, seed=0)
-    np.testing.assert_allclose(mean, [3.0, 3.0])
-    np.testing.assert_array_equal(n, [3, 2])
-    assert 1.0 <= low[0] < 3.0 < high[0] <= 5.0
-    constant = hs.bootstrap_mean(np.full((10, 2), 0.25), n_boot=200)
-    np.testing.assert_allclose(constant[1:3], 0.25)  # no spread, no interval
-    a = hs.bootstrap_mean(values, seed=3)
-    b = hs.bootstrap_mean(values, seed=3)
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
 
 
 # ------------------------------------------------------------------------------------------ tables and roles
@@ -381,8 +359,8 @@ def test_crossed_bootstrap_covers_order_variance():
     values = sentences + orders
     mean, low, high = hs.crossed_bootstrap_mean(values, n_boot=400, seed=0)
     assert mean.shape == (1,) and mean[0] == pytest.approx(values.mean())
-    sentence_only = hs.bootstrap_mean(values.mean(1), n_boot=400, seed=0)
-    assert (high - low)[0] > 3 * (sentence_only[2] - sentence_only[1])[0]  # order variance is in the interval
+    sentence_only, _ = mean_of_groups(values.mean(1), n_boot=400, seed=0)
+    assert (high - low)[0] > 3 * (sentence_only.high - sentence_only.low)[0]  # order variance is in the interval
 
 
 def test_heldout_top_reads_the_choice_of_the_other_half():
@@ -396,5 +374,7 @@ def test_heldout_top_reads_the_choice_of_the_other_half():
     assert (top["chosen_on_0"], top["chosen_on_1"]) == (0, 1)
     assert top["heldout_value"] == 0.0  # each half's winner is worthless on the other half
     assert top["value"] == 5.0  # the in-sample winner looks good
-    ratio = hs.bootstrap_ratio(np.array([[1.0], [3.0]]), np.array([2.0, 2.0]), n_boot=10)
-    assert ratio[0][0] == 1.0
+    ratio, low, high, se = hs.ratio_with_se(np.array([[1.0], [3.0]]), np.array([2.0, 2.0]), n_boot=200)
+    assert ratio[0] == 1.0 and low[0] < 1.0 < high[0] and se[0] > 0
+    reference = ratio_of_sums(np.array([[1.0], [3.0]]), np.array([[2.0], [2.0]]), n_boot=200)
+    np.testing.assert_allclose([low[0], high[0]], [reference.low[0], reference.high[0]])  # the shared replicates

@@ -1,9 +1,13 @@
 """Tokenisation with word alignment, length-sorted batching, and word-level views of piece-level tensors.
 
-Words are tokenised by the model's fast tokenizer (`is_split_into_words=True`, alignment from `word_ids`);
-sequences are assembled as `[CLS] a [SEP]` or, with `pair=True`, `[CLS] a [SEP] b [SEP]` (token types 0/1).
-Sequences longer than `max_length` are cut at a word boundary, counted in `Encoded.n_truncated`, and
-reported with a warning: never silently.
+Words are tokenised by the model's fast tokenizer (`is_split_into_words=True`, alignment from `word_ids`), so
+word boundaries are the corpus's words whatever the tokenizer marks them with (WordPiece `##` continuations,
+SentencePiece `▁` word starts, byte-level BPE `Ġ` spaces). Byte-level BPE without `add_prefix_space`
+(RoBERTa's default) would tokenise each word as if it began the text, without its `Ġ`; such words get their
+leading space, as in running text. Sequences follow the tokenizer's own special-token template, read from the
+tokenizer: `[CLS] a [SEP]` / `[CLS] a [SEP] b [SEP]` (token types 0/1) for BERT, `<s> a </s>` /
+`<s> a </s></s> b </s>` (token types all 0) for RoBERTa. Sequences longer than `max_length` are cut at a word
+boundary, counted in `Encoded.n_truncated`, and reported with a warning: never silently.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ class Batch:
     input_ids: torch.Tensor  # [batch, pos] long
     attention_mask: torch.Tensor  # [batch, pos] long: 1 real token, 0 padding
     token_type_ids: torch.Tensor  # [batch, pos] long: 0 segment a (and padding), 1 segment b
-    word_ids: torch.Tensor  # [batch, pos] long: word index, -1 for [CLS]/[SEP]/padding
-    special_mask: torch.Tensor  # [batch, pos] bool: True at [CLS]/[SEP]
+    word_ids: torch.Tensor  # [batch, pos] long: word index, -1 for special tokens ([CLS]/[SEP], <s>/</s>) and padding
+    special_mask: torch.Tensor  # [batch, pos] bool: True at the special tokens
     sentence_index: list[int]
     n_words: list[int]  # words present in the row (both segments in pair mode)
     truncated: list[bool]
@@ -73,7 +77,7 @@ def encode(corpus: Corpus | Sequence[Sentence], tokenizer, *, max_length: int = 
            pair: bool = False, sort_by_length: bool = True) -> Encoded:
     """Tokenise a corpus into padded batches with word alignment.
 
-    pair: put consecutive sentences (0, 1), (2, 3), ... in one sequence `[CLS] a [SEP] b [SEP]`; an odd
+    pair: put consecutive sentences (0, 1), (2, 3), ... in one sequence (`[CLS] a [SEP] b [SEP]` for BERT); an odd
         last sentence is left out, with a warning.
     sort_by_length: order sequences longest first before batching (less padding; the largest batch comes
         first, so memory problems show at once); `Batch.sentence_index` maps rows back to the corpus.
@@ -83,6 +87,7 @@ def encode(corpus: Corpus | Sequence[Sentence], tokenizer, *, max_length: int = 
     sentences = list(corpus)
     _check_arguments(tokenizer, sentences, max_length, batch_size, pair)
     pieces = _word_pieces(sentences, tokenizer)
+    template = special_template(tokenizer, pair)
     if pair:
         if len(sentences) % 2:
             warnings.warn(f"pair=True: the last sentence ({sentences[-1].id!r}) has no partner and is left out",
@@ -90,7 +95,7 @@ def encode(corpus: Corpus | Sequence[Sentence], tokenizer, *, max_length: int = 
         units = [(i, i + 1) for i in range(0, len(sentences) - 1, 2)]
     else:
         units = [(i,) for i in range(len(sentences))]
-    rows = [_assemble(tokenizer, [pieces[i] for i in unit], [sentences[i] for i in unit], max_length)
+    rows = [_assemble(template, [pieces[i] for i in unit], [sentences[i] for i in unit], max_length)
             for unit in units]
     order = list(range(len(rows)))
     if sort_by_length:
@@ -173,10 +178,9 @@ def _check_arguments(tokenizer, sentences: list[Sentence], max_length: int, batc
     if tokenizer is None or not getattr(tokenizer, "is_fast", False):
         raise CorpusError("encode needs a fast (Rust) tokenizer for word alignment, e.g. model.tokenizer or "
                           "transformers.AutoTokenizer.from_pretrained(path, use_fast=True)")
-    for name in ("cls_token_id", "sep_token_id", "pad_token_id"):
-        if getattr(tokenizer, name, None) is None:
-            raise CorpusError(f"the tokenizer has no {name}; encode builds BERT-style [CLS] ... [SEP] inputs")
-    minimum = 4 if pair else 3
+    if getattr(tokenizer, "pad_token_id", None) is None:
+        raise CorpusError("the tokenizer has no pad_token_id; encode pads batches with it")
+    minimum = tokenizer.num_special_tokens_to_add(pair=pair) + (2 if pair else 1)
     if not isinstance(max_length, int) or max_length < minimum:
         raise ValueError(f"max_length must be an integer >= {minimum} (special tokens plus one word piece"
                          f"{' per segment' if pair else ''}), got {max_length!r}")
@@ -189,10 +193,42 @@ def _check_arguments(tokenizer, sentences: list[Sentence], max_length: int, batc
         raise CorpusError(f"nothing to encode: {len(sentences)} sentence(s){' (pair=True needs 2)' if pair else ''}")
 
 
+def special_template(tokenizer, pair: bool) -> list[tuple[str, int, int]]:
+    """The tokenizer's sequence layout as ``(kind, value, token_type)`` items: ``("special", token_id, type)`` or
+    ``("segment", index, type)``; e.g. BERT pair: [CLS] a [SEP] b [SEP] with types 0 0 0 1 1. Read from the
+    tokenizer by encoding one-word segments, so it is whatever the tokenizer's post-processor builds."""
+    probe = [["a"], ["b"]] if pair else [["a"]]
+    enc = tokenizer(*probe, is_split_into_words=True, add_special_tokens=True, return_token_type_ids=True)
+    types = enc.get("token_type_ids") or [0] * len(enc["input_ids"])
+    items: list[tuple[str, int, int]] = []
+    for token, segment, kind in zip(enc["input_ids"], enc.sequence_ids(), types, strict=True):
+        if segment is None:
+            items.append(("special", token, kind))
+        elif not items or items[-1][:2] != ("segment", segment):
+            items.append(("segment", segment, kind))
+    if [v for k, v, _ in items if k == "segment"] != list(range(len(probe))):
+        raise CorpusError(f"cannot read the tokenizer's special-token template from {items}")
+    return items
+
+
+def _word_prefix(tokenizer) -> str:
+    """" " when the tokenizer drops a word's leading-space marker on pre-split words (byte-level BPE without
+    add_prefix_space: "cat" alone gives `cat`, inside a sentence `Ġcat`) and a leading space restores it; else ""."""
+    def last_word(words: list[str]) -> list[int]:
+        enc = tokenizer(words, is_split_into_words=True, add_special_tokens=False)
+        return [t for t, w in zip(enc["input_ids"], enc.word_ids(), strict=True) if w == len(words) - 1]
+
+    in_text = tokenizer(" cat", add_special_tokens=False)["input_ids"]
+    if last_word(["the", "cat"]) == in_text or last_word(["the", " cat"]) != in_text:
+        return ""
+    return " "
+
+
 def _word_pieces(sentences: list[Sentence], tokenizer) -> list[list[list[int]]]:
     """Piece ids per word per sentence; every word must give at least one piece."""
-    enc = tokenizer([list(s.words) for s in sentences], is_split_into_words=True, add_special_tokens=False,
-                    verbose=False)
+    prefix = _word_prefix(tokenizer)
+    enc = tokenizer([[prefix + w for w in s.words] for s in sentences], is_split_into_words=True,
+                    add_special_tokens=False, verbose=False)
     out = []
     for i, s in enumerate(sentences):
         words: list[list[int]] = [[] for _ in s.words]
@@ -207,29 +243,34 @@ def _word_pieces(sentences: list[Sentence], tokenizer) -> list[list[list[int]]]:
     return out
 
 
-def _assemble(tokenizer, segments: list[list[list[int]]], sentences: list[Sentence], max_length: int) -> dict:
-    """One sequence: [CLS] a [SEP] (b [SEP]); whole words dropped from the end of the longest segment until
-    it fits. Returns ids, types, wids (per position), n_words per segment, words dropped."""
+def _assemble(template: list[tuple[str, int, int]], segments: list[list[list[int]]], sentences: list[Sentence],
+              max_length: int) -> dict:
+    """One sequence laid out as the tokenizer's ``template`` (e.g. [CLS] a [SEP] (b [SEP])); whole words dropped
+    from the end of the longest segment until it fits. Returns ids, types, wids (per position), n_words per
+    segment, words dropped."""
     kept = [len(words) for words in segments]
     sizes = [[len(p) for p in words] for words in segments]
-    budget = max_length - 1 - len(segments)
+    budget = max_length - sum(kind == "special" for kind, _, _ in template)
     while sum(sum(s[:k]) for s, k in zip(sizes, kept, strict=True)) > budget:
         longest = max(range(len(segments)), key=lambda g: sum(sizes[g][: kept[g]]))
         kept[longest] -= 1
         if kept[longest] == 0:
             raise CorpusError(f"sentence {sentences[longest].id!r}: max_length={max_length} leaves no room for "
                               f"even its first word ({sizes[longest][0]} pieces); raise max_length")
-    ids, types, wids = [tokenizer.cls_token_id], [0], [-1]
-    offset = 0
-    for g, (words, k) in enumerate(zip(segments, kept, strict=True)):
-        for j, word_pieces in enumerate(words[:k]):
+    ids: list[int] = []
+    types: list[int] = []
+    wids: list[int] = []
+    first_word = [sum(kept[:g]) for g in range(len(segments))]
+    for kind, value, token_type in template:
+        if kind == "special":
+            ids.append(value)
+            wids.append(-1)
+            types.append(token_type)
+            continue
+        for j, word_pieces in enumerate(segments[value][: kept[value]]):
             ids += word_pieces
-            wids += [offset + j] * len(word_pieces)
-            types += [g] * len(word_pieces)
-        ids.append(tokenizer.sep_token_id)
-        wids.append(-1)
-        types.append(g)
-        offset += k
+            wids += [first_word[value] + j] * len(word_pieces)
+            types += [token_type] * len(word_pieces)
     return {"ids": ids, "types": types, "wids": wids, "kept": kept,
             "dropped": sum(len(words) for words in segments) - sum(kept)}
 

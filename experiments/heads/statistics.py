@@ -4,9 +4,10 @@ Every function takes one layer's attention pattern ``[batch, head, query, key]``
 ``[batch, pos]`` and returns one value per (sentence, head), so that each sentence can be weighted equally
 and bootstrapped over. Queries are all real (non-padding) tokens of a sentence, [CLS] and [SEP] included.
 
-Norm-weighted masses follow Kobayashi et al. (2020): the contribution of key ``j`` to query ``i`` is
-``||A[i, j] f(x_j)||`` with ``f(x_j) = v_j W_O[h]``; a norm-weighted mass is the share of a query's total
-contribution that comes from the keys of a category.
+The masses and the norm weighting (Kobayashi et al. 2020: ``||A[i, j] f(x_j)||`` with ``f(x_j) = v_j W_O[h]``)
+come from :mod:`bertscope.experiments.attention`; a norm-weighted mass is the share of a query's total
+contribution that comes from the keys of a category. Output names keep this experiment's public metric
+names (``mass_prev`` is ``attention.previous_mass`` averaged over real queries, ...).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 import einops
 import numpy as np
 import torch
+from bertscope.experiments import attention
+from bertscope.probes.bootstrap import mean_of_groups, percentile_interval, resample_counts
 
 # Scalar statistics, one value per (sentence, head). ``norm_*`` are the Kobayashi norm-weighted versions.
 MASS_METRICS = ("mass_cls", "mass_sep", "mass_punct", "mass_self", "mass_prev", "mass_next")
@@ -99,68 +102,11 @@ def attention_statistics(
     scalars["mean_distance"] = _mean_over_queries((p * distance).sum(-1), valid)
 
     if value_norms is not None:
-        weighted = p * value_norms.detach().to(p.dtype)[:, :, None, :]
-        weighted = weighted / weighted.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+        weighted = attention.norm_weighted(p, value_norms.detach())
         scalars.update(_masses(weighted, valid, cls_mask, sep_mask, punct_mask, prefix="norm_"))
 
     offset_fraction = _argmax_offset_fraction(p, valid, max_offset)
     return SentenceStats(scalars=scalars, offset_fraction=offset_fraction, max_offset=max_offset)
-
-
-def value_norms(v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
-    """Kobayashi norms ``||v_j W_O[h]||``.
-
-    Args:
-        v: ``[batch, pos, head, d_head]`` (``blocks.L.attn.hook_v``, bias included).
-        W_O: ``[head, d_head, d_model]``.
-
-    Returns:
-        ``[batch, head, pos]``.
-    """
-    if v.ndim != 4 or W_O.ndim != 3 or v.shape[2:] != W_O.shape[:2]:
-        raise ValueError(
-            f"value_norms needs v [batch, pos, head, d_head] and W_O [head, d_head, d_model] with matching "
-            f"head and d_head; got v {tuple(v.shape)} and W_O {tuple(W_O.shape)}"
-        )
-    dtype = torch.float64 if torch.float64 in (v.dtype, W_O.dtype) else torch.float32
-    f = torch.einsum("bphd,hdm->bhpm", v.detach().to(dtype), W_O.detach().to(device=v.device, dtype=dtype))
-    return torch.linalg.vector_norm(f, dim=-1)
-
-
-def bootstrap_mean(
-    values: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over sentences with a percentile bootstrap CI, resampling sentences (rows).
-
-    Args:
-        values: ``[sentence, ...]``; NaN marks a sentence where the statistic is undefined (it is left out).
-
-    Returns:
-        ``(mean, ci_low, ci_high, n)``, each shaped ``values.shape[1:]``; ``n`` counts the defined sentences.
-    """
-    x = np.asarray(values, dtype=np.float64)
-    if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError(f"bootstrap_mean needs at least one sentence (a [sentence, ...] array), got {x.shape}")
-    if not 0 < ci < 1:
-        raise ValueError(f"ci must be in (0, 1), got {ci}")
-    flat = x.reshape(x.shape[0], -1)
-    defined = ~np.isnan(flat)
-    filled = np.where(defined, flat, 0.0)
-    n = defined.sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = filled.sum(0) / n
-    rng = np.random.default_rng(seed)
-    s = flat.shape[0]
-    # Resampling with replacement = multinomial counts per sentence; means are then two matrix products.
-    counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)  # [boot, sentence]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boots = (counts @ filled) / (counts @ defined)
-    tail = (1.0 - ci) / 2.0
-    low, high = np.nanquantile(boots, [tail, 1.0 - tail], axis=0) if n_boot > 0 else (mean, mean)
-    low = np.where(n > 0, low, np.nan)
-    high = np.where(n > 0, high, np.nan)
-    shape = x.shape[1:]
-    return mean.reshape(shape), low.reshape(shape), high.reshape(shape), n.reshape(shape)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -207,18 +153,16 @@ def _masses(
     punct_mask: torch.Tensor,
     prefix: str,
 ) -> dict[str, torch.Tensor]:
-    """Mean mass to [CLS], [SEP], punctuation, self, previous and next token; each ``[batch, head]``."""
+    """Mean mass to [CLS], [SEP], punctuation, self, previous and next token; each ``[batch, head]``.
+
+    Queries: every real token; previous / next: the real queries whose neighbour is real.
+    """
     out = {}
     for name, keys in (("cls", cls_mask), ("sep", sep_mask), ("punct", punct_mask)):
-        to_keys = (p * keys.to(torch.bool)[:, None, None, :].to(p.dtype)).sum(-1)
-        out[prefix + name] = _mean_over_queries(to_keys, valid)
-    out[prefix + "self"] = _mean_over_queries(torch.diagonal(p, dim1=-2, dim2=-1), valid)
-    # Previous: A[i, i-1] for queries i >= 1 whose previous token is real; next: A[i, i+1] likewise.
-    both = valid[:, 1:] & valid[:, :-1]  # [batch, pos - 1]: pair (i-1, i) both real
-    prev = torch.diagonal(p, offset=-1, dim1=-2, dim2=-1)  # [batch, head, pos - 1], query i = 1..pos-1
-    nxt = torch.diagonal(p, offset=1, dim1=-2, dim2=-1)  # [batch, head, pos - 1], query i = 0..pos-2
-    out[prefix + "prev"] = _mean_over_queries(prev, both)
-    out[prefix + "next"] = _mean_over_queries(nxt, both)
+        out[prefix + name] = _mean_over_queries(attention.key_mass(p, keys.to(torch.bool)), valid)
+    out[prefix + "self"] = _mean_over_queries(attention.self_mass(p), valid)
+    out[prefix + "prev"] = _mean_over_queries(attention.previous_mass(p), attention.has_previous(valid))
+    out[prefix + "next"] = _mean_over_queries(attention.next_mass(p), attention.has_next(valid))
     return out
 
 
@@ -240,34 +184,37 @@ def _argmax_offset_fraction(p: torch.Tensor, valid: torch.Tensor, max_offset: in
     return hist / valid.sum(-1).to(p.dtype)[:, None, None]
 
 
-def bootstrap_ratio(
+def heldout_folds(n: int, seed: int) -> np.ndarray:
+    """Seeded split of ``n`` sentences into halves -> ``[n]`` fold 0/1 (selection on one, report on the other)."""
+    fold = np.zeros(n, dtype=np.int64)
+    fold[np.random.default_rng(seed).permutation(n)[: n // 2]] = 1
+    return fold
+
+
+def ratio_with_se(
     numerators: np.ndarray, denominators: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Ratio of sums over groups with a percentile bootstrap that resamples groups (e.g. sentences) whole.
+    """``probes.bootstrap.ratio_of_sums`` over groups plus the standard deviation of its replicates.
 
     Args:
         numerators: ``[group, k]`` per-group sums (e.g. hits per sentence).
         denominators: ``[group]`` per-group counts (e.g. arcs per sentence).
 
     Returns:
-        ``(ratio, ci_low, ci_high, se)``, each ``[k]``: ``sum(num) / sum(den)``, the percentile interval and
-        the standard deviation of the bootstrap replicates.
+        ``(ratio, ci_low, ci_high, se)``, each ``[k]``; the replicates are ``ratio_of_sums``'s (same counts from
+        ``resample_counts(groups, n_boot, seed)``), their standard deviation is the bootstrap standard error.
     """
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
     if num.ndim != 2 or den.shape != num.shape[:1] or len(den) == 0:
-        raise ValueError(f"bootstrap_ratio needs numerators [group, k] and denominators [group]; got {num.shape}, "
+        raise ValueError(f"ratio_with_se needs numerators [group, k] and denominators [group]; got {num.shape}, "
                          f"{den.shape}")  # fmt: skip
-    ratio = num.sum(0) / den.sum()
-    if n_boot <= 0:
-        return ratio, ratio.copy(), ratio.copy(), np.zeros_like(ratio)
-    g = len(den)
-    counts = np.random.default_rng(seed).multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(np.float64)
+    counts = resample_counts(len(den), n_boot, seed)  # [boot, group]
     with np.errstate(invalid="ignore", divide="ignore"):
-        boots = (counts @ num) / (counts @ den)[:, None]  # [boot, k]
-    tail = (1.0 - ci) / 2.0
-    low, high = np.nanquantile(boots, [tail, 1.0 - tail], axis=0)
-    return ratio, low, high, np.nanstd(boots, axis=0)
+        replicates = (counts @ num) / (counts @ den)[:, None]  # [boot, k]
+    low, high = percentile_interval(replicates, ci)
+    se = np.nanstd(replicates, axis=0) if n_boot else np.zeros(num.shape[1])
+    return num.sum(0) / den.sum(), low, high, se
 
 
 def crossed_bootstrap_mean(
@@ -276,6 +223,7 @@ def crossed_bootstrap_mean(
     """Mean over sentences AND orders of ``values [sentence, order, ...]``, with a bootstrap that resamples
     sentences and orders independently (so the interval covers both sources of variance).
 
+    Counts come from ``probes.bootstrap.resample_counts`` (sentences with ``seed``, orders with ``[seed, 1]``).
     Returns ``(mean, ci_low, ci_high)``, each shaped ``values.shape[2:]``.
     """
     x = np.asarray(values, dtype=np.float64)
@@ -284,14 +232,12 @@ def crossed_bootstrap_mean(
     s, o = x.shape[:2]
     flat = x.reshape(s, o, -1)
     mean = flat.mean((0, 1))
-    rng = np.random.default_rng(seed)
-    w_s = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) / s  # [boot, sentence]
-    w_o = rng.multinomial(o, np.full(o, 1.0 / o), size=n_boot) / o  # [boot, order]
-    boots = np.einsum("bs,sok,bo->bk", w_s, flat, w_o)
-    tail = (1.0 - ci) / 2.0
-    low, high = np.quantile(boots, [tail, 1.0 - tail], axis=0) if n_boot else (mean, mean)
+    w_s = resample_counts(s, n_boot, seed) / s  # [boot, sentence]
+    w_o = resample_counts(o, n_boot, [seed, 1]) / o  # [boot, order]
+    replicates = np.einsum("bs,sok,bo->bk", w_s, flat, w_o)
+    low, high = percentile_interval(replicates, ci)
     shape = x.shape[2:]
-    return mean.reshape(shape), np.reshape(low, shape), np.reshape(high, shape)
+    return mean.reshape(shape), low.reshape(shape), high.reshape(shape)
 
 
 def heldout_top(
@@ -306,20 +252,20 @@ def heldout_top(
     Returns:
         One dict per rank ``1..k``: ``rank, chosen_on_0, chosen_on_1`` (units chosen on each half),
         ``heldout_value, ci_low, ci_high, n`` (the mean over sentences of the value of the unit chosen on the
-        OTHER half; bootstrap over sentences, the choice held fixed), and the in-sample ``value`` of the unit
-        chosen on all sentences (``chosen_all``), for comparison.
+        OTHER half; ``probes.bootstrap.mean_of_groups`` over sentences, the choice held fixed), and the in-sample
+        ``value`` of the unit chosen on all sentences (``chosen_all``), for comparison.
     """
     x = np.asarray(values, dtype=np.float64)
     fold = np.asarray(fold)
     k = min(k, x.shape[1])
-    chosen = {f: np.argsort(-x[fold == f].mean(0), kind="stable")[:k] for f in (0, 1)}
+    chosen = np.stack([np.argsort(-x[fold == f].mean(0), kind="stable")[:k] for f in (0, 1)])  # [fold, rank]
     overall = np.argsort(-x.mean(0), kind="stable")[:k]
-    # sentence in half f is scored with the unit chosen on the other half
-    heldout = np.stack([x[i, chosen[1 - fold[i]]] for i in range(len(x))])  # [sentence, rank]
-    mean, low, high, n = bootstrap_mean(heldout, n_boot=n_boot, ci=ci, seed=seed)
+    # a sentence of half f is scored with the unit chosen on the other half
+    heldout = np.take_along_axis(x, chosen[1 - fold], axis=1)  # [sentence, rank]
+    out, n = mean_of_groups(heldout, n_boot=n_boot, level=ci, seed=seed)
     return [
         {"rank": r + 1, "chosen_on_0": int(chosen[0][r]), "chosen_on_1": int(chosen[1][r]),
-         "heldout_value": mean[r], "ci_low": low[r], "ci_high": high[r], "n": int(n[r]),
+         "heldout_value": out.value[r], "ci_low": out.low[r], "ci_high": out.high[r], "n": int(n[r]),
          "chosen_all": int(overall[r]), "value": x[:, overall[r]].mean()}
         for r in range(k)
     ]  # fmt: skip

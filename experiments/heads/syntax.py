@@ -262,16 +262,17 @@ def group_bootstrap_ratio(
     """Mean over rows of ``values [row, k]`` with a bootstrap over ``groups [row]`` (sentences) resampled whole.
 
     Returns ``(mean, ci_low, ci_high, se)``, each ``[k]``: the pooled mean (sum / rows) and the percentile
-    interval and standard deviation of its bootstrap replicates.
+    interval and standard deviation of its bootstrap replicates (``statistics.ratio_with_se``: the shared
+    ``probes.bootstrap`` counts).
     """
-    from bertscope.experiments.heads.statistics import bootstrap_ratio
+    from bertscope.experiments.heads.statistics import ratio_with_se
 
     _, inverse = np.unique(groups, return_inverse=True)
     n_groups = int(inverse.max()) + 1
     sums = np.zeros((n_groups, values.shape[1]))
     np.add.at(sums, inverse, values)
     rows = np.bincount(inverse, minlength=n_groups).astype(np.float64)
-    return bootstrap_ratio(sums, rows, n_boot=n_boot, ci=ci, seed=seed)
+    return ratio_with_se(sums, rows, n_boot=n_boot, ci=ci, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------- helpers

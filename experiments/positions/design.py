@@ -197,7 +197,7 @@ class ProbeDesign:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
-            res = mdl_probe(X, y, groups, seed=self.seed, alpha=alpha, control=control, n_blocks=self.s.mdl_blocks)
+            res = mdl_probe(X, y, groups, seed=self.seed, control=control, n_blocks=self.s.mdl_blocks)
         rows = []
         for control_name, d in (("none", res), ("control_task", res["control"])):
             for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):

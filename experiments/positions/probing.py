@@ -11,7 +11,7 @@ from bertscope.experiments.positions.measures import pair_features, table_pairs
 
 CLASS_METRICS = ("accuracy", "macro_f1", "accuracy_within_1", "mae")
 REGRESSION_METRICS = ("r2", "mae")
-TABLE_ALPHAS = (1e-6, 1e-4, 1e-2, 1.0, 100.0)
+TABLE_ALPHAS = (3e-9, 3e-7, 3e-5, 3e-3, 0.3)  # mean-loss L2 (the old summed-loss grid / ~341 training rows)
 
 
 def position_table_views(table: np.ndarray, n_components: int = 4) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -44,7 +44,7 @@ def table_probes(
     n_boot: int = 500,
     n_pairs: int = 3000,
     alphas: tuple[float, ...] = TABLE_ALPHAS,
-    pair_alphas: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0),
+    pair_alphas: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1),
     pair_folds: int = 3,
     seed: int = 0,
 ) -> pd.DataFrame:
