@@ -106,28 +106,41 @@ def ablation_effects(
             runs.append((TokenBatch(ids, *_rest(batch)), labels))
         with torch.no_grad():
             for inputs, labels in runs:
-                clean, resid = _clean_run(model, inputs)
-                clean_loss = _mlm_loss(model, clean, labels) if labels is not None else None
                 for mi, method in enumerate(methods):
-                    for layer in range(n_layers):
-                        keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
-                        for first in range(0, n_heads, per_pass):
-                            part = keep[first : first + per_pass]
-                            hidden = forward_with_heads(
-                                model, inputs, part, method=method, mean_z=mean_z, start=(layer, resid[layer])
-                            )
-                            heads = slice(first, first + len(part))
-                            if labels is None:
-                                hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
-                                change = output_change(clean, hidden, inputs.attention_mask)
-                                for k, name in enumerate(OUTPUT_MEASURES):
-                                    effects[:, mi, layer, heads, k] = change[name].T
-                            else:
-                                loss = _mlm_loss(model, hidden, labels.repeat(len(part), 1))
-                                loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
-                                effects[:, mi, layer, heads, -1] = loss - clean_loss[:, None]
+                    _method_effects(model, inputs, labels, method, mean_z, per_pass, effects[:, mi])
         out.append(effects.double())
     return torch.cat(out).numpy(), measures
+
+
+def _method_effects(
+    model: torch.nn.Module,
+    inputs: TokenBatch,
+    labels: torch.Tensor | None,
+    method: AblationMethod,
+    mean_z: torch.Tensor | None,
+    per_pass: int,
+    effects: torch.Tensor,
+) -> None:
+    """Fill ``effects [batch, layer, head, measure]`` for one method: output measures without ``labels``, the
+    masked-LM loss change (last measure) with them. Each layer's ablations restart from its clean residual."""
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    clean, resid = _clean_run(model, inputs)
+    clean_loss = _mlm_loss(model, clean, labels) if labels is not None else None
+    for layer in range(n_layers):
+        keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
+        for first in range(0, n_heads, per_pass):
+            part = keep[first : first + per_pass]
+            hidden = forward_with_heads(model, inputs, part, method=method, mean_z=mean_z, start=(layer, resid[layer]))
+            heads = slice(first, first + len(part))
+            if labels is None:
+                hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
+                change = output_change(clean, hidden, inputs.attention_mask)
+                for k, name in enumerate(OUTPUT_MEASURES):
+                    effects[:, layer, heads, k] = change[name].T
+            else:
+                loss = _mlm_loss(model, hidden, labels.repeat(len(part), 1))
+                loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
+                effects[:, layer, heads, -1] = loss - clean_loss[:, None]
 
 
 def forward_with_heads(

@@ -79,33 +79,14 @@ def assign_roles(
     for rec in head_stats.sort_values(["layer", "head"]).to_dict("records"):
         key = (int(rec["layer"]), int(rec["head"]))
         for rule in rules:
-            detail = ""
-            if rule.statistic == "syntax_gain":
-                rel_gains = gains.get(key, {})
-                value = max((g for g, _, _ in rel_gains.values()), default=np.nan)
-                passing = {r: g for r, (g, low, ok) in rel_gains.items() if ok and low > rule.threshold}
-                detail = ",".join(sorted(passing, key=lambda r: -passing[r]))
-                assigned = bool(passing)
-            else:
-                value = float(rec[rule.statistic])
-                if rule.role == "positional":
-                    detail = f"offset {int(rec['top_offset']):+d}"
-                assigned = bool(np.isfinite(value) and value >= rule.threshold)
-            rows.append(
-                {
-                    "layer": key[0],
-                    "head": key[1],
-                    "role": rule.role,
-                    "statistic": rule.statistic,
-                    "value": value,
-                    "threshold": rule.threshold,
-                    "assigned": assigned,
-                    "detail": detail if assigned else "",
-                    "meaning": rule.meaning
-                    + (f" on a relation with >= {min_arcs} arcs" if rule.statistic == "syntax_gain" else ""),
-                    "selection": "held-out" if rule.statistic == "syntax_gain" else "fixed threshold, all sentences",
-                }
-            )
+            value, assigned, detail = _apply_rule(rule, rec, gains.get(key, {}))
+            rows.append({
+                "layer": key[0], "head": key[1], "role": rule.role, "statistic": rule.statistic, "value": value,
+                "threshold": rule.threshold, "assigned": assigned, "detail": detail if assigned else "",
+                "meaning": rule.meaning
+                + (f" on a relation with >= {min_arcs} arcs" if rule.statistic == "syntax_gain" else ""),
+                "selection": "held-out" if rule.statistic == "syntax_gain" else "fixed threshold, all sentences",
+            })  # fmt: skip
     table = pd.DataFrame(rows)
     primary = (
         table[table["assigned"]].groupby(["layer", "head"], sort=False)["role"].first().rename("primary_role")
@@ -113,6 +94,19 @@ def assign_roles(
     table = table.join(primary, on=["layer", "head"])
     table["primary_role"] = table["primary_role"].fillna(NO_ROLE)
     return table
+
+
+def _apply_rule(
+    rule: RoleRule, rec: dict, rel_gains: dict[str, tuple[float, float, bool]]
+) -> tuple[float, bool, str]:
+    """``(value, assigned, detail)`` of one rule for one head (``rec``: its row of ``head_stats``)."""
+    if rule.statistic == "syntax_gain":
+        value = max((g for g, _, _ in rel_gains.values()), default=np.nan)
+        passing = {r: g for r, (g, low, ok) in rel_gains.items() if ok and low > rule.threshold}
+        return value, bool(passing), ",".join(sorted(passing, key=lambda r: -passing[r]))
+    value = float(rec[rule.statistic])
+    detail = f"offset {int(rec['top_offset']):+d}" if rule.role == "positional" else ""
+    return value, bool(np.isfinite(value) and value >= rule.threshold), detail
 
 
 def role_summary(roles: pd.DataFrame) -> pd.DataFrame:

@@ -196,48 +196,18 @@ def heldout_head_gains(
     Returns a long table ``layer, head, relation, n, n_sentences, heldout_accuracy, heldout_baseline_accuracy,
     heldout_gain, ci_low, ci_high, se, p_value, selection``.
     """
-    from scipy.stats import norm
-
     folds = _sentence_folds(hits.sentences, seed)
-    _, n_layers, n_heads, _ = hits.head_hits.shape
     frames = []
     for rel, sel in _relation_groups(hits):
         if rel == ALL_RELATIONS or rel in exclude or sel.sum() < min_arcs:
             continue
-        head_hits, offset_hits, fold = hits.head_hits[sel], hits.offset_hits[sel], folds[sel]
-        chosen = np.zeros(head_hits.shape[:3], dtype=np.float64)  # [arc, layer, head]
-        base = np.zeros(len(fold), dtype=np.float64)
-        scored = np.zeros(len(fold), dtype=bool)
-        for f in (0, 1):
-            train, test = fold != f, fold == f
-            if not (train.any() and test.any()):
-                continue
-            direction = head_hits[train].mean(0).argmax(-1)  # [layer, head]; ties: dep->head
-            picked = np.take_along_axis(head_hits[test], direction[None, ..., None], -1)[..., 0]
-            chosen[test] = picked
-            base[test] = offset_hits[test, int(np.argmax(offset_hits[train].mean(0)))]
-            scored |= test
-        if not scored.any():
-            continue
-        sent = hits.sentences[sel][scored]
-        flat = chosen[scored].reshape(int(scored.sum()), -1)  # [arc, layer*head]
-        diff = flat - base[scored, None]
-        values = np.concatenate([flat, base[scored, None], diff], axis=1)
-        mean, low, high, se = group_bootstrap_ratio(values, sent, n_boot=n_boot, ci=ci, seed=seed)
-        k = n_layers * n_heads
-        gain, gain_se = mean[k + 1 :], se[k + 1 :]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = (gain - threshold) / gain_se
-        p = np.where(gain_se > 0, norm.sf(z), np.where(gain > threshold, 0.0, 1.0))
-        layer, head = np.divmod(np.arange(k), n_heads)
-        frames.append(pd.DataFrame({
-            "layer": layer, "head": head, "relation": rel, "n": int(scored.sum()),
-            "n_sentences": len(np.unique(sent)), "heldout_accuracy": mean[:k], "heldout_baseline_accuracy": mean[k],
-            "heldout_gain": gain, "ci_low": low[k + 1 :], "ci_high": high[k + 1 :], "se": gain_se, "p_value": p,
-        }))  # fmt: skip
+        frame = _relation_gains(hits.head_hits[sel], hits.offset_hits[sel], folds[sel], hits.sentences[sel],
+                                threshold=threshold, n_boot=n_boot, ci=ci, seed=seed)  # fmt: skip
+        if frame is not None:
+            frames.append(frame.assign(relation=rel))
     columns = ["layer", "head", "relation", "n", "n_sentences", "heldout_accuracy", "heldout_baseline_accuracy",
                "heldout_gain", "ci_low", "ci_high", "se", "p_value"]  # fmt: skip
-    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    out = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
     out["selection"] = "held-out"
     return out
 
@@ -325,6 +295,52 @@ def _sentence_folds(sentences: np.ndarray, seed: int) -> np.ndarray:
     order = np.random.default_rng(seed).permutation(len(unique))
     fold_of = dict(zip(unique[order].tolist(), (np.arange(len(unique)) % 2).tolist(), strict=True))
     return np.asarray([fold_of[s] for s in sentences.tolist()], dtype=np.int64)
+
+
+def _relation_gains(
+    head_hits: np.ndarray,
+    offset_hits: np.ndarray,
+    fold: np.ndarray,
+    sentences: np.ndarray,
+    *,
+    threshold: float,
+    n_boot: int,
+    ci: float,
+    seed: int,
+) -> pd.DataFrame | None:
+    """Held-out gain of every head on one relation's arcs (``head_hits [arc, layer, head, dir]``, ``offset_hits
+    [arc, offset]``, ``fold`` and ``sentences [arc]``); None when neither half can be scored."""
+    from scipy.stats import norm
+
+    _, n_layers, n_heads, _ = head_hits.shape
+    chosen = np.zeros(head_hits.shape[:3], dtype=np.float64)  # [arc, layer, head]
+    base = np.zeros(len(fold), dtype=np.float64)
+    scored = np.zeros(len(fold), dtype=bool)
+    for f in (0, 1):
+        train, test = fold != f, fold == f
+        if not (train.any() and test.any()):
+            continue
+        direction = head_hits[train].mean(0).argmax(-1)  # [layer, head]; ties: dep->head
+        chosen[test] = np.take_along_axis(head_hits[test], direction[None, ..., None], -1)[..., 0]
+        base[test] = offset_hits[test, int(np.argmax(offset_hits[train].mean(0)))]
+        scored |= test
+    if not scored.any():
+        return None
+    sent = sentences[scored]
+    flat = chosen[scored].reshape(int(scored.sum()), -1)  # [arc, layer*head]
+    values = np.concatenate([flat, base[scored, None], flat - base[scored, None]], axis=1)
+    mean, low, high, se = group_bootstrap_ratio(values, sent, n_boot=n_boot, ci=ci, seed=seed)
+    k = n_layers * n_heads
+    gain, gain_se = mean[k + 1 :], se[k + 1 :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (gain - threshold) / gain_se
+    p = np.where(gain_se > 0, norm.sf(z), np.where(gain > threshold, 0.0, 1.0))
+    layer, head = np.divmod(np.arange(k), n_heads)
+    return pd.DataFrame({
+        "layer": layer, "head": head, "n": int(scored.sum()), "n_sentences": len(np.unique(sent)),
+        "heldout_accuracy": mean[:k], "heldout_baseline_accuracy": mean[k], "heldout_gain": gain,
+        "ci_low": low[k + 1 :], "ci_high": high[k + 1 :], "se": gain_se, "p_value": p,
+    })  # fmt: skip
 
 
 def _relation_row(
