@@ -90,3 +90,30 @@ def test_corpus_without_gold_trees_skips_syntax(tiny, tmp_path, monkeypatch):
     roles = pd.read_csv(out / "roles.csv")
     assert not roles.query("role == 'syntactic'")["assigned"].any()
     assert (out / "fig_heatmaps.png").exists() and (out / "fig_pruning.png").exists()
+
+
+def test_pruning_pass_reads_each_half_with_the_order_chosen_on_the_other(tiny):
+    """importance_pass's batched, half-by-half pruning equals pruning_curve with each order on every sentence."""
+    from bertscope.experiments.heads import passes, pruning
+    from bertscope.experiments.heads import statistics as hs
+
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=10)
+    batches = list(corpus_mod.encode(corpus, tiny.tokenizer, batch_size=4).batches)
+    settings = heads_experiment.Settings(pruning_points=4, pruning_random_orders=3, methods=("zero",))
+    out = passes.importance_pass(tiny, batches, settings, seed=1, rng=np.random.default_rng(5))
+    order = np.concatenate([b.sentence_index for b in batches])
+    inverse = np.argsort(order)
+    counts = out["pruning_counts"].tolist()
+    n_heads = tiny.config.n_heads
+    fold = hs.heldout_folds(len(corpus), 1)
+    ablation = out["effects"][:, 0, :, :, 1]  # zero, pooled_cos
+    for f in (0, 1):
+        chosen = np.argsort(ablation[fold != f].mean(0).ravel(), kind="stable")
+        full = pruning.pruning_curve(tiny, batches, [divmod(int(i), n_heads) for i in chosen], counts)[inverse]
+        o = out["pruning_orders"].tolist().index("ablation (zero), least important first")
+        np.testing.assert_allclose(out["pruning"][fold == f, o], full[fold == f], atol=1e-5)
+    rng = np.random.default_rng(5)
+    for r in range(3):
+        flat = rng.permutation(tiny.config.n_layers * n_heads)
+        full = pruning.pruning_curve(tiny, batches, [divmod(int(i), n_heads) for i in flat], counts)[inverse]
+        np.testing.assert_allclose(out["pruning_random"][:, r], full, atol=1e-5)

@@ -178,10 +178,10 @@ def _pruning(
     rng: np.random.Generator,
     inverse: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """Pruning curves of the held-out importance orders and of the random orders, all masks in one batched run.
+    """Pruning curves of the held-out importance orders and of the random orders (batched masks, ``pruning``).
 
     An importance order is chosen on one half of the sentences (``statistics.heldout_folds``) and its curve read
-    on the other half, both ways round; the random orders are read on every sentence.
+    on the other half, both ways round (so it runs on that half only); the random orders run on every sentence.
     """
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     total = n_layers * n_heads
@@ -199,16 +199,30 @@ def _pruning(
     flat_orders += [rng.permutation(total) for _ in range(settings.pruning_random_orders)]
     keep = pruning.pruning_keeps([[divmod(int(i), n_heads) for i in o] for o in flat_orders], counts, n_layers,
                                  n_heads)  # fmt: skip
-    curves = pruning.pruning_curves(model, batches, keep)[inverse]  # [sentence, order, count, measure]
     n_chosen = 2 * len(names)
-    chosen = curves[:, :n_chosen].reshape(len(curves), len(names), 2, *curves.shape[2:])
-    heldout = np.where(fold[:, None, None, None] == 0, chosen[:, :, 0], chosen[:, :, 1])  # read on the other half
+    random = pruning.pruning_curves(model, batches, keep[n_chosen:])[inverse]  # [sentence, order, count, measure]
+    heldout = np.zeros((len(effects), len(names), *random.shape[2:]))
+    for f in (0, 1):  # the orders chosen without half f (keep[f::2]) are read on half f only
+        rows = [fold[np.asarray(b.sentence_index)] == f for b in batches]
+        sub = [_rows(b, r) for b, r in zip(batches, rows, strict=True) if r.any()]
+        index = np.concatenate([np.asarray(b.sentence_index)[r] for b, r in zip(batches, rows, strict=True)])
+        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2])
     return {
         "pruning": heldout,  # [sentence, order, count, measure]
         "pruning_orders": np.asarray(names, dtype=str),
-        "pruning_random": curves[:, n_chosen:],  # [sentence, random order, count, measure]
+        "pruning_random": random,  # [sentence, random order, count, measure]
         "pruning_counts": np.asarray(counts),
     }
+
+
+def _rows(batch: Any, rows: np.ndarray) -> imp.TokenBatch:
+    """The sentences ``rows [batch]`` (bool) of a batch, trailing all-padding positions dropped."""
+    keep = torch.as_tensor(rows)
+    width = int(batch.attention_mask[keep].sum(-1).max())  # right padding: positions past the longest are padding
+    cut = [None if t is None else t[keep][:, :width] for t in (batch.input_ids, batch.attention_mask,
+                                                               batch.token_type_ids,
+                                                               getattr(batch, "special_mask", None))]  # fmt: skip
+    return imp.TokenBatch(*cut)
 
 
 def punctuation_ids(tokenizer: Any) -> list[int]:
