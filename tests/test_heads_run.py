@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -46,10 +48,27 @@ def test_experiment_writes_every_table_and_figure(tiny, tmp_path, monkeypatch):
     distances = pd.read_parquet(out / "distances.parquet")
     assert len(distances) == 8 * 8
     assert (distances.query("layer_a == layer_b and head_a == head_b")["distance"] == 0).all()
+    assert (syntax["selection"] == "held-out").all() and "punct" not in set(syntax["relation"])
+    log = json.loads((out / "manifest.json").read_text())["log"]
+    # 12 sentences: relations under Settings.syntax_min_arcs are named, and roles come with a warning
+    skipped = next(m for m in log if "left out of syntax.csv" in m)
+    assert "Settings.syntax_min_arcs" in skipped and "(1)" in skipped
+    assert any("roles assigned from only 12 sentences" in m for m in log)
     pruning = pd.read_csv(out / "pruning.csv")
     assert (pruning.query("n_removed == 0")["value"].abs() < 1e-6).all()
+    random = pruning[pruning["order"] == "random (mean of 20 orders)"]
+    assert len(random) and (random["interval_covers"] == "sentences x 20 orders").all()
+    assert (pruning.loc[pruning["order"] != random["order"].iloc[0], "selection"] == "held-out").all()
+    top = pd.read_csv(out / "top_heads.csv")
+    assert (top["selection"] == "held-out").all() and list(top["rank"][:5]) == [1, 2, 3, 4, 5]
     figures = sorted(p.name for p in out.glob("fig_*.png"))
     assert len(figures) == 8
+    assert {p.removesuffix(".png") for p in figures} <= set(heads.CAPTIONS)  # a caption for every figure
+    found = heads.findings(out)
+    specialisation = [f for f in found if f.claim == "specialisation"]
+    assert len(specialisation) == 1 and specialisation[0].numbers
+    for f in found:  # every number the sentence relies on comes from the tables, formatted in
+        assert any(f"{v:.2f}" in f.text or f"{v:.3f}" in f.text or f"{int(v)}" in f.text for v in f.numbers.values())
     for p in out.glob("fig_*"):
         p.unlink()
     redrawn = heads.plot(out)  # from the saved tables alone
@@ -71,3 +90,30 @@ def test_corpus_without_gold_trees_skips_syntax(tiny, tmp_path, monkeypatch):
     roles = pd.read_csv(out / "roles.csv")
     assert not roles.query("role == 'syntactic'")["assigned"].any()
     assert (out / "fig_heatmaps.png").exists() and (out / "fig_pruning.png").exists()
+
+
+def test_pruning_pass_reads_each_half_with_the_order_chosen_on_the_other(tiny):
+    """importance_pass's batched, half-by-half pruning equals pruning_curve with each order on every sentence."""
+    from bertscope.experiments.heads import passes, pruning
+    from bertscope.experiments.heads import statistics as hs
+
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=10)
+    batches = list(corpus_mod.encode(corpus, tiny.tokenizer, batch_size=4).batches)
+    settings = heads_experiment.Settings(pruning_points=4, pruning_random_orders=3, methods=("zero",))
+    out = passes.importance_pass(tiny, batches, settings, seed=1, rng=np.random.default_rng(5))
+    order = np.concatenate([b.sentence_index for b in batches])
+    inverse = np.argsort(order)
+    counts = out["pruning_counts"].tolist()
+    n_heads = tiny.config.n_heads
+    fold = hs.heldout_folds(len(corpus), 1)
+    ablation = out["effects"][:, 0, :, :, 1]  # zero, pooled_cos
+    for f in (0, 1):
+        chosen = np.argsort(ablation[fold != f].mean(0).ravel(), kind="stable")
+        full = pruning.pruning_curve(tiny, batches, [divmod(int(i), n_heads) for i in chosen], counts)[inverse]
+        o = out["pruning_orders"].tolist().index("ablation (zero), least important first")
+        np.testing.assert_allclose(out["pruning"][fold == f, o], full[fold == f], atol=1e-5)
+    rng = np.random.default_rng(5)
+    for r in range(3):
+        flat = rng.permutation(tiny.config.n_layers * n_heads)
+        full = pruning.pruning_curve(tiny, batches, [divmod(int(i), n_heads) for i in flat], counts)[inverse]
+        np.testing.assert_allclose(out["pruning_random"][:, r], full, atol=1e-5)

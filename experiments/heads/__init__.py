@@ -4,9 +4,11 @@ The package exposes what :class:`bertscope.experiments.registry.Experiment` asks
 ``experiment`` (Settings, run: the one place that sees the run context), ``passes`` (the model passes on
 plain arguments), ``statistics`` (per-sentence
 attention statistics), ``syntax`` (head-by-relation accuracy), ``importance`` (ablation, gradients, pruning),
-``similarity`` (head distances, MDS), ``roles`` (rule-based head roles), ``plots`` (figures from the tables).
+``similarity`` (head distances, MDS), ``roles`` (rule-based head roles), ``plots`` (figures from the tables),
+``findings`` (the report's sentences and figure captions, from the saved tables).
 """
 
 from bertscope.experiments.heads.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.heads.findings import CAPTIONS, findings
 
-__all__ = ["DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -17,14 +17,7 @@ Many ablations run in one forward pass: the batch is replicated ``C`` times and 
 according to ``keep[c, layer, head]``; single-head ablations start from the clean residual stream at the
 ablated layer, since earlier blocks are unchanged.
 
-Gradient importance (Michel et al. 2019) is ``E_x |dL(x)/dg_h|`` for a gate ``g_h`` multiplying ``z_h``,
-taken per example (each example gets its own gates, so one backward pass yields per-example gradients).
-``L`` is the masked-LM loss when the model has an MLM head. Otherwise, for a sentence encoder without one,
-``L = <r, u>`` with ``u`` the unit-normalised mean-pooled embedding and ``r ~ N(0, I)`` a fixed random
-direction per example (several per example): since ``E_r |<r, J>| = sqrt(2 / pi) ||J||``, the importance is
-proportional to the norm of the first-order change of the embedding's direction when the head is scaled, a
-first-order (Taylor) estimate of the ``pooled_cos`` ablation effect. The distance from the clean embedding
-itself would be useless here: it is minimal at ``g = 1``, so its gradient there is zero.
+Gradient importance (Michel et al. 2019) lives in ``gradients``, pruning curves in ``pruning``.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import einops
 import numpy as np
@@ -45,13 +38,6 @@ METHOD_DESCRIPTIONS = {
     "zero": "z_h = 0 at every position (the head writes nothing; same as zeroing its W_O slice)",
     "mean": "z_h = its mean over the real tokens of the evaluation sentences",
     "uniform": "the head attends uniformly to the real keys: z_h[q] = mean_k v_h[k]",
-}
-OBJECTIVE_DESCRIPTIONS = {
-    "mlm": "masked-LM loss (15% of word pieces masked, seeded)",
-    "projection": (
-        "no MLM head: L = <r, u> with u the unit mean-pooled embedding and r ~ N(0, I) fixed per sentence "
-        "and projection; E|dL/dg_h| is proportional to the norm of the first-order change of u"
-    ),
 }
 OUTPUT_MEASURES = ("hidden_cos", "pooled_cos")
 MLM_MEASURE = "mlm_loss_change"
@@ -120,147 +106,41 @@ def ablation_effects(
             runs.append((TokenBatch(ids, *_rest(batch)), labels))
         with torch.no_grad():
             for inputs, labels in runs:
-                clean, resid = _clean_run(model, inputs)
-                clean_loss = _mlm_loss(model, clean, labels) if labels is not None else None
                 for mi, method in enumerate(methods):
-                    for layer in range(n_layers):
-                        keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
-                        for first in range(0, n_heads, per_pass):
-                            part = keep[first : first + per_pass]
-                            hidden = forward_with_heads(
-                                model, inputs, part, method=method, mean_z=mean_z, start=(layer, resid[layer])
-                            )
-                            heads = slice(first, first + len(part))
-                            if labels is None:
-                                hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
-                                change = output_change(clean, hidden, inputs.attention_mask)
-                                for k, name in enumerate(OUTPUT_MEASURES):
-                                    effects[:, mi, layer, heads, k] = change[name].T
-                            else:
-                                loss = _mlm_loss(model, hidden, labels.repeat(len(part), 1))
-                                loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
-                                effects[:, mi, layer, heads, -1] = loss - clean_loss[:, None]
+                    _method_effects(model, inputs, labels, method, mean_z, per_pass, effects[:, mi])
         out.append(effects.double())
     return torch.cat(out).numpy(), measures
 
 
-def gradient_importance(
+def _method_effects(
     model: torch.nn.Module,
-    batches: Iterable[Any],
-    *,
-    objective: Literal["auto", "mlm", "projection"] = "auto",
-    n_projections: int = 4,
-    mlm_mask_prob: float = 0.15,
-    seed: int = 0,
-) -> tuple[np.ndarray, str]:
-    """Per-sentence ``|dL/dg_h|`` at ``g = 1`` (Michel et al. 2019), averaged over random projections.
-
-    Args:
-        objective: ``mlm`` (needs an MLM head), ``projection`` (see the module docstring) or ``auto`` (MLM
-            when the model has a head for it, else projection).
-        n_projections: random directions per sentence for the projection objective.
-
-    Returns:
-        ``(importance [sentence, layer, head] float64, objective name)``.
-    """
-    _check_eval(model)
-    if objective == "auto":
-        objective = "mlm" if has_mlm_head(model) else "projection"
-    if objective == "mlm" and not has_mlm_head(model):
-        raise ValueError("objective='mlm' needs a model with a masked-LM head; use objective='projection'")
-    if objective not in ("mlm", "projection"):
-        raise ValueError(f"objective must be 'auto', 'mlm' or 'projection', got {objective!r}")
+    inputs: TokenBatch,
+    labels: torch.Tensor | None,
+    method: AblationMethod,
+    mean_z: torch.Tensor | None,
+    per_pass: int,
+    effects: torch.Tensor,
+) -> None:
+    """Fill ``effects [batch, layer, head, measure]`` for one method: output measures without ``labels``, the
+    masked-LM loss change (last measure) with them. Each layer's ablations restart from its clean residual."""
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    generator = torch.Generator().manual_seed(seed)
-    copies = n_projections if objective == "projection" else 1
-    out = []
-    for raw in batches:
-        batch = TokenBatch.of(raw)
-        b = batch.input_ids.shape[0]
-        labels = None
-        if objective == "mlm":
-            ids, labels = _mlm_inputs(model, batch, mlm_mask_prob, generator)
-            batch = TokenBatch(ids, *_rest(batch))
-            projections = None
-        else:
-            projections = torch.randn(copies * b, model.config.d_model, generator=generator)
-        rep = _replicate(batch, copies)
-        gates = torch.ones(copies * b, n_layers, n_heads, device=_device(model), dtype=_dtype(model))
-        gates.requires_grad_(True)
-        loss = gate_objective(model, rep, gates, projections=projections, mlm_labels=labels)
-        (grad,) = torch.autograd.grad(loss.sum(), gates)
-        grad = einops.reduce(grad.abs().double(), "(k b) l h -> b l h", "mean", k=copies)
-        out.append(grad.cpu())
-    return torch.cat(out).numpy(), objective
-
-
-def gate_objective(
-    model: torch.nn.Module,
-    batch: TokenBatch,
-    gates: torch.Tensor,
-    *,
-    projections: torch.Tensor | None = None,
-    mlm_labels: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-example objective with head outputs scaled by gates: ``z[b, :, h] *= gates[b, layer, h]``.
-
-    Args:
-        batch: inputs ``[batch, pos]``.
-        gates: ``[batch, layer, head]`` (requires grad for importance).
-        projections: ``[batch, d_model]`` random directions -> ``L_b = <r_b, u_b>``, ``u_b`` the unit
-            mean-pooled embedding.
-        mlm_labels: ``[batch, pos]`` token ids at masked positions, -100 elsewhere -> masked-LM loss.
-
-    Returns:
-        ``[batch]``.
-    """
-    if (projections is None) == (mlm_labels is None):
-        raise ValueError("gate_objective needs exactly one of projections or mlm_labels")
-    hooks = []
-    for layer in range(model.config.n_layers):
-        g = einops.rearrange(gates[:, layer], "b h -> b 1 h 1")
-        hooks.append((f"blocks.{layer}.attn.hook_z", lambda z, hook, g=g: z * g.to(z.dtype)))
-    with model.hooks(hooks):
-        hidden = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-    if mlm_labels is not None:
-        return _mlm_loss(model, hidden, mlm_labels)
-    pooled = F.normalize(mean_pool(hidden, batch.attention_mask).double(), dim=-1)
-    return (pooled * projections.to(pooled)).sum(-1)
-
-
-def pruning_curve(
-    model: torch.nn.Module,
-    batches: Iterable[Any],
-    order: Sequence[tuple[int, int]],
-    counts: Sequence[int],
-) -> np.ndarray:
-    """Output change when the first ``k`` heads of ``order`` are zero-ablated together, for each ``k``.
-
-    Args:
-        order: ``(layer, head)`` pairs, removed cumulatively in this order.
-        counts: numbers of heads removed (``0 <= k <= len(order)``).
-
-    Returns:
-        ``[sentence, count, measure]`` float64 with measures ``OUTPUT_MEASURES``.
-    """
-    _check_eval(model)
-    n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    if any(not 0 <= k <= len(order) for k in counts):
-        raise ValueError(f"counts must lie in 0..{len(order)} (the length of order), got {list(counts)}")
-    keep = torch.ones(len(counts), n_layers, n_heads)
-    for c, k in enumerate(counts):
-        for layer, head in order[:k]:
-            keep[c, layer, head] = 0.0
-    out = []
-    for raw in batches:
-        batch = TokenBatch.of(raw)
-        with torch.no_grad():
-            clean = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-            hidden = forward_with_heads(model, batch, keep, method="zero")
-        hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(counts))
-        change = output_change(clean, hidden, batch.attention_mask)
-        out.append(torch.stack([change[m].T for m in OUTPUT_MEASURES], dim=-1).double())  # [b, count, measure]
-    return torch.cat(out).numpy()
+    clean, resid = _clean_run(model, inputs)
+    clean_loss = _mlm_loss(model, clean, labels) if labels is not None else None
+    for layer in range(n_layers):
+        keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
+        for first in range(0, n_heads, per_pass):
+            part = keep[first : first + per_pass]
+            hidden = forward_with_heads(model, inputs, part, method=method, mean_z=mean_z, start=(layer, resid[layer]))
+            heads = slice(first, first + len(part))
+            if labels is None:
+                hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
+                change = output_change(clean, hidden, inputs.attention_mask)
+                for k, name in enumerate(OUTPUT_MEASURES):
+                    effects[:, layer, heads, k] = change[name].T
+            else:
+                loss = _mlm_loss(model, hidden, labels.repeat(len(part), 1))
+                loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
+                effects[:, layer, heads, -1] = loss - clean_loss[:, None]
 
 
 def forward_with_heads(

@@ -14,7 +14,9 @@ import einops
 import numpy as np
 import torch
 from bertscope.experiments import attention
+from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
+from bertscope.experiments.heads import pruning
 from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
@@ -70,7 +72,7 @@ def attention_pass(
                 out["distances"][si] = sim.head_distances(
                     einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
                 ).numpy()
-            hits = _arc_hits(patterns[:, b], batch, b, corpus[si], si)
+            hits = _arc_hits(patterns[:, b], batch, b, corpus[si], si, settings.collapse_subtypes)
             skipped_syntax += hits == "truncated"
             if isinstance(hits, syn.ArcHits):
                 arc_parts.append(hits)
@@ -111,7 +113,9 @@ def _batch_statistics(
         out["offsets"][idx, layer] = stats.offset_fraction.numpy()
 
 
-def _arc_hits(patterns: torch.Tensor, batch: Any, b: int, sentence: Any, si: int) -> syn.ArcHits | str | None:
+def _arc_hits(
+    patterns: torch.Tensor, batch: Any, b: int, sentence: Any, si: int, collapse_subtypes: bool = False
+) -> syn.ArcHits | str | None:
     """Arc hits of row ``b`` (patterns ``[layer, head, q, k]``); None without a gold tree, "truncated" when
     words were cut (the gold tree no longer fits)."""
     from bertscope.experiments.corpus import word_attention
@@ -121,7 +125,8 @@ def _arc_hits(patterns: torch.Tensor, batch: Any, b: int, sentence: Any, si: int
     if batch.truncated[b]:
         return "truncated"
     word_maps = word_attention(patterns, batch.word_ids[b].cpu())
-    return syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si)
+    return syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si,
+                                 collapse_subtypes=collapse_subtypes)  # fmt: skip
 
 
 def importance_pass(
@@ -135,42 +140,89 @@ def importance_pass(
 ) -> dict[str, np.ndarray]:
     """Ablation effects, gradient importance and pruning curves on ``batches``, rows in corpus order.
 
-    ``rng`` draws the random pruning order. Returns ``effects [sentence, method, layer, head, measure]``,
-    ``grad [sentence, layer, head]``, ``pruning [sentence, order, count, measure]`` and their labels.
+    ``rng`` draws the ``settings.pruning_random_orders`` random pruning orders. Returns ``effects [sentence,
+    method, layer, head, measure]``, ``grad [sentence, layer, head]``, ``pruning [sentence, order, count,
+    measure]`` (importance orders chosen held-out), ``pruning_random [sentence, random order, count, measure]``,
+    their labels, and with an MLM head Michel et al.'s per-sentence ``michel_sums`` / ``michel_tokens``.
     """
-    n_layers, n_heads = model.config.n_layers, model.config.n_heads
     order = np.concatenate([b.sentence_index for b in batches])
+    inverse = np.argsort(order)  # back to corpus order
     effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=seed,
                                              progress=lambda it: progress(it, "ablation", len(it)))  # fmt: skip
-    grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=seed)
-    inverse = np.argsort(order)  # back to corpus order
+    michel = {}
+    if imp.has_mlm_head(model):
+        sums, tokens = grads.michel_importance(model, batches, seed=seed)
+        grad, objective = sums / tokens[:, None, None], "mlm"
+        michel = {"michel_sums": sums[inverse], "michel_tokens": tokens[inverse]}
+    else:
+        grad, objective = grads.gradient_importance(model, batches, objective="projection",
+                                                    n_projections=settings.n_projections, seed=seed)  # fmt: skip
     effects, grad = effects[inverse], grad[inverse]
-
-    total = n_layers * n_heads
-    counts = sorted({round(i * total / settings.pruning_points) for i in range(settings.pruning_points + 1)})
-    mean_grad = grad.mean(0).ravel()  # [layer*head]
-    zero = list(settings.methods).index("zero") if "zero" in settings.methods else 0
-    mean_ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")].mean(0).ravel()
-    orders = {
-        "gradient, least important first": np.argsort(mean_grad, kind="stable"),
-        "gradient, most important first": np.argsort(-mean_grad, kind="stable"),
-        f"ablation ({settings.methods[zero]}), least important first": np.argsort(mean_ablation, kind="stable"),
-        "random": rng.permutation(total),
-    }
-    curves = []
-    for flat_order in orders.values():
-        pairs = [divmod(int(i), n_heads) for i in flat_order]
-        curves.append(imp.pruning_curve(model, batches, pairs, counts)[inverse])
-    return {
+    out = {
         "effects": effects,
         "measures": np.asarray(measures, dtype=str),
         "methods": np.asarray(settings.methods, dtype=str),
         "grad": grad,
         "objective": np.asarray(objective),
-        "pruning": np.stack(curves, axis=1),  # [sentence, order, count, measure]
-        "pruning_orders": np.asarray(list(orders), dtype=str),
+    }
+    return {**out, **_pruning(model, batches, effects, grad, settings, seed, rng, inverse), **michel}
+
+
+def _pruning(
+    model: Any,
+    batches: Sequence[Any],
+    effects: np.ndarray,
+    grad: np.ndarray,
+    settings: Settings,
+    seed: int,
+    rng: np.random.Generator,
+    inverse: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Pruning curves of the held-out importance orders and of the random orders (batched masks, ``pruning``).
+
+    An importance order is chosen on one half of the sentences (``statistics.heldout_folds``) and its curve read
+    on the other half, both ways round (so it runs on that half only); the random orders run on every sentence.
+    """
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    total = n_layers * n_heads
+    counts = sorted({round(i * total / settings.pruning_points) for i in range(settings.pruning_points + 1)})
+    fold = hs.heldout_folds(len(effects), seed)  # [sentence] in corpus order: 0/1
+    zero = list(settings.methods).index("zero") if "zero" in settings.methods else 0
+    ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")]  # [sentence, layer, head]
+    names, flat_orders = [], []
+    for label, score, directions in (("gradient", grad, ("least", "most")),
+                                     (f"ablation ({settings.methods[zero]})", ablation, ("least",))):  # fmt: skip
+        for which in directions:
+            sign = 1 if which == "least" else -1
+            names.append(f"{label}, {which} important first")
+            flat_orders += [np.argsort(sign * score[fold != f].mean(0).ravel(), kind="stable") for f in (0, 1)]
+    flat_orders += [rng.permutation(total) for _ in range(settings.pruning_random_orders)]
+    keep = pruning.pruning_keeps([[divmod(int(i), n_heads) for i in o] for o in flat_orders], counts, n_layers,
+                                 n_heads)  # fmt: skip
+    n_chosen = 2 * len(names)
+    random = pruning.pruning_curves(model, batches, keep[n_chosen:])[inverse]  # [sentence, order, count, measure]
+    heldout = np.zeros((len(effects), len(names), *random.shape[2:]))
+    for f in (0, 1):  # the orders chosen without half f (keep[f::2]) are read on half f only
+        rows = [fold[np.asarray(b.sentence_index)] == f for b in batches]
+        sub = [_rows(b, r) for b, r in zip(batches, rows, strict=True) if r.any()]
+        index = np.concatenate([np.asarray(b.sentence_index)[r] for b, r in zip(batches, rows, strict=True)])
+        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2])
+    return {
+        "pruning": heldout,  # [sentence, order, count, measure]
+        "pruning_orders": np.asarray(names, dtype=str),
+        "pruning_random": random,  # [sentence, random order, count, measure]
         "pruning_counts": np.asarray(counts),
     }
+
+
+def _rows(batch: Any, rows: np.ndarray) -> imp.TokenBatch:
+    """The sentences ``rows [batch]`` (bool) of a batch, trailing all-padding positions dropped."""
+    keep = torch.as_tensor(rows)
+    width = int(batch.attention_mask[keep].sum(-1).max())  # right padding: positions past the longest are padding
+    cut = [None if t is None else t[keep][:, :width] for t in (batch.input_ids, batch.attention_mask,
+                                                               batch.token_type_ids,
+                                                               getattr(batch, "special_mask", None))]  # fmt: skip
+    return imp.TokenBatch(*cut)
 
 
 def punctuation_ids(tokenizer: Any) -> list[int]:

@@ -18,6 +18,32 @@ HEATMAP_METRICS = (
     "norm_cls", "norm_sep", "norm_punct", "norm_prev", "norm_next",
 )  # fmt: skip
 DOT_METRICS = ("cls", "sep", "punct", "self", "prev", "next")
+TITLES = {
+    "mass_cls": "attention to [CLS]", "mass_sep": "attention to [SEP]", "mass_punct": "attention to . and ,",
+    "mass_self": "attention to itself", "mass_prev": "attention to previous token",
+    "mass_next": "attention to next token", "sep_to_sep": "[SEP] to [SEP]",
+    "entropy_ratio": "entropy / ln n", "confidence": "max weight (confidence)",
+    "mean_distance": "mean attended distance (tokens)", "top_offset_fraction": "share at the top offset",
+    "norm_cls": "norm-weighted: [CLS]", "norm_sep": "norm-weighted: [SEP]", "norm_punct": "norm-weighted: . and ,",
+    "norm_self": "norm-weighted: itself", "norm_prev": "norm-weighted: previous", "norm_next": "norm-weighted: next",
+    "cls": "[CLS]", "sep": "[SEP]", "punct": ". and ,", "self": "itself", "prev": "previous token",
+    "next": "next token",
+}  # fmt: skip
+MEASURE_TITLES = {"hidden_cos": "token states (1 - cos)", "pooled_cos": "sentence embedding (1 - cos)",
+                  "mlm_loss_change": "masked-LM loss change"}  # fmt: skip
+
+
+def title_of(metric: str) -> str:
+    """Readable panel title of a metric name (``ablation:zero:pooled_cos`` -> ``zero ablation: sentence ...``)."""
+    if metric in TITLES:
+        return TITLES[metric]
+    parts = metric.split(":")
+    if parts[0] == "ablation" and len(parts) == 3:
+        return f"{parts[1]} ablation: {MEASURE_TITLES.get(parts[2], parts[2])}"
+    if parts[0] == "grad_importance":
+        kind = parts[1] if len(parts) > 1 else ""
+        return "gradient importance (Michel et al., MLM)" if kind == "mlm" else "gradient (consistency check)"
+    return metric
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 
@@ -63,7 +89,7 @@ def plot_heatmaps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMA
             fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
         else:
             shared = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
-        ax.set_title(metric + (" (tokens)" if metric == "mean_distance" else ""), fontsize=9)
+        ax.set_title(title_of(metric), fontsize=9)
         _integer_ticks(ax, grid.shape)
     for ax in axes[-1]:
         ax.set_xlabel("head")
@@ -98,6 +124,7 @@ def plot_layer_dots(results: pd.DataFrame, out_dir: Path, formats: Formats = FOR
             ref = _grid(results, "entropy_max").mean(1)
             ax.plot(layers, ref, "k--", lw=1, label="ln n")
             ax.set_title("entropy (nats)", fontsize=9)
+            ax.set_ylabel("nats")
         else:
             styles = ((f"mass_{name}", {"color": "C0"}), (f"norm_{name}", {"facecolor": "none", "edgecolor": "C3"}))
             for metric, style in styles:
@@ -108,7 +135,8 @@ def plot_layer_dots(results: pd.DataFrame, out_dir: Path, formats: Formats = FOR
                     label = ("attention" if metric.startswith("mass") else "norm-weighted") if layer == 0 else None
                     ax.scatter(layer + rng.uniform(-0.2, 0.2, grid.shape[1]), grid[layer], s=10, label=label, **style)
             ax.set_ylim(-0.03, 1.03)
-            ax.set_title(f"mass to {name}", fontsize=9)
+            ax.set_title(f"attention to {TITLES.get(name, name)}", fontsize=9)
+            ax.set_ylabel("mean attention mass")
         ax.set_xlabel("layer")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
@@ -116,7 +144,7 @@ def plot_layer_dots(results: pd.DataFrame, out_dir: Path, formats: Formats = FOR
 
 
 def plot_offsets(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
-    """Argmax-offset histogram of every head (rows) as a heatmap."""
+    """Argmax-offset histogram of every head (rows, grouped by layer) as a heatmap, with the mass on [CLS]."""
     import matplotlib.pyplot as plt
 
     sel = results[results["metric"].str.startswith("argmax_offset")]
@@ -124,14 +152,28 @@ def plot_offsets(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
         return []
     names = list(dict.fromkeys(sel["metric"]))  # saved order: tail, -k..k, tail
     wide = sel.pivot_table(index=["layer", "head"], columns="metric", values="value")[names]
-    fig, ax = plt.subplots(figsize=(7, max(4, 0.09 * len(wide))))
-    im = ax.imshow(wide.to_numpy(), aspect="auto", cmap="magma", vmin=0, vmax=1)
-    ax.set_xticks(range(len(names)), [n.removeprefix("argmax_offset").lstrip("=") for n in names], fontsize=7)
-    ticks = [i for i, (layer, head) in enumerate(wide.index) if head == 0]
-    ax.set_yticks(ticks, [f"L{wide.index[i][0]}" for i in ticks])
-    ax.set_xlabel("offset of the argmax key from the query")
+    grid = wide.to_numpy()
+    labels = [n.removeprefix("argmax_offset").lstrip("=") for n in names]
+    labels[0] += "\n(incl.\n[CLS])"
+    cls = results[(results["metric"] == "mass_cls") & results["head"].notna()]
+    if len(cls):
+        cls_mass = cls.pivot_table(index=["layer", "head"], values="value").reindex(wide.index).to_numpy()
+        grid = np.concatenate([grid, np.full((len(grid), 1), np.nan), cls_mass], axis=1)
+        labels += ["", "mass\non\n[CLS]"]
+    n_rows = len(wide)
+    fig, ax = plt.subplots(figsize=(8, max(5, 0.13 * n_rows)))
+    im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks(range(len(labels)), labels, fontsize=6)
+    ax.set_yticks(range(n_rows), [f"{layer}-{head}" for layer, head in wide.index], fontsize=5)
+    layers = wide.index.get_level_values(0).to_numpy()
+    for i in np.flatnonzero(np.diff(layers)):  # white lines between layers
+        ax.axhline(i + 0.5, color="white", lw=1.2)
+    ax.axvline(0.5, color="white", lw=0.8, ls=":")
+    ax.set_ylabel("head (layer-head)")
+    ax.set_xlabel("offset of the argmax key from the query (tokens; the left tail includes argmaxes on [CLS])")
     ax.set_title("Where each head's strongest weight falls")
-    fig.colorbar(im, ax=ax, fraction=0.046, label="share of queries")
+    fig.colorbar(im, ax=ax, fraction=0.046, label="share of queries / attention mass")
+    fig.tight_layout()
     return io.save_figure(fig, out_dir / "fig_argmax_offsets", formats=formats)
 
 
@@ -145,8 +187,7 @@ def plot_mds(mds: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> li
     a.set_title("Heads by layer")
     for i, (role, group) in enumerate(mds.groupby("primary_role")):
         b.scatter(group["x"], group["y"], s=28, label=role, color=f"C{i % 10}")
-    for rec in mds.to_dict("records"):
-        b.annotate(f"{rec['layer']}-{rec['head']}", (rec["x"], rec["y"]), fontsize=5, alpha=0.7)
+    _label_without_overlap(b, mds)
     b.legend(fontsize=7, loc="best")
     b.set_title("Heads by primary role")
     for ax in (a, b):
@@ -184,26 +225,30 @@ def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path, formats: Form
 
 
 def plot_syntax(syntax: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
-    """Per relation: best head's accuracy vs the best offset baseline (held-out scores as markers)."""
+    """Per relation: held-out accuracy of the best head vs the best offset baseline, with intervals."""
     import matplotlib.pyplot as plt
 
-    if syntax.empty:
+    t = syntax[~syntax["relation"].isin(["punct", "root"])]
+    if t.empty:
         return []
-    t = syntax.iloc[::-1].reset_index(drop=True)
+    t = t.iloc[::-1].reset_index(drop=True)
     y = np.arange(len(t))
     fig, ax = plt.subplots(figsize=(8, 0.32 * len(t) + 1.5))
-    ax.barh(y + 0.2, t["accuracy"], height=0.4, label="best head (in-sample)", color="C0")
-    ax.barh(y - 0.2, t["baseline_accuracy"], height=0.4, label="best offset baseline", color="C7")
-    ax.scatter(t["heldout_accuracy"], y + 0.2, marker="|", color="k", s=60, label="best head, held-out", zorder=3)
+    acc = t["heldout_accuracy"]
+    err = np.stack([acc - t["heldout_accuracy_low"], t["heldout_accuracy_high"] - acc])
+    ax.barh(y + 0.2, t["heldout_accuracy"], height=0.4, xerr=np.nan_to_num(err), label="best head (held-out)",
+            color="C0", error_kw={"lw": 0.8})  # fmt: skip
+    ax.barh(y - 0.2, t["heldout_baseline_accuracy"], height=0.4, label="best offset baseline (held-out)", color="C7")
     labels = []
     for rec in t.to_dict("records"):
         where = "" if pd.isna(rec["layer"]) else f"  {int(rec['layer'])}-{int(rec['head'])} {rec['direction']}"
         labels.append(f"{rec['relation']} (n={rec['n']}){where}")
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("accuracy")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3)
-    ax.set_title("Dependency relations: best attention head vs fixed-offset baseline")
+    ax.set_xlabel("accuracy on the held-out half (arcs whose head the argmax names)")
+    ax.set_ylabel("relation (arcs)  head chosen on all sentences")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    ax.set_title("Dependency relations: best attention head vs fixed-offset baseline (punct, root left out)")
     fig.tight_layout()
     return io.save_figure(fig, out_dir / "fig_syntax", formats=formats)
 
@@ -223,7 +268,7 @@ def plot_ablation(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMA
         grid = _grid(results, metric)
         im = ax.imshow(grid, aspect="auto", cmap="inferno")
         _integer_ticks(ax, grid.shape)
-        ax.set_title(metric, fontsize=8)
+        ax.set_title(title_of(metric), fontsize=8)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.046)
@@ -246,8 +291,8 @@ def plot_pruning(pruning: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
             ax.plot(group["n_removed"], group["value"], marker="o", ms=3, label=order, color=f"C{i}")
             ax.fill_between(group["n_removed"], group["ci_low"], group["ci_high"], alpha=0.2, color=f"C{i}")
         ax.set_xlabel("heads removed (zeroed)")
-        ax.set_ylabel(f"{measure} (1 - cosine)")
-        ax.set_title(measure)
+        ax.set_ylabel("1 - cosine to the clean output")
+        ax.set_title(MEASURE_TITLES.get(measure, measure))
     axes[0][0].legend(fontsize=7)
     fig.suptitle("Pruning curves")
     fig.tight_layout()
@@ -255,6 +300,24 @@ def plot_pruning(pruning: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+
+
+def _label_without_overlap(ax: object, mds: pd.DataFrame, min_gap: float = 0.045) -> None:
+    """Label points ``layer-head``, skipping a label that would land within ``min_gap`` (share of the axis
+    span) of one already placed; the skipped count is stated in the corner."""
+    span = np.array([np.ptp(mds["x"]) or 1.0, np.ptp(mds["y"]) or 1.0])
+    placed: list[np.ndarray] = []
+    skipped = 0
+    for rec in mds.to_dict("records"):
+        at = np.array([rec["x"], rec["y"]]) / span
+        if any(np.abs(at - p).max() < min_gap for p in placed):
+            skipped += 1
+            continue
+        placed.append(at)
+        ax.annotate(f"{rec['layer']}-{rec['head']}", (rec["x"], rec["y"]), xytext=(3, 2), textcoords="offset points",
+                    fontsize=6, alpha=0.8)  # fmt: skip
+    if skipped:
+        ax.text(0.01, 0.01, f"{skipped} crowded labels omitted", transform=ax.transAxes, fontsize=6, alpha=0.7)
 
 
 def _read_results(out_dir: Path) -> pd.DataFrame:

@@ -31,10 +31,17 @@ DEFAULT_RULES: tuple[RoleRule, ...] = (
     RoleRule("next-token", "mass_next", 0.5, "mean A[i, i+1] >= 0.5"),
     RoleRule("self", "mass_self", 0.5, "mean A[i, i] >= 0.5"),
     RoleRule("positional", "top_offset_fraction", 0.9, ">= 90% of argmaxes at one offset"),
-    RoleRule("syntactic", "syntax_gain", 0.10, "beats the relation's best offset baseline (-3..+3) by >= 10 points"),
+    RoleRule(
+        "syntactic",
+        "syntax_gain",
+        0.10,
+        "held-out gain over the relation's best offset baseline (-3..+3) above 10 points: the 95% interval's lower "
+        "end above it and Benjamini-Hochberg (FDR 0.05) over every head x relation candidate; punct/root never count",
+    ),
     RoleRule("broad", "entropy_ratio", 0.8, "mean entropy >= 0.8 ln n"),
 )
 NO_ROLE = "other"
+SYNTAX_THRESHOLD = next(r.threshold for r in DEFAULT_RULES if r.statistic == "syntax_gain")
 
 
 def assign_roles(
@@ -43,15 +50,18 @@ def assign_roles(
     *,
     rules: tuple[RoleRule, ...] = DEFAULT_RULES,
     min_arcs: int = 50,
+    fdr: float = 0.05,
 ) -> pd.DataFrame:
     """Apply the role rules to every head.
 
     Args:
         head_stats: one row per head with ``layer, head`` and the statistics the rules name (``mass_*``,
             ``entropy_ratio``, ``top_offset``, ``top_offset_fraction``).
-        syntax: optional long table from ``syntax.head_relation_accuracy`` (``relation, layer, head,
-            direction, accuracy, n, baseline_accuracy``); without it no head can be syntactic.
+        syntax: optional held-out table from ``syntax.heldout_head_gains`` (``layer, head, relation, n,
+            heldout_gain, ci_low, p_value``, the p-value testing ``gain <= threshold``); without it no head can
+            be syntactic. ``punct`` and ``root`` rows are ignored.
         min_arcs: relations with fewer arcs do not count for the syntactic rule (too noisy).
+        fdr: false-discovery rate of the Benjamini-Hochberg step over all head x relation candidates.
 
     Returns:
         Long table ``layer, head, role, statistic, value, threshold, assigned, detail, primary_role``: one row
@@ -64,35 +74,19 @@ def assign_roles(
     missing = required - set(head_stats.columns)
     if missing:
         raise ValueError(f"assign_roles: head_stats lacks columns {sorted(missing)}; have {list(head_stats.columns)}")
-    gains = _syntax_gains(syntax, min_arcs)
+    gains = _syntax_gains(syntax, min_arcs, fdr)
     rows = []
     for rec in head_stats.sort_values(["layer", "head"]).to_dict("records"):
         key = (int(rec["layer"]), int(rec["head"]))
         for rule in rules:
-            detail = ""
-            if rule.statistic == "syntax_gain":
-                rel_gains = gains.get(key, {})
-                value = max(rel_gains.values()) if rel_gains else np.nan
-                detail = ",".join(r for r, g in sorted(rel_gains.items(), key=lambda kv: -kv[1]) if g >= rule.threshold)
-            else:
-                value = float(rec[rule.statistic])
-                if rule.role == "positional":
-                    detail = f"offset {int(rec['top_offset']):+d}"
-            assigned = bool(np.isfinite(value) and value >= rule.threshold)
-            rows.append(
-                {
-                    "layer": key[0],
-                    "head": key[1],
-                    "role": rule.role,
-                    "statistic": rule.statistic,
-                    "value": value,
-                    "threshold": rule.threshold,
-                    "assigned": assigned,
-                    "detail": detail if assigned else "",
-                    "meaning": rule.meaning
-                    + (f" on a relation with >= {min_arcs} arcs" if rule.statistic == "syntax_gain" else ""),
-                }
-            )
+            value, assigned, detail = _apply_rule(rule, rec, gains.get(key, {}))
+            rows.append({
+                "layer": key[0], "head": key[1], "role": rule.role, "statistic": rule.statistic, "value": value,
+                "threshold": rule.threshold, "assigned": assigned, "detail": detail if assigned else "",
+                "meaning": rule.meaning
+                + (f" on a relation with >= {min_arcs} arcs" if rule.statistic == "syntax_gain" else ""),
+                "selection": "held-out" if rule.statistic == "syntax_gain" else "fixed threshold, all sentences",
+            })  # fmt: skip
     table = pd.DataFrame(rows)
     primary = (
         table[table["assigned"]].groupby(["layer", "head"], sort=False)["role"].first().rename("primary_role")
@@ -100,6 +94,19 @@ def assign_roles(
     table = table.join(primary, on=["layer", "head"])
     table["primary_role"] = table["primary_role"].fillna(NO_ROLE)
     return table
+
+
+def _apply_rule(
+    rule: RoleRule, rec: dict, rel_gains: dict[str, tuple[float, float, bool]]
+) -> tuple[float, bool, str]:
+    """``(value, assigned, detail)`` of one rule for one head (``rec``: its row of ``head_stats``)."""
+    if rule.statistic == "syntax_gain":
+        value = max((g for g, _, _ in rel_gains.values()), default=np.nan)
+        passing = {r: g for r, (g, low, ok) in rel_gains.items() if ok and low > rule.threshold}
+        return value, bool(passing), ",".join(sorted(passing, key=lambda r: -passing[r]))
+    value = float(rec[rule.statistic])
+    detail = f"offset {int(rec['top_offset']):+d}" if rule.role == "positional" else ""
+    return value, bool(np.isfinite(value) and value >= rule.threshold), detail
 
 
 def role_summary(roles: pd.DataFrame) -> pd.DataFrame:
@@ -114,16 +121,18 @@ def role_summary(roles: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([primary, out], axis=1).reset_index()
 
 
-def _syntax_gains(syntax: pd.DataFrame | None, min_arcs: int) -> dict[tuple[int, int], dict[str, float]]:
-    """``{(layer, head): {relation: best-direction accuracy - baseline}}`` over relations with enough arcs."""
+def _syntax_gains(
+    syntax: pd.DataFrame | None, min_arcs: int, fdr: float
+) -> dict[tuple[int, int], dict[str, tuple[float, float, bool]]]:
+    """``{(layer, head): {relation: (held-out gain, ci_low, BH-rejected)}}`` over relations with enough arcs."""
     if syntax is None or syntax.empty:
         return {}
-    from bertscope.experiments.heads.syntax import ALL_RELATIONS
+    from bertscope.experiments.heads.syntax import ALL_RELATIONS, HEADLINE_EXCLUDED, benjamini_hochberg
 
-    s = syntax[(syntax["n"] >= min_arcs) & (syntax["relation"] != ALL_RELATIONS)]
-    best = s.groupby(["layer", "head", "relation"])[["accuracy", "baseline_accuracy"]].max().reset_index()
-    best["gain"] = best["accuracy"] - best["baseline_accuracy"]
-    out: dict[tuple[int, int], dict[str, float]] = {}
-    for rec in best.to_dict("records"):
-        out.setdefault((int(rec["layer"]), int(rec["head"])), {})[rec["relation"]] = float(rec["gain"])
+    s = syntax[(syntax["n"] >= min_arcs) & ~syntax["relation"].isin([ALL_RELATIONS, *HEADLINE_EXCLUDED])]
+    rejected = benjamini_hochberg(s["p_value"].to_numpy(), fdr)
+    out: dict[tuple[int, int], dict[str, tuple[float, float, bool]]] = {}
+    for rec, ok in zip(s.to_dict("records"), rejected, strict=True):
+        key = (int(rec["layer"]), int(rec["head"]))
+        out.setdefault(key, {})[rec["relation"]] = (float(rec["heldout_gain"]), float(rec["ci_low"]), bool(ok))
     return out

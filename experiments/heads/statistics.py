@@ -19,6 +19,7 @@ import einops
 import numpy as np
 import torch
 from bertscope.experiments import attention
+from bertscope.probes.bootstrap import mean_of_groups, percentile_interval, resample_counts
 
 # Scalar statistics, one value per (sentence, head). ``norm_*`` are the Kobayashi norm-weighted versions.
 MASS_METRICS = ("mass_cls", "mass_sep", "mass_punct", "mass_self", "mass_prev", "mass_next")
@@ -181,3 +182,90 @@ def _argmax_offset_fraction(p: torch.Tensor, valid: torch.Tensor, max_offset: in
     hist = torch.zeros(batch, head, 2 * max_offset + 1, dtype=p.dtype, device=p.device)
     hist.scatter_add_(-1, bins, weight)
     return hist / valid.sum(-1).to(p.dtype)[:, None, None]
+
+
+def heldout_folds(n: int, seed: int) -> np.ndarray:
+    """Seeded split of ``n`` sentences into halves -> ``[n]`` fold 0/1 (selection on one, report on the other)."""
+    fold = np.zeros(n, dtype=np.int64)
+    fold[np.random.default_rng(seed).permutation(n)[: n // 2]] = 1
+    return fold
+
+
+def ratio_with_se(
+    numerators: np.ndarray, denominators: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``probes.bootstrap.ratio_of_sums`` over groups plus the standard deviation of its replicates.
+
+    Args:
+        numerators: ``[group, k]`` per-group sums (e.g. hits per sentence).
+        denominators: ``[group]`` per-group counts (e.g. arcs per sentence).
+
+    Returns:
+        ``(ratio, ci_low, ci_high, se)``, each ``[k]``; the replicates are ``ratio_of_sums``'s (same counts from
+        ``resample_counts(groups, n_boot, seed)``), their standard deviation is the bootstrap standard error.
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    if num.ndim != 2 or den.shape != num.shape[:1] or len(den) == 0:
+        raise ValueError(f"ratio_with_se needs numerators [group, k] and denominators [group]; got {num.shape}, "
+                         f"{den.shape}")  # fmt: skip
+    counts = resample_counts(len(den), n_boot, seed)  # [boot, group]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        replicates = (counts @ num) / (counts @ den)[:, None]  # [boot, k]
+    low, high = percentile_interval(replicates, ci)
+    se = np.nanstd(replicates, axis=0) if n_boot else np.zeros(num.shape[1])
+    return num.sum(0) / den.sum(), low, high, se
+
+
+def crossed_bootstrap_mean(
+    values: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over sentences AND orders of ``values [sentence, order, ...]``, with a bootstrap that resamples
+    sentences and orders independently (so the interval covers both sources of variance).
+
+    Counts come from ``probes.bootstrap.resample_counts`` (sentences with ``seed``, orders with ``[seed, 1]``).
+    Returns ``(mean, ci_low, ci_high)``, each shaped ``values.shape[2:]``.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim < 2 or 0 in x.shape[:2]:
+        raise ValueError(f"crossed_bootstrap_mean needs [sentence, order, ...] with both non-empty, got {x.shape}")
+    s, o = x.shape[:2]
+    flat = x.reshape(s, o, -1)
+    mean = flat.mean((0, 1))
+    w_s = resample_counts(s, n_boot, seed) / s  # [boot, sentence]
+    w_o = resample_counts(o, n_boot, [seed, 1]) / o  # [boot, order]
+    replicates = np.einsum("bs,sok,bo->bk", w_s, flat, w_o)
+    low, high = percentile_interval(replicates, ci)
+    shape = x.shape[2:]
+    return mean.reshape(shape), low.reshape(shape), high.reshape(shape)
+
+
+def heldout_top(
+    values: np.ndarray, fold: np.ndarray, k: int, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> list[dict]:
+    """The ``k`` largest units chosen on one half of the sentences, their value read on the other half.
+
+    Args:
+        values: ``[sentence, unit]`` (e.g. a head's ablation effect per sentence, heads flattened).
+        fold: ``[sentence]`` 0/1.
+
+    Returns:
+        One dict per rank ``1..k``: ``rank, chosen_on_0, chosen_on_1`` (units chosen on each half),
+        ``heldout_value, ci_low, ci_high, n`` (the mean over sentences of the value of the unit chosen on the
+        OTHER half; ``probes.bootstrap.mean_of_groups`` over sentences, the choice held fixed), and the in-sample
+        ``value`` of the unit chosen on all sentences (``chosen_all``), for comparison.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    fold = np.asarray(fold)
+    k = min(k, x.shape[1])
+    chosen = np.stack([np.argsort(-x[fold == f].mean(0), kind="stable")[:k] for f in (0, 1)])  # [fold, rank]
+    overall = np.argsort(-x.mean(0), kind="stable")[:k]
+    # a sentence of half f is scored with the unit chosen on the other half
+    heldout = np.take_along_axis(x, chosen[1 - fold], axis=1)  # [sentence, rank]
+    out, n = mean_of_groups(heldout, n_boot=n_boot, level=ci, seed=seed)
+    return [
+        {"rank": r + 1, "chosen_on_0": int(chosen[0][r]), "chosen_on_1": int(chosen[1][r]),
+         "heldout_value": out.value[r], "ci_low": out.low[r], "ci_high": out.high[r], "n": int(n[r]),
+         "chosen_all": int(overall[r]), "value": x[:, overall[r]].mean()}
+        for r in range(k)
+    ]  # fmt: skip

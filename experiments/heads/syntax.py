@@ -1,14 +1,21 @@
 """Dependency syntax in word-level attention maps (Clark et al. 2019, section 4), on plain tensors.
 
-A head "predicts" the head word of a dependent ``d`` by its argmax: in direction ``dep->head`` the argmax of
-row ``d``, in direction ``head->dep`` (the transposed reading) the argmax of the gold head's row, which must
-then be ``d``. The query word itself is excluded before the argmax; [CLS] and [SEP] are not words, so they are
-already gone from word-level maps (``experiments.corpus.word_attention``). The baseline predicts the head at a
-fixed offset ``d + k`` (``k`` in -3..+3 except 0) and takes the best offset per relation.
+A head "predicts" the head word of a dependent ``d`` by an argmax, as in Clark et al.'s analysis code
+(``attn_head_predictor`` in clarkkev/attention-analysis): in direction ``dep->head`` the argmax of row ``d``
+(the word ``d`` attends to most); in direction ``head->dep`` (their ``mode="transpose"``) the argmax of row
+``d`` of the TRANSPOSED map, i.e. ``argmax_j A[j, d]``: the word that attends most to ``d``. In both, the
+diagonal (the word itself) is excluded before the argmax, and [CLS]/[SEP] are not words, so they are already
+gone from word-level maps (``experiments.corpus.word_attention``: sum over the pieces attended to, mean over the
+pieces attending from, as Clark's ``bpe_utils``). Root arcs (gold head 0) are not scored: an argmax over words
+can never name the root (Clark's "all" counts them as misses; here they are left out of every denominator).
+Relation subtypes (``nmod:poss``) are kept apart unless ``collapse_subtypes``. The baseline predicts the head at
+a fixed offset ``d + k`` (``k`` in -3..+3 except 0) and takes the best offset per relation.
 
-Choosing the best of ``layers * heads * 2`` candidates on the same arcs flatters the winner; the table therefore
-also reports a held-out score: candidates (and the baseline offset) are chosen on one half of the sentences and
-scored on the other, both ways round.
+Choosing the best of ``layers * heads * 2`` candidates on the same arcs flatters the winner; the headline table
+therefore reports held-out scores: candidates (and the baseline offset) are chosen on one half of the sentences
+and scored on the other, both ways round, with sentence-bootstrap intervals (``selection = "held-out"``).
+``punct`` (and ``root``) are left out of the headline table (Clark et al.'s Table 1 convention) but stay in the
+long table.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ DIRECTIONS = ("dep->head", "head->dep")
 BASELINE_OFFSETS = (-3, -2, -1, 1, 2, 3)
 ALL_RELATIONS = "ALL"  # one head and one offset for every arc
 PER_RELATION = "PER-RELATION"  # each relation its own best head / offset, arcs pooled
+HEADLINE_EXCLUDED = ("punct", "root")  # out of the headline table and figure (Clark et al.'s Table 1)
 
 
 @dataclass
@@ -52,7 +60,7 @@ def sentence_arc_hits(
     deprels: Sequence[str],
     sentence: int = 0,
     *,
-    collapse_subtypes: bool = True,
+    collapse_subtypes: bool = False,
 ) -> ArcHits:
     """Score every non-root arc of one sentence against every head of every layer.
 
@@ -61,6 +69,9 @@ def sentence_arc_hits(
         gold_heads: ``[n_words]`` CoNLL-U heads (1-based, 0 = root).
         deprels: ``[n_words]`` relation labels; ``nmod:poss`` counts as ``nmod`` when ``collapse_subtypes``.
         sentence: index stored with each arc.
+
+    Hits: ``dep->head`` when ``argmax_{j != d} A[d, j]`` is the gold head of ``d``; ``head->dep`` when
+    ``argmax_{j != d} A[j, d]`` is (the transposed map; a head word with several dependents can hit them all).
     """
     if word_maps.ndim != 4 or word_maps.shape[-1] != word_maps.shape[-2]:
         raise ValueError(f"word_maps must be [layer, head, n_words, n_words], got {tuple(word_maps.shape)}")
@@ -75,10 +86,11 @@ def sentence_arc_hits(
         raise ValueError(f"sentence {sentence}: gold heads must lie in 0..{n} (CoNLL-U, 0 = root), got {list(heads)}")
     dep = np.flatnonzero(heads > 0)
     head = heads[dep] - 1
-    top = _argmax_excluding_self(word_maps)  # [layer, head, n_words]
+    top = _argmax_excluding_self(word_maps)  # [layer, head, n_words]: word each word attends to most
+    top_t = _argmax_excluding_self(word_maps.transpose(-1, -2))  # [layer, head, n_words]: word attending most to it
     dep_t, head_t = torch.as_tensor(dep), torch.as_tensor(head)
     to_head = top[..., dep_t] == head_t  # [layer, head, arc]
-    to_dep = top[..., head_t] == dep_t
+    to_dep = top_t[..., dep_t] == head_t
     head_hits = torch.stack([to_head, to_dep], dim=-1).permute(2, 0, 1, 3).numpy()  # [arc, layer, head, dir]
     offset_hits = head[:, None] == dep[:, None] + np.asarray(BASELINE_OFFSETS)[None, :]
     rel = np.asarray([_relation(deprels[d], collapse_subtypes) for d in dep], dtype=object)
@@ -113,50 +125,124 @@ def head_relation_accuracy(hits: ArcHits) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def syntax_table(hits: ArcHits, *, min_arcs: int = 1, seed: int = 0) -> pd.DataFrame:
-    """Per relation: best head and direction against the best fixed-offset baseline, plus overall scores.
+def syntax_table(
+    hits: ArcHits,
+    *,
+    min_arcs: int = 1,
+    exclude: Sequence[str] = HEADLINE_EXCLUDED,
+    seed: int = 0,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+) -> pd.DataFrame:
+    """Headline table: per relation, the best head and direction against the best fixed-offset baseline.
 
-    Columns: ``relation, n, n_sentences, layer, head, direction, accuracy, baseline_offset,
-    baseline_accuracy, gain, heldout_accuracy, heldout_baseline_accuracy, heldout_gain``. Accuracies are
-    fractions of arcs. Relations with fewer than ``min_arcs`` arcs are left out. Two overall rows close the
-    table: ``ALL`` (one head and one offset for every arc) and ``PER-RELATION`` (each relation scored by its
-    own best head and best offset, arcs pooled; layer/head/direction are then empty).
+    The candidate (layer, head, direction) and the baseline offset are chosen on one half of the sentences and
+    scored on the other, both ways round (arcs of both halves pooled): ``heldout_*`` columns, with percentile
+    intervals from a bootstrap over sentences (the selection held fixed), and ``selection = "held-out"``.
+    ``layer, head, direction, accuracy, baseline_offset, baseline_accuracy, gain`` describe the candidate chosen
+    on ALL sentences and its in-sample score (flattered by the choice; for reference only).
+
+    Relations with fewer than ``min_arcs`` arcs and those in ``exclude`` (``punct``, ``root``) are left out.
+    Two overall rows close the table: ``ALL`` (one head and one offset for every non-root arc, ``punct``
+    included as in Clark et al.'s "all") and ``PER-RELATION`` (each reported relation scored by its own
+    held-out choice, arcs pooled; layer/head/direction are then empty).
     """
     folds = _sentence_folds(hits.sentences, seed)
     rows = []
-    per_relation_hits = {"head": [], "base": [], "heldout_head": [], "heldout_base": []}
+    pooled: dict[str, list[np.ndarray]] = {"head": [], "base": [], "sent": []}
     for rel, sel in _relation_groups(hits):
-        if rel == ALL_RELATIONS or sel.sum() < min_arcs:
+        if rel == ALL_RELATIONS or rel in exclude or sel.sum() < min_arcs:
             continue
-        row, parts = _relation_row(rel, hits, sel, folds)
+        row, parts = _relation_row(rel, hits, sel, folds, n_boot=n_boot, ci=ci, seed=seed)
         rows.append(row)
         for key, value in parts.items():
-            per_relation_hits[key].append(value)
-    all_sel = np.ones(len(hits.relations), dtype=bool)
+            pooled[key].append(value)
     if rows:
-        rows.append(_relation_row(ALL_RELATIONS, hits, all_sel, folds)[0])
-        pooled = {k: np.concatenate(v) for k, v in per_relation_hits.items()}
-        rows.append(
-            {
-                "relation": PER_RELATION,
-                "n": len(pooled["head"]),
-                "n_sentences": len(np.unique(hits.sentences)),
-                "layer": pd.NA,
-                "head": pd.NA,
-                "direction": None,
-                "accuracy": pooled["head"].mean(),
-                "baseline_offset": pd.NA,
-                "baseline_accuracy": pooled["base"].mean(),
-                "gain": pooled["head"].mean() - pooled["base"].mean(),
-                "heldout_accuracy": _nanmean(pooled["heldout_head"]),
-                "heldout_baseline_accuracy": _nanmean(pooled["heldout_base"]),
-                "heldout_gain": _nanmean(pooled["heldout_head"]) - _nanmean(pooled["heldout_base"]),
-            }
-        )
-    table = pd.DataFrame(rows, columns=_TABLE_COLUMNS)
+        all_sel = np.ones(len(hits.relations), dtype=bool)
+        rows.append(_relation_row(ALL_RELATIONS, hits, all_sel, folds, n_boot=n_boot, ci=ci, seed=seed)[0])
+        head, base, sent = (np.concatenate(pooled[k]) for k in ("head", "base", "sent"))
+        summary = _heldout_summary(head, base, sent, n_boot=n_boot, ci=ci, seed=seed)
+        rows.append({"relation": PER_RELATION, "n": len(head), "n_sentences": len(np.unique(sent)), **summary})
+    table = pd.DataFrame(rows).reindex(columns=_TABLE_COLUMNS)
+    table["selection"] = "held-out"
     for col in ("layer", "head", "baseline_offset"):
         table[col] = table[col].astype("Int64")
     return table
+
+
+def skipped_relations(hits: ArcHits, min_arcs: int) -> dict[str, int]:
+    """``{relation: arcs}`` for relations with fewer than ``min_arcs`` arcs (left out of the headline table)."""
+    rel, counts = np.unique(hits.relations.astype(str), return_counts=True)
+    return {str(r): int(c) for r, c in zip(rel, counts, strict=True) if c < min_arcs}
+
+
+def heldout_head_gains(
+    hits: ArcHits,
+    *,
+    min_arcs: int = 1,
+    exclude: Sequence[str] = HEADLINE_EXCLUDED,
+    threshold: float = 0.0,
+    seed: int = 0,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+) -> pd.DataFrame:
+    """Held-out gain of every head on every relation over the relation's best offset baseline.
+
+    For each (layer, head, relation): the direction and the baseline offset are chosen on one half of the
+    sentences, the per-arc gain (head hit - baseline hit) is scored on the other, both ways round. Intervals and
+    a standard error come from a bootstrap over sentences; ``p_value`` tests ``gain <= threshold`` one-sided
+    with the bootstrap standard error (normal approximation), for a multiple-testing correction over all rows.
+
+    Returns a long table ``layer, head, relation, n, n_sentences, heldout_accuracy, heldout_baseline_accuracy,
+    heldout_gain, ci_low, ci_high, se, p_value, selection``.
+    """
+    folds = _sentence_folds(hits.sentences, seed)
+    frames = []
+    for rel, sel in _relation_groups(hits):
+        if rel == ALL_RELATIONS or rel in exclude or sel.sum() < min_arcs:
+            continue
+        frame = _relation_gains(hits.head_hits[sel], hits.offset_hits[sel], folds[sel], hits.sentences[sel],
+                                threshold=threshold, n_boot=n_boot, ci=ci, seed=seed)  # fmt: skip
+        if frame is not None:
+            frames.append(frame.assign(relation=rel))
+    columns = ["layer", "head", "relation", "n", "n_sentences", "heldout_accuracy", "heldout_baseline_accuracy",
+               "heldout_gain", "ci_low", "ci_high", "se", "p_value"]  # fmt: skip
+    out = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+    out["selection"] = "held-out"
+    return out
+
+
+def benjamini_hochberg(p_values: np.ndarray, q: float = 0.05) -> np.ndarray:
+    """Which hypotheses the Benjamini-Hochberg step-up procedure rejects at false-discovery rate ``q``."""
+    p = np.asarray(p_values, dtype=np.float64)
+    m = len(p)
+    if m == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(p, kind="stable")
+    passed = p[order] <= q * np.arange(1, m + 1) / m
+    rejected = np.zeros(m, dtype=bool)
+    if passed.any():
+        rejected[order[: int(np.flatnonzero(passed).max()) + 1]] = True
+    return rejected
+
+
+def group_bootstrap_ratio(
+    values: np.ndarray, groups: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over rows of ``values [row, k]`` with a bootstrap over ``groups [row]`` (sentences) resampled whole.
+
+    Returns ``(mean, ci_low, ci_high, se)``, each ``[k]``: the pooled mean (sum / rows) and the percentile
+    interval and standard deviation of its bootstrap replicates (``statistics.ratio_with_se``: the shared
+    ``probes.bootstrap`` counts).
+    """
+    from bertscope.experiments.heads.statistics import ratio_with_se
+
+    _, inverse = np.unique(groups, return_inverse=True)
+    n_groups = int(inverse.max()) + 1
+    sums = np.zeros((n_groups, values.shape[1]))
+    np.add.at(sums, inverse, values)
+    rows = np.bincount(inverse, minlength=n_groups).astype(np.float64)
+    return ratio_with_se(sums, rows, n_boot=n_boot, ci=ci, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -165,6 +251,13 @@ _TABLE_COLUMNS = [
     "relation",
     "n",
     "n_sentences",
+    "heldout_accuracy",
+    "heldout_accuracy_low",
+    "heldout_accuracy_high",
+    "heldout_baseline_accuracy",
+    "heldout_gain",
+    "heldout_gain_low",
+    "heldout_gain_high",
     "layer",
     "head",
     "direction",
@@ -172,9 +265,6 @@ _TABLE_COLUMNS = [
     "baseline_offset",
     "baseline_accuracy",
     "gain",
-    "heldout_accuracy",
-    "heldout_baseline_accuracy",
-    "heldout_gain",
 ]
 
 
@@ -207,7 +297,55 @@ def _sentence_folds(sentences: np.ndarray, seed: int) -> np.ndarray:
     return np.asarray([fold_of[s] for s in sentences.tolist()], dtype=np.int64)
 
 
-def _relation_row(rel: str, hits: ArcHits, sel: np.ndarray, folds: np.ndarray) -> tuple[dict, dict]:
+def _relation_gains(
+    head_hits: np.ndarray,
+    offset_hits: np.ndarray,
+    fold: np.ndarray,
+    sentences: np.ndarray,
+    *,
+    threshold: float,
+    n_boot: int,
+    ci: float,
+    seed: int,
+) -> pd.DataFrame | None:
+    """Held-out gain of every head on one relation's arcs (``head_hits [arc, layer, head, dir]``, ``offset_hits
+    [arc, offset]``, ``fold`` and ``sentences [arc]``); None when neither half can be scored."""
+    from scipy.stats import norm
+
+    _, n_layers, n_heads, _ = head_hits.shape
+    chosen = np.zeros(head_hits.shape[:3], dtype=np.float64)  # [arc, layer, head]
+    base = np.zeros(len(fold), dtype=np.float64)
+    scored = np.zeros(len(fold), dtype=bool)
+    for f in (0, 1):
+        train, test = fold != f, fold == f
+        if not (train.any() and test.any()):
+            continue
+        direction = head_hits[train].mean(0).argmax(-1)  # [layer, head]; ties: dep->head
+        chosen[test] = np.take_along_axis(head_hits[test], direction[None, ..., None], -1)[..., 0]
+        base[test] = offset_hits[test, int(np.argmax(offset_hits[train].mean(0)))]
+        scored |= test
+    if not scored.any():
+        return None
+    sent = sentences[scored]
+    flat = chosen[scored].reshape(int(scored.sum()), -1)  # [arc, layer*head]
+    values = np.concatenate([flat, base[scored, None], flat - base[scored, None]], axis=1)
+    mean, low, high, se = group_bootstrap_ratio(values, sent, n_boot=n_boot, ci=ci, seed=seed)
+    k = n_layers * n_heads
+    gain, gain_se = mean[k + 1 :], se[k + 1 :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (gain - threshold) / gain_se
+    p = np.where(gain_se > 0, norm.sf(z), np.where(gain > threshold, 0.0, 1.0))
+    layer, head = np.divmod(np.arange(k), n_heads)
+    return pd.DataFrame({
+        "layer": layer, "head": head, "n": int(scored.sum()), "n_sentences": len(np.unique(sent)),
+        "heldout_accuracy": mean[:k], "heldout_baseline_accuracy": mean[k], "heldout_gain": gain,
+        "ci_low": low[k + 1 :], "ci_high": high[k + 1 :], "se": gain_se, "p_value": p,
+    })  # fmt: skip
+
+
+def _relation_row(
+    rel: str, hits: ArcHits, sel: np.ndarray, folds: np.ndarray, *, n_boot: int, ci: float, seed: int
+) -> tuple[dict, dict]:
     head_hits = hits.head_hits[sel]  # [arc, layer, head, dir]
     offset_hits = hits.offset_hits[sel]  # [arc, offset]
     flat = head_hits.reshape(len(head_hits), -1)
@@ -222,12 +360,17 @@ def _relation_row(rel: str, hits: ArcHits, sel: np.ndarray, folds: np.ndarray) -
         if train.any() and test.any():
             heldout_head[test] = flat[test, int(np.argmax(flat[train].mean(0)))]
             heldout_base[test] = offset_hits[test, int(np.argmax(offset_hits[train].mean(0)))]
+    scored = np.isfinite(heldout_head)
+    sent = hits.sentences[sel]
+    summary = _heldout_summary(heldout_head[scored], heldout_base[scored], sent[scored], n_boot=n_boot, ci=ci,
+                               seed=seed)  # fmt: skip
     acc = flat[:, best].mean()
     base = offset_hits[:, best_offset].mean()
     row = {
         "relation": rel,
         "n": int(sel.sum()),
-        "n_sentences": len(np.unique(hits.sentences[sel])),
+        "n_sentences": len(np.unique(sent)),
+        **summary,
         "layer": int(layer),
         "head": int(head),
         "direction": DIRECTIONS[int(direction)],
@@ -235,19 +378,21 @@ def _relation_row(rel: str, hits: ArcHits, sel: np.ndarray, folds: np.ndarray) -
         "baseline_offset": BASELINE_OFFSETS[best_offset],
         "baseline_accuracy": base,
         "gain": acc - base,
-        "heldout_accuracy": _nanmean(heldout_head),
-        "heldout_baseline_accuracy": _nanmean(heldout_base),
-        "heldout_gain": _nanmean(heldout_head) - _nanmean(heldout_base),
     }
-    parts = {
-        "head": flat[:, best].astype(np.float64),
-        "base": offset_hits[:, best_offset].astype(np.float64),
-        "heldout_head": heldout_head,
-        "heldout_base": heldout_base,
-    }
+    parts = {"head": heldout_head[scored], "base": heldout_base[scored], "sent": sent[scored]}
     return row, parts
 
 
-def _nanmean(x: np.ndarray) -> float:
-    x = np.asarray(x, dtype=np.float64)
-    return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
+def _heldout_summary(head: np.ndarray, base: np.ndarray, sent: np.ndarray, *, n_boot: int, ci: float,
+                     seed: int) -> dict[str, float]:  # fmt: skip
+    """Held-out accuracy, baseline and gain with sentence-bootstrap intervals (NaN when nothing was scored)."""
+    keys = ("heldout_accuracy", "heldout_baseline_accuracy", "heldout_gain")
+    if len(head) == 0:
+        return {k: np.nan for k in (*keys, "heldout_accuracy_low", "heldout_accuracy_high", "heldout_gain_low",
+                                    "heldout_gain_high")}  # fmt: skip
+    values = np.stack([head, base, head - base], axis=1).astype(np.float64)
+    mean, low, high, _ = group_bootstrap_ratio(values, sent, n_boot=n_boot, ci=ci, seed=seed)
+    out = dict(zip(keys, mean.tolist(), strict=True))
+    out.update(heldout_accuracy_low=low[0], heldout_accuracy_high=high[0], heldout_gain_low=low[2],
+               heldout_gain_high=high[2])  # fmt: skip
+    return out

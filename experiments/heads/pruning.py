@@ -1,0 +1,92 @@
+"""Pruning curves: the output change when heads are zero-ablated together, cumulatively along an order.
+
+Many orders are evaluated at once: every (order, count) pair is one ``keep`` mask ``[layer, head]``; identical
+masks (``k = 0`` and ``k = all`` are shared by every order) run once, and a mask whose first removed head sits in
+layer ``L`` restarts from the clean residual stream at ``L`` (earlier blocks are unchanged), so the cost is one
+clean pass plus one partial pass per distinct mask, ``copies_per_pass`` masks per forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import einops
+import numpy as np
+import torch
+from bertscope.experiments.heads.importance import (
+    OUTPUT_MEASURES,
+    TokenBatch,
+    _check_eval,
+    _clean_run,
+    forward_with_heads,
+    output_change,
+)
+
+
+def pruning_keeps(
+    orders: Sequence[Sequence[tuple[int, int]]], counts: Sequence[int], n_layers: int, n_heads: int
+) -> torch.Tensor:
+    """``keep [order, count, layer, head]``: 0 for the first ``counts[c]`` heads of ``orders[o]``, else 1."""
+    keep = torch.ones(len(orders), len(counts), n_layers, n_heads)
+    for o, order in enumerate(orders):
+        if any(not 0 <= k <= len(order) for k in counts):
+            raise ValueError(f"counts must lie in 0..{len(order)} (the length of order), got {list(counts)}")
+        for c, k in enumerate(counts):
+            for layer, head in order[:k]:
+                keep[o, c, layer, head] = 0.0
+    return keep
+
+
+def pruning_curves(
+    model: torch.nn.Module, batches: Iterable[Any], keep: torch.Tensor, *, copies_per_pass: int = 48
+) -> np.ndarray:
+    """Output change of every sentence under every zero-ablation mask ``keep [..., layer, head]`` (0 = removed).
+
+    Returns ``[sentence, ..., measure]`` float64, measures ``OUTPUT_MEASURES``; sentences in batch order.
+    """
+    _check_eval(model)
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    lead = tuple(keep.shape[:-2])
+    flat = keep.reshape(-1, n_layers, n_heads)
+    unique, inverse = torch.unique(flat, dim=0, return_inverse=True)  # [mask, layer, head]
+    touched = (unique != 1).flatten(2).any(-1)  # [mask, layer]
+    first = torch.where(touched.any(-1), touched.float().argmax(-1), torch.full((len(unique),), n_layers))
+    out = []
+    for raw in batches:
+        batch = TokenBatch.of(raw)
+        with torch.no_grad():
+            clean, resid = _clean_run(model, batch)
+            change = torch.zeros(len(unique), batch.input_ids.shape[0], len(OUTPUT_MEASURES), dtype=torch.float64)
+            for layer in first.unique().tolist():
+                if layer == n_layers:  # nothing removed: no change
+                    continue
+                members = torch.nonzero(first == layer).flatten()
+                for part in members.split(copies_per_pass):
+                    hidden = forward_with_heads(model, batch, unique[part], method="zero", start=(layer, resid[layer]))
+                    hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
+                    diff = output_change(clean, hidden, batch.attention_mask)
+                    change[part] = torch.stack([diff[m] for m in OUTPUT_MEASURES], dim=-1).cpu()
+        out.append(change[inverse])  # [flat, b, measure]
+    curves = einops.rearrange(torch.cat(out, dim=1), "k s m -> s k m")
+    return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES)).numpy()
+
+
+def pruning_curve(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    order: Sequence[tuple[int, int]],
+    counts: Sequence[int],
+) -> np.ndarray:
+    """Output change when the first ``k`` heads of ``order`` are zero-ablated together, for each ``k``.
+
+    Args:
+        order: ``(layer, head)`` pairs, removed cumulatively in this order.
+        counts: numbers of heads removed (``0 <= k <= len(order)``).
+
+    Returns:
+        ``[sentence, count, measure]`` float64 with measures ``OUTPUT_MEASURES``.
+    """
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    keep = pruning_keeps([order], counts, n_layers, n_heads)[0]
+    return pruning_curves(model, batches, keep)
