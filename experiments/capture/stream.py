@@ -58,9 +58,36 @@ def capture(
     specs = hook_specs(model, names, batches[0], key_width, device)
     fp = fingerprint(model, corpus, specs, max_length, batch_size, shard_size, device)
     plan = plan_shards(batches, specs, shard_size)
+    mine, on_disk, existing = _claim_shards(out_dir, plan, batches, fp, force, group)
+    if existing is not None:
+        run = {"already_complete": True, "shards_written": 0, "shards_reused": len(plan),
+               "world_size": group.world, "ranks": []}  # fmt: skip
+        return existing | {"run": run}
+
+    writer = ShardWriter(out_dir, plan, specs, fp, skip={s.number for s in plan} - (mine - on_disk))
+    n_rows, seconds = _forward_all(model, batches, writer, names, device, quiet=quiet or group.rank != 0)
+    ranks = group.gather(_rank_stats(group.rank, mine, on_disk, n_rows, seconds, out_dir, plan))
+    shard_bytes = {n: b for r in ranks for n, b in r.pop("bytes").items()}
+
+    index = None
+    if group.rank == 0:
+        write_sentences(out_dir / SENTENCES, corpus, batches)
+        index = _index(fp, specs, plan, shard_bytes, corpus, encoded, caught, key_width, group, info,
+                       max_length=max_length, batch_size=batch_size, shard_size=shard_size)  # fmt: skip
+        io.write_json(out_dir / INDEX, index)
+    index = group.broadcast(index)
+    written = sum(r["shards_written"] for r in ranks)
+    run = {"already_complete": False, "shards_written": written, "shards_reused": len(plan) - written,
+           "world_size": group.world, "ranks": ranks}  # fmt: skip
+    return index | {"run": run}
+
+
+def _claim_shards(out_dir: Path, plan: list[Shard], batches: list[Any], fp: str, force: bool,
+                  group: Group) -> tuple[set[int], set[int], dict[str, Any] | None]:  # fmt: skip
+    """This rank's shards, those of them already on disk, and the finished index when the whole capture is
+    complete already (else ``None``; a stale index of a partial capture is removed)."""
     owner = assign_shards(plan, batches, group.world)
     mine = {s.number for s in plan if owner[s.number] == group.rank}
-
     # Every rank checks the folder; nobody writes a shard before all have (a forced rerun deletes first).
     problems = [p for p in group.gather(prepare_folder(out_dir, fp, force)) if p]
     if problems:
@@ -70,33 +97,20 @@ def capture(
     on_disk = {n for n in mine if shard_is_done(out_dir / plan[n].file, fp, n)}
     # Complete: rank 0 has the index and every rank its shards (on a folder that is not shared, too).
     if all(group.gather(on_disk == mine and (existing is not None or group.rank != 0))):
-        run = {"already_complete": True, "shards_written": 0, "shards_reused": len(plan),
-               "world_size": group.world, "ranks": []}  # fmt: skip
-        return group.broadcast(existing) | {"run": run}
+        return mine, on_disk, group.broadcast(existing)
     group.barrier()  # every rank has read the old index before rank 0 removes it
     if group.rank == 0 and index_path.is_file():  # same fingerprint, but shards were deleted since
         index_path.unlink()
+    return mine, on_disk, None
 
-    writer = ShardWriter(out_dir, plan, specs, fp, skip={s.number for s in plan} - (mine - on_disk))
-    n_rows, seconds = _forward_all(model, batches, writer, names, device, quiet=quiet or group.rank != 0)
-    mine_stats = {"rank": group.rank, "shards": len(mine), "shards_written": len(mine - on_disk),
-                  "rows": n_rows, "seconds": round(seconds, 3),
-                  "tokens_per_s": round(n_rows / seconds, 1) if seconds > 0 else None,
-                  "bytes": {n: (out_dir / plan[n].file).stat().st_size for n in sorted(mine)}}  # fmt: skip
-    ranks = group.gather(mine_stats)
-    shard_bytes = {n: b for r in ranks for n, b in r.pop("bytes").items()}
 
-    index = None
-    if group.rank == 0:
-        write_sentences(out_dir / SENTENCES, corpus, batches)
-        index = _index(fp, specs, plan, shard_bytes, corpus, encoded, caught, key_width, group, info,
-                       max_length=max_length, batch_size=batch_size, shard_size=shard_size)  # fmt: skip
-        io.write_json(index_path, index)
-    index = group.broadcast(index)
-    written = sum(r["shards_written"] for r in ranks)
-    run = {"already_complete": False, "shards_written": written, "shards_reused": len(plan) - written,
-           "world_size": group.world, "ranks": ranks}  # fmt: skip
-    return index | {"run": run}
+def _rank_stats(rank: int, mine: set[int], on_disk: set[int], n_rows: int, seconds: float, out_dir: Path,
+                plan: list[Shard]) -> dict[str, Any]:  # fmt: skip
+    """What this rank did, for the ``run`` entry of the result (``bytes``: its shards' sizes)."""
+    return {"rank": rank, "shards": len(mine), "shards_written": len(mine - on_disk),
+            "rows": n_rows, "seconds": round(seconds, 3),
+            "tokens_per_s": round(n_rows / seconds, 1) if seconds > 0 else None,
+            "bytes": {n: (out_dir / plan[n].file).stat().st_size for n in sorted(mine)}}  # fmt: skip
 
 
 def _encode(model: Any, corpus: Any, max_length: int, batch_size: int) -> tuple[Any, list[Any], list[Any]]:
