@@ -188,9 +188,7 @@ def explore(
     indices, or "auto" (in order while the int8 total stays within ``QK_AUTO_BYTES``; the first always).
     ``attention=False`` leaves attention out of the menu (then ``maps`` is required).
     """
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
+    texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a non-empty list of strings")
     if not attention and not maps:
