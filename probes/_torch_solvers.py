@@ -248,7 +248,12 @@ def _lbfgs(
     tol: float,
     step: int,
 ) -> LogisticSolution:
-    """L-BFGS in whitened coordinates: W = V L^-1, b = c - W mean, with L L' = Cov + alpha I."""
+    """L-BFGS in whitened coordinates: W = V L^-1, b = c - W mean, with L L' = Cov + alpha I.
+
+    Longer than 60 lines: one L-BFGS iteration (two-loop recursion, backtracking line search, history
+    update) reads as the algorithm does in Nocedal & Wright (Alg. 7.4/7.5); split, its state (v, f, g, the
+    S/Y/rho history, the pass count) would be threaded through every helper.
+    """
     n, d = X.shape
     C = stats.cov.clone()
     C.diagonal().add_(alpha + 1e-8 * float(C.diagonal().mean().clamp_min(1e-12)))

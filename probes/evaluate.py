@@ -134,25 +134,16 @@ def evaluate(
     whether every final fit of that label set reached `tol` within `max_iter` (a small `max_iter` buys speed
     with early-stopped probes; this column says so), `repeats`, `value_sd_repeats` (NaN for one repeat) and
     `ci_covers` ("groups" or "groups+repeats": the variance the interval covers, module docstring).
+
+    Over 60 lines through its signature and docstring (every argument of the public entry point documented
+    here); the body checks the arguments, runs the repeats and pools them.
     """
     task = infer_task(y, task)  # before any fitting
     if not 0 < ci < 1:
         raise ValueError(f"ci must be a level in (0, 1), got {ci}")
     if n_boot < 0:
         raise ValueError(f"n_boot must be >= 0, got {n_boot}")
-    ks = _as_ks(within_k)
-    ordinal = bool(ks) if ordinal is None else ordinal
-    names = metric_names(task, ks, ordinal)
-    if metrics is not None:
-        unknown = sorted(set(metrics) - set(names))
-        if unknown:
-            raise ValueError(f"metrics {unknown} are not available here; choose from {names}")
-        names = [m for m in names if m in set(metrics)]
-    numeric = task == "regression" or ordinal or bool(ks)
-    if numeric:  # fail before fitting, not after
-        for what, labels in (("y", y), ("control", control)):
-            if labels is not None and not callable(labels):
-                as_numeric_labels(np.asarray(labels), what=f"{what} with metrics {names}")
+    names, numeric = _checked_metrics(task, y, control, within_k, ordinal, metrics)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     runs = []
@@ -237,6 +228,26 @@ def _one_repeat(
     return {"cv": cv, "points": points, "replicates": replicates, "baselines": baselines, "converged": converged}
 
 
+def _checked_metrics(task: str, y: Any, control: Any, within_k: Any, ordinal: bool | None,
+                     metrics: Sequence[str] | None) -> tuple[list[str], bool]:  # fmt: skip
+    """`evaluate`'s metric names (the default set for the task, within-k and ordinal flags, cut to `metrics`)
+    and whether they need numeric labels; labels that cannot be numbers fail here, before any fit."""
+    ks = _as_ks(within_k)
+    ordinal = bool(ks) if ordinal is None else ordinal
+    names = metric_names(task, ks, ordinal)
+    if metrics is not None:
+        unknown = sorted(set(metrics) - set(names))
+        if unknown:
+            raise ValueError(f"metrics {unknown} are not available here; choose from {names}")
+        names = [m for m in names if m in set(metrics)]
+    numeric = task == "regression" or ordinal or bool(ks)
+    if numeric:  # fail before fitting, not after
+        for what, labels in (("y", y), ("control", control)):
+            if labels is not None and not callable(labels):
+                as_numeric_labels(np.asarray(labels), what=f"{what} with metrics {names}")
+    return names, numeric
+
+
 def grouped_cross_val_predict(
     X: Any,
     y: Any,
@@ -259,7 +270,72 @@ def grouped_cross_val_predict(
 
     Arguments as in `evaluate`. Folds keep groups whole and are stratified by label (`grouped_folds`), in an
     order shuffled by `seed`. Raises if a training split holds a single class.
+
+    Over 60 lines only through its signature (one keyword per line, as `evaluate`'s); the body is the fold
+    loop, with input checks and each fit in helpers.
     """
+    X, y, y_control, group_idx, n_groups, grid = _check_cv_inputs(
+        X, y, groups, control, task=task, n_folds=n_folds, alphas=alphas, inner_folds=inner_folds,
+        backend=backend, device=device,
+    )  # fmt: skip
+    n = X.shape[0]
+    rng = np.random.default_rng([seed, 0])
+    fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, task))
+
+    def new_probe() -> LinearProbe:
+        return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
+                           max_iter=max_iter, seed=seed, tol=tol, warm_start=True, n_threads=n_threads)  # fmt: skip
+
+    y_pred = np.empty(n, dtype=_pred_dtype(y, task))
+    majority = np.empty(n, dtype=y_pred.dtype)
+    control_pred = control_majority = None
+    if y_control is not None:
+        control_pred = np.empty(n, dtype=_pred_dtype(y_control, task))
+        control_majority = np.empty(n, dtype=control_pred.dtype)
+    alpha_by_fold, n_train_by_fold, converged, control_converged = [], [], [], []
+    for f in range(n_folds):
+        train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+        where = f" (training split of outer fold {f})"
+        if task == "classification":
+            check_classes(y[train], where=where)
+        alpha = grid[0] if len(grid) == 1 else _choose_alpha(
+            _rows(X, train), y[train], group_idx[train], grid, inner_folds, rng, new_probe, task, where
+        )  # fmt: skip
+        Xtr, Xte = _rows(X, train), _rows(X, test)
+        # a fresh probe per fold: warm-starting from another fold's solution would carry that fold's fit on
+        # this fold's test rows into directions the penalty barely shrinks (a leak we measured)
+        y_pred[test], majority[test], ok = _fit_predict(new_probe(), alpha, Xtr, y[train], Xte, task)
+        converged.append(ok)
+        if y_control is not None:
+            if task == "classification":
+                check_classes(y_control[train], name="control", where=where)
+            control_pred[test], control_majority[test], ok = _fit_predict(
+                new_probe(), alpha, Xtr, y_control[train], Xte, task
+            )
+            control_converged.append(ok)
+        alpha_by_fold.append(alpha)
+        n_train_by_fold.append(len(train))
+    return CrossValPredictions(
+        y_pred=y_pred, majority_pred=majority, fold=fold, group_idx=group_idx, n_groups=n_groups,
+        alpha_by_fold=alpha_by_fold, n_train_by_fold=n_train_by_fold, control_pred=control_pred,
+        control_majority_pred=control_majority, converged=converged, control_converged=control_converged,
+    )  # fmt: skip
+
+
+def _fit_predict(probe: LinearProbe, alpha: float, Xtr: Any, ytr: np.ndarray, Xte: Any,
+                 task: str) -> tuple[np.ndarray, Any, bool]:  # fmt: skip
+    """One outer fold: the probe fitted at `alpha` on the training rows; its predictions on the test rows,
+    the training majority (mean for regression) and whether the fit converged."""
+    fitted = probe.set_params(alpha=alpha).fit(Xtr, ytr)
+    return fitted.predict(Xte), _majority(ytr, task), bool(fitted.converged_)
+
+
+def _check_cv_inputs(
+    X: Any, y: Any, groups: Any, control: Any, *, task: str, n_folds: int, alphas: Any, inner_folds: int,
+    backend: str, device: Any,
+) -> tuple[Any, np.ndarray, np.ndarray | None, np.ndarray, int, list[float]]:  # fmt: skip
+    """`grouped_cross_val_predict`'s inputs checked: (X [n, d] (a tensor on `device` for the torch
+    backend), y [n], control [n] or None, group index [n], number of groups, alpha grid)."""
     infer_task(y, task)  # checks the name; refuses classification on continuous labels
     check_backend(backend)
     X = check_features(X)
@@ -282,52 +358,7 @@ def grouped_cross_val_predict(
             check_classes(y_control, name="control")
     if backend == "torch":
         X = _to_tensor(X, torch.device(device) if device is not None else torch.device("cpu"))
-    rng = np.random.default_rng([seed, 0])
-    fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, task))
-
-    def new_probe() -> LinearProbe:
-        return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
-                           max_iter=max_iter, seed=seed, tol=tol, warm_start=True, n_threads=n_threads)  # fmt: skip
-
-    y_pred = np.empty(n, dtype=_pred_dtype(y, task))
-    majority = np.empty(n, dtype=y_pred.dtype)
-    control_pred = control_majority = None
-    if y_control is not None:
-        control_pred = np.empty(n, dtype=_pred_dtype(y_control, task))
-        control_majority = np.empty(n, dtype=control_pred.dtype)
-    alpha_by_fold, n_train_by_fold, converged, control_converged = [], [], [], []
-    for f in range(n_folds):
-        train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-        where = f" (training split of outer fold {f})"
-        if task == "classification":
-            check_classes(y[train], where=where)
-        if len(grid) == 1:
-            alpha = grid[0]
-        else:
-            alpha = _choose_alpha(
-                _rows(X, train), y[train], group_idx[train], grid, inner_folds, rng, new_probe, task, where
-            )
-        Xtr, Xte = _rows(X, train), _rows(X, test)
-        # a fresh probe per fold: warm-starting from another fold's solution would carry that fold's fit on
-        # this fold's test rows into directions the penalty barely shrinks (a leak we measured)
-        task_probe = new_probe().set_params(alpha=alpha).fit(Xtr, y[train])
-        y_pred[test] = task_probe.predict(Xte)
-        majority[test] = _majority(y[train], task)
-        converged.append(bool(task_probe.converged_))
-        if y_control is not None:
-            if task == "classification":
-                check_classes(y_control[train], name="control", where=where)
-            control_probe = new_probe().set_params(alpha=alpha).fit(Xtr, y_control[train])
-            control_pred[test] = control_probe.predict(Xte)
-            control_majority[test] = _majority(y_control[train], task)
-            control_converged.append(bool(control_probe.converged_))
-        alpha_by_fold.append(alpha)
-        n_train_by_fold.append(len(train))
-    return CrossValPredictions(
-        y_pred=y_pred, majority_pred=majority, fold=fold, group_idx=group_idx, n_groups=n_groups,
-        alpha_by_fold=alpha_by_fold, n_train_by_fold=n_train_by_fold, control_pred=control_pred,
-        control_majority_pred=control_majority, converged=converged, control_converged=control_converged,
-    )  # fmt: skip
+    return X, y, y_control, group_idx, n_groups, grid
 
 
 def grouped_folds(

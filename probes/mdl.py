@@ -81,6 +81,9 @@ def mdl_probe(
     uniform_bits, prior_bits, model, alpha: the alpha that coded the block, NaN if no probe did),
     `order` ([n] the row order used); with `control`, `control` holds the same dict for the control labels;
     `table` is a long DataFrame (labels, metric, value) of the scalar results.
+
+    Over 60 lines through its signature and docstring; the body orders the rows, cuts the blocks and codes
+    the labels (and the control labels) with `_codelength`.
     """
     check_task(task)
     check_backend(backend)
@@ -92,17 +95,7 @@ def mdl_probe(
     X = check_features(X)
     n = X.shape[0]
     y = check_target(y, n, task)
-    rng = np.random.default_rng([seed, 2])
-    if groups is None:
-        order = rng.permutation(n)
-        ends = np.arange(1, n + 1)
-    else:
-        group_idx, n_groups = check_groups(groups, n)
-        group_order = rng.permutation(n_groups)
-        rank = np.empty(n_groups, dtype=np.int64)
-        rank[group_order] = np.arange(n_groups)
-        order = np.argsort(rank[group_idx], kind="stable")
-        ends = np.cumsum(np.bincount(group_idx, minlength=n_groups)[group_order])
+    order, ends = _transmission_order(n, groups, seed)
     bounds = _block_bounds(n, n_blocks, ends)
     if backend == "torch":
         X = _to_tensor(X, torch.device(device) if device is not None else torch.device("cpu"))
@@ -122,10 +115,56 @@ def mdl_probe(
         result["control"]["order"] = order
         labelled["control"] = result["control"]
     metrics = ["online_codelength", "uniform_codelength", "prior_codelength", "compression", "prior_compression"]
-    result["table"] = pd.DataFrame(
-        [{"labels": k, "metric": m, "value": r[m]} for k, r in labelled.items() for m in metrics]
-    )
+    result["table"] = pd.DataFrame([{"labels": k, "metric": m, "value": r[m]} for k, r in labelled.items()
+                                    for m in metrics])  # fmt: skip
     return result
+
+
+def _transmission_order(n: int, groups: Any, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' random transmission order [n] (whole groups together when `groups` is given) and the row
+    counts at which a group ends in that order (every row when there are no groups)."""
+    rng = np.random.default_rng([seed, 2])
+    if groups is None:
+        return rng.permutation(n), np.arange(1, n + 1)
+    group_idx, n_groups = check_groups(groups, n)
+    group_order = rng.permutation(n_groups)
+    rank = np.empty(n_groups, dtype=np.int64)
+    rank[group_order] = np.arange(n_groups)
+    order = np.argsort(rank[group_idx], kind="stable")
+    return order, np.cumsum(np.bincount(group_idx, minlength=n_groups)[group_order])
+
+
+def _target_codes(y: np.ndarray, task: str, precision: float | None,
+                  name: str) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None, int, float | None]:  # fmt: skip
+    """What is transmitted for each row of y [n]: (classes or None, codes [n] (class index or regression
+    bin), bin centers [n] or None, alphabet size, the regression bin width or None)."""
+    if task == "classification":
+        classes, codes = check_classes(y, name=name)
+        return classes, codes, None, len(classes), precision
+    precision = _default_precision(y) if precision is None else float(precision)
+    if not precision > 0:
+        raise ValueError(f"precision must be > 0, got {precision}")
+    codes = np.rint((y - y.min()) / precision).astype(np.int64)  # the bin each target is sent as
+    alphabet = int(codes.max()) + 1
+    if alphabet < 2:
+        raise ValueError(f"{name} spans a single bin: there is nothing to code; check the target or precision")
+    return None, codes, y.min() + codes * precision, alphabet, precision
+
+
+def _block_probability(fitted: Any, X: Any, y: np.ndarray, codes: np.ndarray, classes: np.ndarray | None,
+                       centers: np.ndarray | None, start: int, end: int, alphabet: int,
+                       precision: float | None) -> np.ndarray:  # fmt: skip
+    """The probability [end - start] a probe fitted on rows [0, start) gives each row of the block its
+    transmitted code: its class probability, or for regression the mass of the target's bin under a
+    Gaussian around the prediction with the prefix's residual spread."""
+    block = slice(start, end)
+    if classes is not None:
+        proba = np.zeros((end - start, alphabet))
+        proba[:, np.searchsorted(classes, fitted.classes_)] = fitted.predict_proba(X[block])
+        return proba[np.arange(end - start), codes[block]]
+    residual = fitted.predict(X[:start]) - y[:start]
+    sigma = max(float(np.sqrt(np.mean(residual**2))), precision)
+    return _gauss_bin(centers[block], fitted.predict(X[block]), sigma, precision)
 
 
 def _block_bounds(n: int, n_blocks: int, ends: np.ndarray) -> np.ndarray:
@@ -148,19 +187,7 @@ def _codelength(
     name: str,
 ) -> dict[str, Any]:
     """Prequential codelength of y [n] (rows already in transmission order) cut at `bounds`."""
-    centers = None
-    if task == "classification":
-        classes, codes = check_classes(y, name=name)
-        alphabet = len(classes)
-    else:
-        precision = _default_precision(y) if precision is None else float(precision)
-        if not precision > 0:
-            raise ValueError(f"precision must be > 0, got {precision}")
-        codes = np.rint((y - y.min()) / precision).astype(np.int64)  # the bin each target is sent as
-        centers = y.min() + codes * precision
-        alphabet = int(codes.max()) + 1
-        if alphabet < 2:
-            raise ValueError(f"{name} spans a single bin: there is nothing to code; check the target or precision")
+    classes, codes, centers, alphabet, precision = _target_codes(y, task, precision, name)
     per_row = np.log2(alphabet)
 
     def mixed_bits(p: np.ndarray) -> float:
@@ -194,17 +221,9 @@ def _codelength(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # an imperfect fit only costs bits
             fits = probe.fit_path(X[:start], y[:start], candidates)
-        bits_by_alpha = {}
-        for a, fitted in zip(candidates, fits, strict=True):
-            if task == "classification":
-                proba = np.zeros((end - start, alphabet))
-                proba[:, np.searchsorted(classes, fitted.classes_)] = fitted.predict_proba(X[block])
-                p = proba[np.arange(end - start), codes[block]]
-            else:
-                residual = fitted.predict(X[:start]) - y[:start]
-                sigma = max(float(np.sqrt(np.mean(residual**2))), precision)
-                p = _gauss_bin(centers[block], fitted.predict(X[block]), sigma, precision)
-            bits_by_alpha[a] = mixed_bits(p)
+        bits_by_alpha = {a: mixed_bits(_block_probability(fitted, X, y, codes, classes, centers, start, end,
+                                                          alphabet, precision))
+                         for a, fitted in zip(candidates, fits, strict=True)}  # fmt: skip
         if not last_block:
             for a in grid:
                 history[a] += bits_by_alpha[a]
@@ -212,7 +231,12 @@ def _codelength(
         rows.append(dict(start=start, end=end, n_train=start, bits=bits_by_alpha[chosen],
                          uniform_bits=(end - start) * per_row, prior_bits=prior, model="probe",
                          alpha=chosen))  # fmt: skip
-    blocks = pd.DataFrame(rows)
+    return _codelength_summary(pd.DataFrame(rows), len(y), alphabet, grid)
+
+
+def _codelength_summary(blocks: pd.DataFrame, n: int, alphabet: int, grid: list[float]) -> dict[str, Any]:
+    """`_codelength`'s result from its block table (start, end, n_train, bits, uniform_bits, prior_bits,
+    model, alpha)."""
     online, uniform, prior = blocks.bits.sum(), blocks.uniform_bits.sum(), blocks.prior_bits.sum()
     return {
         "online_codelength": float(online),
@@ -220,7 +244,7 @@ def _codelength(
         "prior_codelength": float(prior),
         "compression": float(uniform / online),
         "prior_compression": float(uniform / prior),
-        "n": len(y),
+        "n": n,
         "alphabet_size": alphabet,
         "alpha": float(blocks.alpha.dropna().iloc[-1]) if blocks.alpha.notna().any() else float("nan"),
         "alphas": list(grid),

@@ -14,6 +14,7 @@ import pytest
 import torch
 from bertscope.experiments import capture as capture_mod
 from bertscope.experiments import cli
+from bertscope.experiments.capture import stream, writer
 from bertscope.experiments.corpus import load_corpus
 from safetensors import safe_open
 
@@ -99,16 +100,16 @@ def test_interrupted_capture_resumes_to_identical_shards(
     out = tmp_path / "resumed"
     n_shards = len(json.loads((reference / "index.json").read_text())["shards"])
     stop_at = n_shards - 2  # Ctrl-C while writing this shard
-    real_write = capture_mod._ShardWriter._write
+    real_write = writer.ShardWriter._write
     written = []
 
-    def write_then_interrupt(self: capture_mod._ShardWriter, number: int) -> None:
+    def write_then_interrupt(self: writer.ShardWriter, number: int) -> None:
         if len(written) == stop_at:
             raise KeyboardInterrupt
         real_write(self, number)
         written.append(number)
 
-    monkeypatch.setattr(capture_mod._ShardWriter, "_write", write_then_interrupt)
+    monkeypatch.setattr(writer.ShardWriter, "_write", write_then_interrupt)
     assert cli.main(capture_args(tiny_model_dir, out)) == 130
     assert not (out / "index.json").exists() and not list(out.glob(".*partial"))
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.safetensors")}
@@ -116,10 +117,10 @@ def test_interrupted_capture_resumes_to_identical_shards(
     with pytest.raises(capture_mod.CaptureError, match="unfinished"):
         capture_mod.read_index(out)
 
-    monkeypatch.setattr(capture_mod._ShardWriter, "_write", real_write)
-    real_run = capture_mod._run
+    monkeypatch.setattr(writer.ShardWriter, "_write", real_write)
+    real_run = stream._run
     forwards = []
-    monkeypatch.setattr(capture_mod, "_run", lambda *a, **k: forwards.append(1) or real_run(*a, **k))
+    monkeypatch.setattr(stream, "_run", lambda *a, **k: forwards.append(1) or real_run(*a, **k))
     assert cli.main(capture_args(tiny_model_dir, out)) == 0
     n_batches = -(-N_SENTENCES // 3)
     assert 0 < len(forwards) < n_batches  # batches whose shards were all on disk were skipped

@@ -45,7 +45,8 @@ def test_wheel_has_only_the_bertscope_namespace(tmp_path):
     assert top - dist_info == {"bertscope"}, sorted(top)
     # the subpackages are inside the namespace, with their modules
     for module in ("bertscope/__init__.py", "bertscope/models/encoder.py", "bertscope/models/text.py",
-                   "bertscope/hooks/cache.py", "bertscope/probes/evaluate.py", "bertscope/experiments/cli.py",
+                   "bertscope/hooks/cache.py", "bertscope/probes/evaluate.py", "bertscope/experiments/cli/__init__.py",
+                   "bertscope/experiments/capture/__main__.py",
                    "bertscope/experiments/corpus/__init__.py"):
         assert module in names, module
     # every folder of .py files in the wheel is a declared package (a new subpackage must be listed)

@@ -188,9 +188,7 @@ def explore(
     indices, or "auto" (in order while the int8 total stays within ``QK_AUTO_BYTES``; the first always).
     ``attention=False`` leaves attention out of the menu (then ``maps`` is required).
     """
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
+    texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a non-empty list of strings")
     if not attention and not maps:
@@ -206,24 +204,7 @@ def explore(
             raise ValueError(f"{', '.join(clash)} given both in maps= and mixing=")
         maps = {**(maps or {}), **computed}
         labels = {**{m: MIXING_LABELS.get(m, m) for m in computed}, **(labels or {})}
-    if qk == "auto":
-        per_token = 2 * cfg.n_layers * cfg.d_model  # int8 q and k, every layer
-        lengths = [int(m.sum()) for m in inputs["attention_mask"]]
-        want, total = [], 0
-        for i, n in enumerate(lengths):
-            total += n * per_token
-            want.append(i == 0 or total <= QK_AUTO_BYTES)
-            if not want[-1]:
-                total = QK_AUTO_BYTES + 1  # keep a prefix: once one is left out, so are the rest
-    elif isinstance(qk, bool):
-        want = [qk] * len(texts)
-    elif isinstance(qk, str):
-        raise ValueError(f"qk must be True, False, 'auto' or a list of sentence indices, got {qk!r}")
-    else:
-        chosen = set(qk)
-        if not chosen <= set(range(len(texts))):
-            raise ValueError(f"qk indices must be in 0..{len(texts) - 1}, got {sorted(chosen)}")
-        want = [i in chosen for i in range(len(texts))]
+    want = _qk_wanted(qk, [int(m.sum()) for m in inputs["attention_mask"]], 2 * cfg.n_layers * cfg.d_model)
 
     caught = capture(model, inputs, qk=want, batch_size=batch_size)
     padded_len = int(inputs["input_ids"].shape[1])
@@ -243,3 +224,25 @@ def explore(
         model_name=getattr(model, "source", ""),
         title=title,
     )
+
+
+def _qk_wanted(qk: bool | str | Sequence[int], lengths: list[int], per_token: int) -> list[bool]:
+    """Which sentences (real-token ``lengths``) embed queries and keys, from ``explore``'s ``qk``;
+    ``per_token``: bytes per token (int8 q and k, every layer)."""
+    if qk == "auto":
+        want, total = [], 0
+        for i, n in enumerate(lengths):
+            total += n * per_token
+            want.append(i == 0 or total <= QK_AUTO_BYTES)
+            if not want[-1]:
+                total = QK_AUTO_BYTES + 1  # keep a prefix: once one is left out, so are the rest
+    elif isinstance(qk, bool):
+        want = [qk] * len(lengths)
+    elif isinstance(qk, str):
+        raise ValueError(f"qk must be True, False, 'auto' or a list of sentence indices, got {qk!r}")
+    else:
+        chosen = set(qk)
+        if not chosen <= set(range(len(lengths))):
+            raise ValueError(f"qk indices must be in 0..{len(lengths) - 1}, got {sorted(chosen)}")
+        want = [i in chosen for i in range(len(lengths))]
+    return want

@@ -1,0 +1,127 @@
+"""Planning a capture before any forward pass: each hook's row shape and dtype, the shards (whole sentences
+in batch order, bounded in bytes), which rank writes which shard, how deep the forward must go, and the
+fingerprint that tells a resumable capture from a foreign one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .layout import ATTENTION_SUFFIXES, FORMAT, ROW_FIELDS, shard_file
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One captured hook: its per-row shape (``[head, key_width]`` for attention hooks) and dtype."""
+
+    name: str
+    row_shape: tuple[int, ...]
+    dtype: torch.dtype
+    attention: bool
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one row of this hook takes."""
+        return math.prod(self.row_shape) * torch.empty((), dtype=self.dtype).element_size()
+
+    def describe(self) -> dict[str, Any]:
+        """The hook's entry in ``index.json``."""
+        layout = "[rows, head, key] (one row per query token)" if self.attention else "[rows, ...]"
+        return {"row_shape": list(self.row_shape), "dtype": str(self.dtype).removeprefix("torch."),
+                "layout": layout}  # fmt: skip
+
+
+@dataclass
+class Shard:
+    """A planned shard: the sentences it holds as ``(batch number, row in batch)``, and its token rows."""
+
+    number: int
+    sentences: list[tuple[int, int]] = field(default_factory=list)
+    n_rows: int = 0
+
+    @property
+    def file(self) -> str:
+        """Its file name in the capture folder."""
+        return shard_file(self.number)
+
+
+def hook_specs(model: Any, names: list[str], batch: Any, key_width: int, device: Any) -> list[HookSpec]:
+    """Each hook's per-token shape and dtype, from one tiny forward of the batch's first sentence."""
+    n = int(batch.attention_mask[0].sum())
+    ids = batch.input_ids[:1, :n].to(device)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(
+            ids, attention_mask=batch.attention_mask[:1, :n].to(device),
+            token_type_ids=batch.token_type_ids[:1, :n].to(device), names_filter=names,
+        )  # fmt: skip
+    specs = []
+    for name in names:
+        t = cache[name]
+        if name.endswith(ATTENTION_SUFFIXES):  # [1, head, query, key] -> row [head, key_width]
+            specs.append(HookSpec(name, (int(t.shape[1]), key_width), t.dtype, True))
+        else:  # [1, pos, ...] -> row [...]
+            specs.append(HookSpec(name, tuple(int(d) for d in t.shape[2:]), t.dtype, False))
+    return specs
+
+
+def plan_shards(batches: list[Any], specs: list[HookSpec], shard_size: int) -> list[Shard]:
+    """Greedy over whole sentences in batch order: deterministic, and known before any forward pass."""
+    row_bytes = sum(s.row_bytes for s in specs) + 8 * len(ROW_FIELDS)
+    plan = [Shard(0)]
+    for b, batch in enumerate(batches):
+        for j, length in enumerate(batch.attention_mask.sum(dim=1).tolist()):
+            shard = plan[-1]
+            if shard.sentences and (shard.n_rows + length) * row_bytes > shard_size:
+                shard = Shard(len(plan))
+                plan.append(shard)
+            shard.sentences.append((b, j))
+            shard.n_rows += int(length)
+    return plan
+
+
+def assign_shards(plan: list[Shard], batches: list[Any], world: int) -> list[int]:
+    """The rank writing each shard: contiguous runs of shards, balanced by padded tokens (what a forward
+    costs). Contiguous, so a rank runs a contiguous run of batches and only boundary batches run twice."""
+    width = [int(b.attention_mask.shape[1]) for b in batches]
+    cost = [sum(width[b] for b, _ in s.sentences) for s in plan]
+    total, before, owner = sum(cost), 0, []
+    for c in cost:
+        owner.append(min(world - 1, int((before + c / 2) * world // total)))  # the rank owning its midpoint
+        before += c
+    return owner
+
+
+def last_layer_needed(names: list[str]) -> int | None:
+    """The deepest block any selected hook lives in (embedding-only: block 0), so the forward can stop
+    there; ``None`` when a hook needs the full forward (e.g. ``ln_final``)."""
+    layers = []
+    for name in names:
+        if name.startswith("embed."):
+            layers.append(0)
+        elif m := re.match(r"blocks\.(\d+)\.", name):
+            layers.append(int(m.group(1)))
+        else:
+            return None
+    return max(layers)
+
+
+def fingerprint(model: Any, corpus: Any, specs: list[HookSpec], max_length: int, batch_size: int,
+                shard_size: int, device: Any) -> str:  # fmt: skip
+    """sha256 of everything that decides a shard's bytes: model and corpus hashes, hooks, sizes, device type."""
+    payload = {
+        "format": FORMAT,
+        "model": model.weights_sha256,
+        "corpus": corpus.sha256,
+        "hooks": [s.describe() | {"name": s.name} for s in specs],
+        "max_length": max_length,
+        "batch_size": batch_size,
+        "shard_size": shard_size,
+        "device": torch.device(device).type,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,216 @@
+"""The ``bertscope`` argument parser: one function per subcommand, the option groups they share, and the
+argument types (positive integers, byte sizes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bertscope.experiments.registry import EXPERIMENTS
+
+from .commands import cmd_capture, cmd_explore, cmd_info, cmd_report, cmd_run
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argparse parser with every subcommand (``--help`` works on each; ``run NAME --help`` describes
+    experiment NAME, so ``argv`` is looked at for that name).
+    """
+    parser = argparse.ArgumentParser(
+        prog="bertscope",
+        description="Mechanistic interpretability for BERT-family encoders: inspect, capture, experiment, report.",
+        epilog="Quick start: bertscope run all && bertscope report results",
+    )
+    parser.add_argument("--version", action="version", version=f"bertscope {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_info(sub)
+    _add_capture(sub)
+    _add_run(sub, argv)
+    _add_report(sub)
+    _add_explore(sub)
+    return parser
+
+
+def _add_info(sub: Any) -> None:
+    """``bertscope info``: describe a model."""
+    p = sub.add_parser(
+        "info",
+        help="describe a model: sizes, parameters, weights' source and sha256, hook names",
+        description="Describe a model: layers, heads, sizes, parameter count, weights' source and sha256, "
+        "and every hook-point name.",
+    )
+    _add_model_options(p)
+    p.add_argument("--json", action="store_true", help="print everything as JSON (all hook names listed)")
+    p.set_defaults(handler=cmd_info)
+
+
+def _add_capture(sub: Any) -> None:
+    """``bertscope capture``: stream activations to shards."""
+    p = sub.add_parser(
+        "capture",
+        help="stream selected activations for a corpus to safetensors shards",
+        description="Run the model over a corpus and stream the activations at the selected hook points to "
+        "OUT/shard-*.safetensors (one row per real token, never padding; row metadata rows.* maps each row "
+        "to its sentence and position) with OUT/index.json and OUT/sentences.parquet. Memory stays "
+        "within about one shard; an interrupted capture resumes where it stopped. Load it back with "
+        "bertscope.load_capture(OUT).",
+    )
+    p.add_argument(
+        "--hooks",
+        required=True,
+        help="hook names or globs, comma-separated, e.g. 'blocks.*.hook_resid_post,blocks.0.attn.hook_pattern' "
+        "(see `bertscope info`)",
+    )
+    p.add_argument(
+        "--shard-size",
+        default="256MB",
+        type=_size,
+        help="bytes per shard, e.g. 64MB, 1GiB (default 256MB); bounds memory use",
+    )
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=None,
+        help="split the corpus over N local processes launched with torchrun (same bytes as one process); "
+        "for several machines run torchrun -m bertscope.experiments.capture yourself (docs/capture.md)",
+    )
+    _add_shared_options(p, out_default=Path("results/capture"))
+    p.set_defaults(handler=cmd_capture)
+
+
+def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
+    """``bertscope run NAME``: run experiments (``run NAME --help`` describes NAME, looked up in ``argv``)."""
+    from bertscope.experiments.registry import help_text
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv[argv.index("run") + 1:] if a in EXPERIMENTS), None) if "run" in argv else None
+    p = sub.add_parser(
+        "run",
+        help="run an experiment (or all of them) and write tables, figures and manifests",
+        description=(f"{chosen}: {help_text(chosen)}\n\n" if chosen else "")
+        + "Run an experiment, or all that are installed, writing OUT/<experiment>/results.parquet "
+        "and .csv, figures (PNG and PDF) and manifest.json, then OUT/index.html. Finished experiments with "
+        "the same settings are skipped unless --force.",
+        epilog=None if chosen else "experiments:\n" + "\n".join(f"  {n}: {help_text(n)}" for n in EXPERIMENTS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which experiment")
+    _add_shared_options(p, out_default=Path("results"))
+    p.add_argument("--no-report", action="store_true", help="do not write OUT/index.html afterwards")
+    p.set_defaults(handler=cmd_run)
+
+
+def _add_report(sub: Any) -> None:
+    """``bertscope report``: write the offline page."""
+    p = sub.add_parser(
+        "report",
+        help="write OUT/index.html: one offline page with every figure, key table and manifest",
+        description="Write OUT/index.html, a self-contained page (figures embedded, key tables, manifests) "
+        "that opens offline in a browser.",
+    )
+    p.add_argument("out", nargs="?", type=Path, default=Path("results"), help="results folder (default results)")
+    p.add_argument(
+        "--link-figures",
+        action="store_true",
+        help="link figures by relative path instead of embedding them (smaller page; keep the folder together)",
+    )
+    _add_report_explore_options(p)
+    p.set_defaults(handler=cmd_report)
+
+
+def _add_explore(sub: Any) -> None:
+    """``bertscope explore``: write an explorer page for given texts."""
+    p = sub.add_parser(
+        "explore",
+        help="write one offline HTML page with interactive attention (and mixing) views of your sentences",
+        description="Run the model on each TEXT and write an interactive page (head view, model view, "
+        "query-key view; context-mixing methods in a menu with --mixing): one self-contained HTML file.",
+    )
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more sentences (quote each)")
+    _add_model_options(p)
+    p.add_argument("--max-length", type=_positive_int, default=128,
+                   help="word pieces per text incl. [CLS]/[SEP]; a longer text is an error (default 128)")  # fmt: skip
+    p.add_argument("--mixing", default=None, metavar="METHODS",
+                   help="context-mixing methods for the menu, comma-separated, e.g. alti,attention_norm")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("explore.html"), help="HTML file to write (default explore.html)")
+    p.set_defaults(handler=cmd_explore)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bertscope")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model folder (transformers or sentence-transformers layout) or a hub id already in the local "
+        "cache; default: the bundled all-MiniLM-L6-v2",
+    )
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16 or float64")
+
+
+def _add_report_explore_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("explorer", "an interactive attention explorer for a few corpus sentences "
+                                 "(default: where the notable heads in the saved tables are most active)")  # fmt: skip
+    which = group.add_mutually_exclusive_group()
+    which.add_argument("--explore", type=_positive_int, default=None, metavar="N",
+                       help="embed the first N sentences of the run's corpus")  # fmt: skip
+    which.add_argument("--explore-ids", default=None, metavar="I,J",
+                       help="embed these corpus sentence indices (0-based)")  # fmt: skip
+    which.add_argument("--no-explore", action="store_true", help="embed no explorer")
+    group.add_argument("--mixing", default=None, metavar="METHODS",
+                       help="context-mixing methods for the explorer's menu, e.g. alti,attention_norm")  # fmt: skip
+    _add_model_options(group)
+    group.set_defaults(model=None)
+
+
+
+def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
+    _add_model_options(p)
+    p.add_argument(
+        "--corpus",
+        default="builtin",
+        help="builtin (default; generated English with gold syntax), repeated-random, or a .txt/.conllu/.jsonl path",
+    )
+    p.add_argument("--max-sentences", type=_positive_int, default=None, help="use at most this many sentences")
+    p.add_argument(
+        "--max-length",
+        type=_positive_int,
+        default=128,
+        help="word pieces per sequence incl. [CLS]/[SEP]; longer ones are truncated and counted (default 128)",
+    )
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="sequences per forward pass (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for corpora, sampling and probes (default 0)")
+    p.add_argument("--out", type=Path, default=out_default, help=f"output folder (default {out_default})")
+    p.add_argument("--force", action="store_true", help="recompute even what is already finished")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
+
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    from bertscope.experiments.io import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
