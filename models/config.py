@@ -168,13 +168,9 @@ class EncoderConfig:
             config = json.loads(path.read_text(encoding="utf-8"))
         elif not isinstance(config, dict):
             config = config.to_dict()
-        model_type = config.get("model_type", "bert")
-        family = _family_config_builder(model_type)  # DeBERTa-v2/v3 and ModernBERT build their own config
-        if family is not None:
-            return family(config, **overrides)
         from bertscope.models.families import family_for
 
-        fields = family_for(model_type).config_fields(config)
+        fields = family_for(config.get("model_type", "bert")).config_fields(config)
         fields.update(overrides)
         return cls(**fields)
 
@@ -200,15 +196,3 @@ class EncoderConfig:
             pad_token_id=self.pad_token_id,
         )
 
-
-def _family_config_builder(model_type: str) -> Any:
-    """``config_from_hf(dict, **overrides)`` of a family with its own module (DeBERTa-v2/v3, ModernBERT), or None."""
-    if model_type == "deberta-v2":
-        from bertscope.models.deberta import config_from_hf
-
-        return config_from_hf
-    if model_type == "modernbert":
-        from bertscope.models.modernbert import config_from_hf
-
-        return config_from_hf
-    return None

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.models.config import EncoderConfig
 from bertscope.models.encoder import Attention, Block, Encoder, LayerNorm, MLMHead
-from bertscope.models.family_common import attention_output, fill_checked, hook_order
+from bertscope.models.family_common import attention_output, hook_order
 from einops import rearrange
 from torch import nn
 
@@ -39,8 +39,9 @@ MODEL_TYPE = "deberta-v2"
 
 
 # ====================================================================== config
-def config_from_hf(config: dict[str, Any], **overrides: Any) -> EncoderConfig:
-    """``EncoderConfig`` from a DeBERTa-v2/v3 ``config.json`` dict (transformers' defaults where a key is absent).
+def config_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """``EncoderConfig`` fields from a DeBERTa-v2/v3 ``config.json`` dict (transformers' defaults where a key is
+    absent).
 
     Refuses what this implementation does not cover: the convolution layer (``conv_kernel_size``), an embedding
     size other than ``hidden_size`` (``embed_proj``), a custom ``attention_head_size``.
@@ -66,6 +67,7 @@ def config_from_hf(config: dict[str, Any], **overrides: Any) -> EncoderConfig:
         raise ValueError(f"pos_att_type entries must be 'c2p' or 'p2c', got {unknown}")
     fields = dict(
         arch=MODEL_TYPE,
+        model_type=MODEL_TYPE,
         vocab_size=config.get("vocab_size", 128100),
         d_model=d,
         n_layers=config.get("num_hidden_layers", 24),
@@ -86,8 +88,7 @@ def config_from_hf(config: dict[str, Any], **overrides: Any) -> EncoderConfig:
         norm_rel_ebd=str(config.get("norm_rel_ebd", "none")),
         position_biased_input=bool(config.get("position_biased_input", True)),
     )
-    fields.update(overrides)
-    return EncoderConfig(**fields)
+    return fields
 
 
 def relative_span(cfg: EncoderConfig) -> int:
@@ -290,8 +291,10 @@ class DebertaEncoder(Encoder):
     ``forward`` returns the last hidden state ``[batch, pos, d_model]`` (= transformers' ``last_hidden_state``).
     """
 
-    def __init__(self, config: EncoderConfig, *, mlm_head: bool = False) -> None:
+    def __init__(self, config: EncoderConfig, *, pooler: bool = False, mlm_head: bool = False) -> None:
         HookedModule.__init__(self)
+        if pooler:
+            raise ValueError("DeBERTa-v2/v3 checkpoints have no pooler")
         if config.arch != MODEL_TYPE:
             raise ValueError(f"DebertaEncoder needs config.arch == {MODEL_TYPE!r}, got {config.arch!r}")
         if config.norm_placement != "post" or not config.attention_projections or config.position_encoding != "learned":
@@ -409,9 +412,11 @@ _MLM = {
 }
 
 
-def convert_state_dict(state: dict[str, torch.Tensor], config: EncoderConfig) -> tuple[dict[str, torch.Tensor], bool]:
+def convert_state_dict(
+    state: dict[str, torch.Tensor], config: EncoderConfig
+) -> tuple[dict[str, torch.Tensor], bool, bool]:
     """Map a transformers DeBERTa-v2 state dict (``DebertaV2Model`` or a task model) to this package's names,
-    fusing Q/K/V. Returns (state, has_mlm)."""
+    fusing Q/K/V. Returns (state, has_pooler (always False), has_mlm)."""
     from bertscope.models.loading import CheckpointError
 
     prefix = "deberta." if any(k.startswith("deberta.") for k in state) else ""
@@ -456,18 +461,5 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: EncoderConfig) ->
         out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(fused)
     if unknown:
         raise CheckpointError(f"DeBERTa tensors this loader does not know how to place: {sorted(unknown)}")
-    return out, any(k.startswith("mlm_head.") for k in out)
+    return out, False, any(k.startswith("mlm_head.") for k in out)
 
-
-def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, source: str = "state_dict") -> Encoder:
-    """Build a ``DebertaEncoder`` from a transformers DeBERTa-v2/v3 state dict, checking every tensor."""
-    mapped, has_mlm = convert_state_dict(state, config)
-    model = DebertaEncoder(config, mlm_head=has_mlm)
-    if "mlm_head.decoder" in mapped:
-        decoder = mapped.pop("mlm_head.decoder")
-        if not torch.equal(decoder, mapped["embed.word.weight"]):
-            model.mlm_head.decoder = nn.Parameter(torch.empty_like(decoder))
-            mapped["mlm_head.decoder"] = decoder
-    fill_checked(model, mapped, source=source, family="DeBERTa-v2/v3")
-    model.source = source
-    return model.eval()

@@ -5,7 +5,12 @@ its state dict goes in ``Encoder`` (a table of regular expressions). ``loading.c
 table, fuses Q/K/V and copies shared (ALBERT) weights to every layer; nothing there is family-specific.
 
 To add a family: write its config builder and key rules (in its own module if they are long) and add an entry
-to ``FAMILIES``. Rules are ``(pattern, target)`` pairs matched in order against the whole key: ``target`` is
+to ``FAMILIES``. A family whose modules differ from BERT's (DeBERTa-v2/v3, ModernBERT) names, instead of key
+rules, its own state-dict converter and ``Encoder`` subclass (``"module:name"`` strings, imported when used, so
+that this table does not import the model code). Every family then goes through the same loader
+(``loading.from_state_dict``: convert, build ``encoder_class``, check every tensor).
+
+Rules are ``(pattern, target)`` pairs matched in order against the whole key: ``target`` is
 a ``re`` replacement naming the ``Encoder`` parameter, or None for a tensor known and dropped on purpose.
 
 Target names: ``embed.{word,pos,token_type,ln,proj}``, ``pooler.dense``, ``mlm_head.{dense,ln,bias,decoder}``,
@@ -35,6 +40,10 @@ class Family:
     task model's own top-level keys (the masked-LM head); keys starting with ``ignored_heads`` are other task
     heads, dropped on purpose. ``qkv_names`` are the family's names of the query, key and value projections.
     ``marker`` is the base model's key whose prefix locates the encoder inside a task model's state dict.
+
+    ``converter`` (optional, ``"module:function"``): ``function(state, config) -> (mapped, has_pooler, has_mlm)``
+    replaces the rule-based conversion. ``encoder`` (``"module:Class"``): the ``Encoder`` (sub)class to build,
+    called as ``Class(config, pooler=..., mlm_head=...)``.
     """
 
     model_type: str
@@ -44,6 +53,20 @@ class Family:
     ignored_heads: tuple[str, ...] = ()
     qkv_names: tuple[str, str, str] = ("query", "key", "value")
     marker: str = "embeddings.word_embeddings.weight"
+    converter: str | None = None
+    encoder: str = "bertscope.models.encoder:Encoder"
+
+    def encoder_class(self) -> type:
+        """The ``Encoder`` (sub)class this family builds."""
+        return _resolve(self.encoder)
+
+    def convert_state_dict(self, state: dict[str, Any], config: Any) -> tuple[dict[str, Any], bool, bool]:
+        """(mapped state, has_pooler, has_mlm): the family's converter, or the rule-based one."""
+        if self.converter is not None:
+            return _resolve(self.converter)(state, config)
+        from bertscope.models.loading import convert_state_dict
+
+        return convert_state_dict(state, config)
 
     def map_encoder_key(self, key: str) -> tuple[bool, str | None]:
         """(matched, target) for a key of the base model."""
@@ -54,6 +77,14 @@ class Family:
         if key.startswith(self.ignored_heads):
             return True, None
         return _apply(self.head_rules, key)
+
+
+def _resolve(ref: str) -> Any:
+    """``"package.module:name"`` -> the object."""
+    import importlib
+
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _apply(rules: tuple[Rule, ...], key: str) -> tuple[bool, str | None]:
@@ -258,14 +289,44 @@ ELECTRA = Family(
 )
 
 
+# ====================================================================== DeBERTa-v2/v3, ModernBERT
+def _deberta_fields(config: dict[str, Any]) -> dict[str, Any]:
+    from bertscope.models.deberta import config_fields
+
+    return config_fields(config)
+
+
+def _modernbert_fields(config: dict[str, Any]) -> dict[str, Any]:
+    from bertscope.models.modernbert import config_fields
+
+    return config_fields(config)
+
+
+DEBERTA_V2 = Family(
+    model_type="deberta-v2",
+    config_fields=_deberta_fields,
+    encoder_rules=(),
+    converter="bertscope.models.deberta:convert_state_dict",
+    encoder="bertscope.models.deberta:DebertaEncoder",
+)
+MODERNBERT = Family(
+    model_type="modernbert",
+    config_fields=_modernbert_fields,
+    encoder_rules=(),
+    converter="bertscope.models.modernbert:convert_state_dict",
+    encoder="bertscope.models.modernbert:ModernBertEncoder",
+)
+
 # ====================================================================== the table
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA)}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA, DEBERTA_V2, MODERNBERT)
+}
 
 
 def supported_model_types() -> list[str]:
-    """Every ``model_type`` bertscope can load, sorted (the table's families plus those with modules of their own:
-    ``deberta-v2`` in ``models/deberta.py``, ``modernbert`` in ``models/modernbert.py``)."""
-    return sorted({*FAMILIES, "deberta-v2", "modernbert"})
+    """Every ``model_type`` bertscope can load (the keys of ``FAMILIES``), sorted."""
+    return sorted(FAMILIES)
 
 
 def family_for(model_type: str) -> Family:

@@ -1,35 +1,10 @@
-"""Pieces shared by the families with their own module (DeBERTa-v2/v3, ModernBERT): filling a model from a
-mapped state dict with every tensor checked, hook ordering, the attention sublayer's write."""
+"""Pieces shared by the families with their own module (DeBERTa-v2/v3, ModernBERT): hook ordering and the
+attention sublayer's write. (Filling a model from a checkpoint is ``loading.from_state_dict``, for every family.)"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-
-def fill_checked(model: nn.Module, mapped: dict[str, torch.Tensor], *, source: str, family: str) -> None:
-    """Load ``mapped`` (already in this package's names) into ``model``; raise ``CheckpointError`` listing every
-    missing, unexpected or mis-shaped tensor."""
-    from bertscope.models.loading import CheckpointError
-
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(mapped))
-    unexpected = sorted(set(mapped) - set(expected))
-    wrong = [
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-        for k, v in mapped.items()
-        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing from the checkpoint: {missing}")
-    if unexpected:
-        problems.append(f"unexpected in the checkpoint: {unexpected}")
-    if wrong:
-        problems.append(f"wrong shapes: {wrong}")
-    if problems:
-        raise CheckpointError(f"checkpoint {source} does not fit a {family} encoder:\n  " + "\n  ".join(problems))
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in mapped.items()}, strict=True)
 
 
 def hook_order(names: list[str], order: dict[str, tuple[str, ...]]) -> list[str]:

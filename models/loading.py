@@ -2,8 +2,9 @@
 
 Accepted sources: ``None`` (the bundled all-MiniLM-L6-v2 weights), a folder saved by ``transformers``
 (``*Model``, ``*ForMaskedLM``, ``*ForPreTraining``, ``*ForSequenceClassification``, ... of any family in
-``models.families``: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA), a sentence-transformers
-folder, or a hub id that is already in the local Hugging Face cache. Nothing is ever downloaded.
+``models.families``: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA, DeBERTa-v2/v3,
+ModernBERT), a sentence-transformers folder, or a hub id that is already in the local Hugging Face cache.
+Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -48,18 +49,18 @@ def load(
     config = EncoderConfig.from_hf(folder / "config.json", **config_overrides)
     files = _weight_files(folder)
     state = _read_state_dict(files)
-    build = _family_from_state_dict(config.arch) or from_state_dict
-    model = build(config, state, source=str(folder) if source is not None else f"bundled:{folder}")
+    model = from_state_dict(config, state, source=str(folder) if source is not None else f"bundled:{folder}")
     model.weight_files = files
     model.tokenizer = _load_tokenizer(folder)
     return model.to(device=_device(device), dtype=_dtype(dtype)).eval()
 
 
 def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, source: str = "state_dict") -> Encoder:
-    """Build an ``Encoder`` from a Hugging Face state dict of ``config.model_type`` (any task model's), checking
-    every tensor."""
-    mapped, has_pooler, has_mlm = convert_state_dict(state, config)
-    model = Encoder(config, pooler=has_pooler, mlm_head=has_mlm)
+    """Build an ``Encoder`` (the family's class) from a Hugging Face state dict of ``config.model_type`` (any task
+    model's), checking every tensor: a ``CheckpointError`` names every missing, unexpected or mis-shaped one."""
+    family = family_for(config.model_type)
+    mapped, has_pooler, has_mlm = family.convert_state_dict(state, config)
+    model = family.encoder_class()(config, pooler=has_pooler, mlm_head=has_mlm)
     if "mlm_head.decoder" in mapped:
         decoder = mapped.pop("mlm_head.decoder")
         if not torch.equal(decoder, mapped["embed.word.weight"]):
@@ -92,8 +93,7 @@ def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, so
 def from_hf_model(hf_model: Any) -> Encoder:
     """Convert an in-memory ``transformers`` model of a supported family (base or task model) to an ``Encoder``."""
     config = EncoderConfig.from_hf(hf_model.config)
-    build = _family_from_state_dict(config.arch) or from_state_dict
-    return build(config, hf_model.state_dict(), source=f"in-memory {type(hf_model).__name__}")
+    return from_state_dict(config, hf_model.state_dict(), source=f"in-memory {type(hf_model).__name__}")
 
 
 def random_encoder(
@@ -105,7 +105,7 @@ def random_encoder(
     dtype: torch.dtype | str | None = None,
 ) -> Encoder:
     """The same architecture with BERT's random initialisation, deterministic for ``seed``."""
-    model = _family_encoder_class(config.arch)(config)
+    model = family_for(config.model_type).encoder_class()(config)
     model.init_weights(torch.Generator().manual_seed(seed))
     model.tokenizer = tokenizer
     model.source = f"random initialisation (seed {seed})"
@@ -194,30 +194,6 @@ def resolve_source(source: str | Path | None) -> Path:
 
 
 # ====================================================================== helpers
-def _family_from_state_dict(arch: str) -> Any:
-    """``from_state_dict`` of a family with its own module (DeBERTa-v2/v3, ModernBERT), or None for BERT."""
-    if arch == "deberta-v2":
-        from bertscope.models.deberta import from_state_dict as build
-    elif arch == "modernbert":
-        from bertscope.models.modernbert import from_state_dict as build
-    else:
-        return None
-    return build
-
-
-def _family_encoder_class(arch: str) -> type[Encoder]:
-    """The ``Encoder`` subclass that builds ``arch`` ("bert": ``Encoder`` itself)."""
-    if arch == "deberta-v2":
-        from bertscope.models.deberta import DebertaEncoder
-
-        return DebertaEncoder
-    if arch == "modernbert":
-        from bertscope.models.modernbert import ModernBertEncoder
-
-        return ModernBertEncoder
-    return Encoder
-
-
 def _rename_legacy(key: str) -> str:
     """Old TF-converted checkpoints name LayerNorm parameters gamma/beta."""
     if ".LayerNorm." in key:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.models.config import EncoderConfig
 from bertscope.models.encoder import Attention, Block, Encoder, LayerNorm, activation
-from bertscope.models.family_common import attention_output, fill_checked, hook_order
+from bertscope.models.family_common import attention_output, hook_order
 from einops import rearrange
 from torch import nn
 
@@ -33,7 +33,7 @@ GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
 
 # ====================================================================== config
-def config_from_hf(config: dict[str, Any], **overrides: Any) -> EncoderConfig:
+def config_fields(config: dict[str, Any]) -> dict[str, Any]:
     """``EncoderConfig`` from a ModernBERT ``config.json`` dict (old keys ``global_rope_theta``/
     ``local_rope_theta``/``global_attn_every_n_layers`` or transformers 5's ``layer_types``/``rope_parameters``).
     Refuses RoPE scaling types other than the default."""
@@ -50,6 +50,7 @@ def config_from_hf(config: dict[str, Any], **overrides: Any) -> EncoderConfig:
         raise ValueError("ModernBERT RoPE scaling (rope_type other than 'default') is not supported")
     fields = dict(
         arch=MODEL_TYPE,
+        model_type=MODEL_TYPE,
         vocab_size=config.get("vocab_size", 50368),
         d_model=config.get("hidden_size", 768),
         n_layers=n_layers,
@@ -74,8 +75,7 @@ def config_from_hf(config: dict[str, Any], **overrides: Any) -> EncoderConfig:
         decoder_bias=bool(config.get("decoder_bias", True)),
         head_activation=config.get("classifier_activation", "gelu"),
     )
-    fields.update(overrides)
-    return EncoderConfig(**fields)
+    return fields
 
 
 def rotary_tables(n: int, d_head: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,8 +252,10 @@ class ModernBertEncoder(Encoder):
     ``last_hidden_state``); with ``stop_at_layer`` the un-normed residual stream of that block.
     """
 
-    def __init__(self, config: EncoderConfig, *, mlm_head: bool = False) -> None:
+    def __init__(self, config: EncoderConfig, *, pooler: bool = False, mlm_head: bool = False) -> None:
         HookedModule.__init__(self)
+        if pooler:
+            raise ValueError("ModernBERT checkpoints have no pooler")
         if config.arch != MODEL_TYPE:
             raise ValueError(f"ModernBertEncoder needs config.arch == {MODEL_TYPE!r}, got {config.arch!r}")
         if config.norm_placement != "pre" or len(config.layer_types) != config.n_layers:
@@ -347,9 +349,12 @@ _MLM = {"head.dense.weight": "mlm_head.dense.weight", "head.dense.bias": "mlm_he
 _TASK_HEADS = ("classifier.", "head.", "drop.")
 
 
-def convert_state_dict(state: dict[str, torch.Tensor], config: EncoderConfig) -> tuple[dict[str, torch.Tensor], bool]:
+def convert_state_dict(
+    state: dict[str, torch.Tensor], config: EncoderConfig
+) -> tuple[dict[str, torch.Tensor], bool, bool]:
     """Map a transformers ModernBERT state dict (``ModernBertModel`` or a task model) to this package's names.
-    Returns (state, has_mlm). A ``classifier`` marks a task model whose ``head`` is not the masked-LM head."""
+    Returns (state, has_pooler (always False), has_mlm). A ``classifier`` marks a task model whose ``head`` is
+    not the masked-LM head."""
     from bertscope.models.loading import CheckpointError
 
     prefix = "model." if any(k.startswith("model.") for k in state) else ""
@@ -373,18 +378,5 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: EncoderConfig) ->
         unknown.append(key)
     if unknown:
         raise CheckpointError(f"ModernBERT tensors this loader does not know how to place: {sorted(unknown)}")
-    return out, any(k.startswith("mlm_head.") for k in out)
+    return out, False, any(k.startswith("mlm_head.") for k in out)
 
-
-def from_state_dict(config: EncoderConfig, state: dict[str, torch.Tensor], *, source: str = "state_dict") -> Encoder:
-    """Build a ``ModernBertEncoder`` from a transformers ModernBERT state dict, checking every tensor."""
-    mapped, has_mlm = convert_state_dict(state, config)
-    model = ModernBertEncoder(config, mlm_head=has_mlm)
-    if "mlm_head.decoder" in mapped:
-        decoder = mapped.pop("mlm_head.decoder")
-        if not torch.equal(decoder, mapped["embed.word.weight"]):
-            model.mlm_head.decoder = nn.Parameter(torch.empty_like(decoder))
-            mapped["mlm_head.decoder"] = decoder
-    fill_checked(model, mapped, source=source, family="ModernBERT")
-    model.source = source
-    return model.eval()

@@ -179,7 +179,7 @@ def test_refusals(tmp_path):
 def test_docs_list_every_deberta_hook(mlm_dir):
     folder, _ = mlm_dir
     ours = models.load(folder)
-    section = DOCS.read_text().split("## DeBERTa-v2/v3")[1].split("\n## ")[0]
+    section = DOCS.read_text().split("\n### DeBERTa-v2/v3")[1].split("\n## ")[0].split("\n### ")[0]
     documented = set(re.findall(r"`((?:embed|rel_embed|blocks\.L|mlm_head)\.[a-z_0-9.]+)`", section))
     generic = {re.sub(r"^blocks\.\d+\.", "blocks.L.", n) for n in ours.hook_names()}
     assert generic <= documented, generic - documented

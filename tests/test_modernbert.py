@@ -141,7 +141,7 @@ def test_refusals(tmp_path):
 def test_docs_list_every_modernbert_hook(mlm_dir):
     folder, _ = mlm_dir
     ours = models.load(folder)
-    section = DOCS.read_text().split("## ModernBERT")[1].split("\n## ")[0]
+    section = DOCS.read_text().split("\n### ModernBERT")[1].split("\n## ")[0].split("\n### ")[0]
     documented = set(re.findall(r"`((?:embed|ln_final|blocks\.L|mlm_head)\.[a-z_0-9.]+)`", section))
     generic = {re.sub(r"^blocks\.\d+\.", "blocks.L.", n) for n in ours.hook_names()}
     assert generic <= documented, generic - documented
