@@ -72,7 +72,7 @@ def prepare_inputs(options: RunOptions) -> Inputs:
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype)
     model = load_model(options.model, device=device, dtype=dtype)
-    max_positions = model.config.max_positions
+    max_positions = model.config.max_length  # usable length: RoBERTa's table has pad_token_id + 1 rows before it
     if options.max_length > max_positions:
         raise UsageError(
             f"--max-length {options.max_length} exceeds the model's {max_positions} positions; "

@@ -114,9 +114,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     model = ctx.model
     model.eval()
     n_layers = model.config.n_layers
-    if settings.window_len + 2 > model.config.max_positions:
+    if settings.window_len + 2 > model.config.max_length:
         raise ValueError(
-            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_positions} "
+            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_length} "
             "positions; use a smaller window length"
         )
     sites, residual = position_sites(n_layers), main_sites(n_layers)
