@@ -230,7 +230,9 @@ def weight_view(
     if n_tokens < 2 or len(set(token_ids)) != n_tokens:
         raise ValueError(f"token_ids must hold at least 2 distinct ids; got {n_tokens}, {len(set(token_ids))} distinct")
     ids = torch.tensor(token_ids)[:, None].to(model.device)  # each token alone: [n_tokens, 1]
-    mean_pos = model.W_pos[1 : min(model.config.max_positions, 128)].mean(0)
+    # rows of the positions a token can hold (after RoBERTa's offset), the first one excluded
+    off, w_pos = model.config.position_offset, model.W_pos
+    mean_pos = None if w_pos is None else w_pos[off + 1 : off + min(model.config.max_length, 128)].mean(0)
 
     def mean_position(x: torch.Tensor, hook: Any) -> torch.Tensor:
         return mean_pos.to(x.dtype).expand_as(x)
@@ -239,7 +241,7 @@ def weight_view(
         _, cache = model.run_with_cache(
             ids,
             names_filter=["embed.hook_word", "embed.hook_out"],
-            fwd_hooks=[("embed.hook_pos", mean_position)],
+            fwd_hooks=[] if mean_pos is None else [("embed.hook_pos", mean_position)],  # no table: rotary/relative
             stop_at_layer=0,
         )
         word, x = cache["embed.hook_word"][:, 0].float(), cache["embed.hook_out"][:, 0].float()
