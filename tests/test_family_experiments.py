@@ -17,7 +17,7 @@ from bertscope.experiments.corpus import load_corpus
 from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary
 from bertscope.experiments.registry import EXPERIMENTS
 from bertscope.experiments.runner import run_experiment
-from family_fixtures import save_tiny_family
+from family_fixtures import save_tiny_family, wordpiece_tokenizer
 from fixtures_deberta_modernbert import save_tiny_deberta, save_tiny_modernbert
 
 from bertscope import models
@@ -39,6 +39,13 @@ def save_family(family: str, folder: Path) -> Path:
         save_tiny_deberta(folder, transformers.DebertaV2Model)
     elif family == "modernbert":
         save_tiny_modernbert(folder, transformers.ModernBertModel)
+    elif family == "bert":
+        tokenizer = wordpiece_tokenizer()
+        torch.manual_seed(0)
+        config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+        transformers.BertModel(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
     else:
         save_tiny_family(family, folder, head="base")
     return folder
@@ -75,3 +82,25 @@ def test_capture_runs_on_family(family_dir: tuple[str, Path], tmp_path: Path) ->
                      "--quiet"])
     assert code == 0, f"capture failed on {family}"
     assert any(out.glob("shard-*.safetensors"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_word_maps_and_special_tokens_follow_each_tokenizer(family: str, tmp_path: Path) -> None:
+    """Known answer: each word's pieces decode back to the word (whatever the word-start marker: ``##``, ``Ġ``,
+    ``▁``), and the non-word positions are exactly the tokenizer's own special tokens, in its template."""
+    from bertscope.experiments.corpus import encode
+    from bertscope.experiments.corpus.base import Sentence
+
+    tokenizer = models.load(save_family(family, tmp_path)).tokenizer
+    words = ["Tokenization", "splits", "uncommon", "words", "."]
+    batch = next(iter(encode([Sentence(id="s", words=tuple(words), text=" ".join(words))], tokenizer, max_length=48)))
+    ids, word_ids = batch.input_ids[0].tolist(), batch.word_ids[0].tolist()
+    for w, word in enumerate(words):
+        pieces = [i for i, k in zip(ids, word_ids, strict=True) if k == w]
+        assert tokenizer.decode(pieces).strip().lower() in (word.lower(), "<unk>", "[unk]") or \
+            tokenizer.unk_token_id in pieces, (family, word, tokenizer.convert_ids_to_tokens(pieces))
+    specials = [i for i, k in zip(ids, word_ids, strict=True) if k == -1]
+    expected = tokenizer(" ".join(words))["input_ids"]
+    template = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}  # an unknown word is a word
+    assert specials == [i for i in expected if i in template], family
+    assert specials[0] in (tokenizer.cls_token_id, tokenizer.bos_token_id)
