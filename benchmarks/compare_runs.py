@@ -106,7 +106,7 @@ def _align(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> tuple[pd.Dat
     keys = [c for c in columns if not pd.api.types.is_float_dtype(a[c])]
     if not keys:
         return a, b
-    ka, kb = a[keys].astype(str), b[keys].astype(str)
+    ka, kb = a[keys].map(str), b[keys].map(str)  # elementwise: pandas 3 astype(str) keeps missing values
     if ka.equals(kb) or ka.duplicated().any():
         return a, b
     if sorted(map(tuple, ka.to_numpy())) != sorted(map(tuple, kb.to_numpy())):

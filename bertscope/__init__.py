@@ -34,7 +34,7 @@ from bertscope.hooks import (
     patch_heads,
 )
 from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
-from bertscope.probes import LinearProbe, evaluate
+from bertscope.probes import LinearProbe, StructuralProbe, evaluate
 
 try:
     __version__ = _metadata.version("bertscope")
@@ -65,6 +65,7 @@ __all__ = [
     "HookPoint",
     "HookedModule",
     "LinearProbe",
+    "StructuralProbe",
     "__version__",
     "ablate_heads",
     "contributions",

@@ -3,7 +3,8 @@
     bertscope info [--model M] [--json]
     bertscope capture --hooks GLOB [--corpus C] [--out DIR] [--shard-size 256MB] [--nproc N]
     bertscope run {same-token,heads,positions,all} [shared options]
-    bertscope report [OUT]
+    bertscope report [OUT] [--explore N | --explore-ids I,J | --no-explore] [--model M] [--mixing METHODS]
+    bertscope explore "text" ["another text" ...] [--model M] [--mixing alti,attention_norm] [--out explore.html]
 
 Bad input (unknown model or corpus, unavailable device, unsupported dtype, a hook glob that matches
 nothing) prints one ``bertscope: error: ...`` line and exits with status 2; Ctrl-C exits with 130 and
@@ -28,7 +29,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bertscope`` console script; returns the exit status."""
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -37,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except UsageError as e:
         return _fail(str(e))
+    except BrokenPipeError:  # `bertscope info --json | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except KeyboardInterrupt:
         print(
             "\nbertscope: interrupted; finished files are kept, rerun the same command to resume",
@@ -45,13 +51,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser with every subcommand (``--help`` works on each)."""
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bertscope")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argparse parser with every subcommand (``--help`` works on each; ``run NAME --help`` describes
+    experiment NAME, so ``argv`` is looked at for that name).
+
+    Longer than 60 lines: a flat list of argparse declarations, one per option, read top to bottom like the
+    ``--help`` output; splitting it would scatter the CLI's options across helpers.
+    """
     parser = argparse.ArgumentParser(
         prog="bertscope",
         description="Mechanistic interpretability for BERT-family encoders: inspect, capture, experiment, report.",
         epilog="Quick start: bertscope run all && bertscope report results",
     )
+    parser.add_argument("--version", action="version", version=f"bertscope {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser(
@@ -95,12 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared_options(p, out_default=Path("results/capture"))
     p.set_defaults(handler=cmd_capture)
 
+    from bertscope.experiments.registry import help_text
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv[argv.index("run") + 1:] if a in EXPERIMENTS), None) if "run" in argv else None
     p = sub.add_parser(
         "run",
         help="run an experiment (or all of them) and write tables, figures and manifests",
-        description="Run an experiment, or all that are installed, writing OUT/<experiment>/results.parquet "
+        description=(f"{chosen}: {help_text(chosen)}\n\n" if chosen else "")
+        + "Run an experiment, or all that are installed, writing OUT/<experiment>/results.parquet "
         "and .csv, figures (PNG and PDF) and manifest.json, then OUT/index.html. Finished experiments with "
         "the same settings are skipped unless --force.",
+        epilog=None if chosen else "experiments:\n" + "\n".join(f"  {n}: {help_text(n)}" for n in EXPERIMENTS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which experiment")
     _add_shared_options(p, out_default=Path("results"))
@@ -119,7 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="link figures by relative path instead of embedding them (smaller page; keep the folder together)",
     )
+    _add_report_explore_options(p)
     p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser(
+        "explore",
+        help="write one offline HTML page with interactive attention (and mixing) views of your sentences",
+        description="Run the model on each TEXT and write an interactive page (head view, model view, "
+        "query-key view; context-mixing methods in a menu with --mixing): one self-contained HTML file.",
+    )
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more sentences (quote each)")
+    _add_model_options(p)
+    p.add_argument("--max-length", type=_positive_int, default=128,
+                   help="word pieces per text incl. [CLS]/[SEP]; a longer text is an error (default 128)")  # fmt: skip
+    p.add_argument("--mixing", default=None, metavar="METHODS",
+                   help="context-mixing methods for the menu, comma-separated, e.g. alti,attention_norm")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("explore.html"), help="HTML file to write (default explore.html)")
+    p.set_defaults(handler=cmd_explore)
     return parser
 
 
@@ -208,11 +252,47 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``bertscope report``: write OUT/index.html."""
     from bertscope.experiments.report import build_report
 
+    if not args.out.is_dir():
+        raise UsageError(f"{args.out} is not a folder; run `bertscope run all --out {args.out}` first")
+    explorer = _report_explorer(args)
     try:
-        page = build_report(args.out, embed_figures=not args.link_figures)
+        page = build_report(args.out, embed_figures=not args.link_figures, explorer=explorer)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from e
+    if explorer is not None:
+        print(f"explorer: {explorer.message}", file=sys.stderr if explorer.html is None else sys.stdout)
     print(f"report: {page}")
+    return EXIT_OK
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """``bertscope explore``: write an explorer page for the given texts."""
+    from bertscope.experiments.explorer import explore, mixing_methods
+    from bertscope.experiments.options import load_model, resolve_device, resolve_dtype
+
+    texts = list(args.texts)
+    if any(not t.strip() for t in texts):
+        raise UsageError("every TEXT must hold some words; got an empty one")
+    if args.out.is_dir() or args.out.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--out {args.out} must be an .html file path")
+    if not args.out.parent.is_dir():
+        raise UsageError(f"--out {args.out}: folder {args.out.parent} does not exist")
+    try:
+        mixing_methods(args.mixing)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+    lengths = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
+    too_long = [i + 1 for i, n in enumerate(lengths) if n > args.max_length]
+    if too_long:
+        raise UsageError(f"TEXT {too_long[0]} is {lengths[too_long[0] - 1]} word pieces long; --max-length is "
+                         f"{args.max_length}")  # fmt: skip
+    try:
+        view = explore(model, texts, mixing=args.mixing)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    path = view.save(args.out)
+    print(f"explorer: {path}  ({len(texts)} sentence(s), {view.nbytes / 1e6:.2f} MB; open it in a browser)")
     return EXIT_OK
 
 
@@ -245,6 +325,46 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default auto)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16 or float64")
+
+
+def _add_report_explore_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("explorer", "an interactive attention explorer for a few corpus sentences "
+                                 "(default: where the notable heads in the saved tables are most active)")  # fmt: skip
+    which = group.add_mutually_exclusive_group()
+    which.add_argument("--explore", type=_positive_int, default=None, metavar="N",
+                       help="embed the first N sentences of the run's corpus")  # fmt: skip
+    which.add_argument("--explore-ids", default=None, metavar="I,J",
+                       help="embed these corpus sentence indices (0-based)")  # fmt: skip
+    which.add_argument("--no-explore", action="store_true", help="embed no explorer")
+    group.add_argument("--mixing", default=None, metavar="METHODS",
+                       help="context-mixing methods for the explorer's menu, e.g. alti,attention_norm")  # fmt: skip
+    _add_model_options(group)
+    group.set_defaults(model=None)
+
+
+def _report_explorer(args: argparse.Namespace) -> Any:
+    """The report's ``ExploreChoice`` from ``--explore``/``--explore-ids``/``--no-explore`` (None: no section)."""
+    from bertscope.experiments import report_explore
+    from bertscope.experiments.explorer import mixing_methods
+    from bertscope.experiments.options import load_model, resolve_device, resolve_dtype
+
+    if args.no_explore:
+        return None
+    try:
+        ids = None if args.explore_ids is None else report_explore.parse_ids(args.explore_ids)
+        mixing_methods(args.mixing)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    options = report_explore.run_options(args.out) or {}
+
+    def load():
+        spec = args.model if args.model is not None else options.get("model")
+        return load_model(spec, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+
+    try:
+        return report_explore.choose(args.out, load_model=load, n=args.explore, ids=ids, mixing=args.mixing)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
 
 
 def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:

@@ -100,7 +100,7 @@ class Context:
             iterable,
             desc=f"{self.name}: {desc}",
             total=total,
-            disable=self.options.quiet,
+            disable=self.options.quiet or not sys.stderr.isatty(),  # no bars in logs or pipes
             leave=False,
             dynamic_ncols=True,
             mininterval=0.5,
@@ -150,8 +150,12 @@ class Context:
                 pair=pair,
                 sort_by_length=sort_by_length,
             )
-        for w in caught:  # truncation and similar: printed even with --quiet, and kept in the manifest
-            self.warn(str(w.message))
+        seen: set[str] = set()
+        for w in caught:  # truncation and similar: printed once even with --quiet, and kept in the manifest
+            msg = f"corpus {getattr(corpus, 'name', '?')}: {w.message}"
+            if msg not in seen and f"warning: {msg}" not in self.messages:
+                seen.add(msg)
+                self.warn(msg)
         key = "n_truncated_pair" if pair else "n_truncated"
         self.notes[key] = self.notes.get(key, 0) + encoded.n_truncated
         return encoded

@@ -7,6 +7,7 @@ Bad input from the user raises :class:`UsageError`; the CLI prints it on one lin
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,15 +72,36 @@ def prepare_inputs(options: RunOptions) -> Inputs:
     """Resolve device and dtype, load the model and the corpus once; bad input raises `UsageError`."""
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype)
-    model = load_model(options.model, device=device, dtype=dtype)
-    max_positions = model.config.max_length  # usable length: RoBERTa's table has pad_token_id + 1 rows before it
-    if options.max_length > max_positions:
+    with warnings.catch_warnings(record=True) as caught:  # a missing tokenizer is an error here, said once
+        warnings.simplefilter("always")
+        model = load_model(options.model, device=device, dtype=dtype)
+    for w in caught:
+        if model.tokenizer is not None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if model.tokenizer is None:
         raise UsageError(
-            f"--max-length {options.max_length} exceeds the model's {max_positions} positions; "
-            f"use --max-length {max_positions} or less"
+            f"model {model.source} has no tokenizer files (tokenizer.json, vocab.txt, ...); experiments and "
+            "capture need one: save the tokenizer next to the weights (tokenizer.save_pretrained(folder))"
         )
+    check_max_length(options.max_length, model)
     corpus = load_corpus_spec(options.corpus, model.tokenizer, options.max_sentences, options.seed)
     return Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
+
+
+def check_max_length(max_length: int, model: Any) -> None:
+    """``--max-length`` must fit the model's positions and hold its special tokens plus one word piece;
+    anything else is a `UsageError` raised before an output is written."""
+    limit = getattr(model.config, "max_length", model.config.max_positions)
+    minimum = model.tokenizer.num_special_tokens_to_add(pair=False) + 1
+    if max_length < minimum:
+        raise UsageError(
+            f"--max-length {max_length} is too small: this model's special tokens plus one word piece need "
+            f"at least {minimum}"
+        )
+    if max_length > limit:
+        raise UsageError(
+            f"--max-length {max_length} exceeds the model's {limit} positions; use --max-length {limit} or less"
+        )
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -153,7 +175,7 @@ def model_summary(model: Any) -> dict[str, Any]:
         "n_parameters": int(sum(p.numel() for p in model.parameters())),
         "config": io.to_jsonable(config_dict),
         "tokenizer": type(model.tokenizer).__name__,
-        "tokenizer_vocab_size": len(model.tokenizer),
+        "tokenizer_vocab_size": None if model.tokenizer is None else len(model.tokenizer),
     }
 
 

@@ -15,7 +15,46 @@ EXPERIMENTS: dict[str, str] = {
     "same-token": "bertscope.experiments.same_token",
     "heads": "bertscope.experiments.heads",
     "positions": "bertscope.experiments.positions",
+    "mixing": "bertscope.experiments.mixing",
+    "structure": "bertscope.experiments.structure",
 }
+
+#: What ``bertscope run NAME --help`` says about each experiment: what it measures, what it writes, and how long
+#: it took on the bundled model and builtin corpus on 2 CPU cores (measured with ``bertscope run NAME``).
+HELP: dict[str, str] = {
+    "same-token": "Does raw dot-product attention (Q = K = V = the embeddings) put very large weight on identical "
+    "tokens, and do the learned heads escape it? Self and duplicate attention mass for raw attention at every "
+    "layer and for every head, against uniform and offset-matched nulls, norm-weighted too. Writes "
+    "OUT/same_token/: results, summary and example-map tables, figures, manifest.json.",
+    "heads": "What does each head do? Attention statistics, rule-based roles, head similarity, dependency syntax "
+    "against gold trees (Clark et al. 2019), and importance by ablation and gradients, with pruning curves. "
+    "Writes OUT/heads/: results, roles, syntax and importance tables, figures, manifest.json.",
+    "positions": "How much absolute and relative position does each layer and sublayer carry? Linear probes with "
+    "control tasks and selectivity (Hewitt & Liang 2019), baselines, probe-free measures and MDL (Voita & Titov "
+    "2020). Writes OUT/positions/: results and side tables, figures, manifest.json.",
+    "mixing": "Where does each token's representation come from? Context mixing by attention, attention norms, "
+    "residual+LayerNorm norms, ALTI and value zeroing (and their rollouts): mixing ratio per layer, the share of "
+    "[CLS]/[SEP]/punctuation, and faithfulness against leave-one-out. Writes OUT/mixing/: results, summary and "
+    "example-map tables, figures, manifest.json.",
+    "structure": "Is the parse tree in each layer's geometry? Hewitt & Manning (2019) structural probes (UUAS, "
+    "distance Spearman, root accuracy, norm Spearman) per layer, against the embedding layer, random weights and "
+    "linear-chain trees, with a rank sweep. Needs gold trees (builtin or CoNLL-U). Writes OUT/structure/: "
+    "results, summary, rank-sweep and example tables, figures, manifest.json.",
+}
+#: Seconds ``bertscope run NAME`` took on the bundled model and builtin corpus, 2 CPU cores, default settings.
+MEASURED_SECONDS: dict[str, float] = {}
+
+
+def help_text(name: str) -> str:
+    """``HELP[name]``, with its measured run time when there is one."""
+    text = HELP.get(name, f"Experiment {name}.")
+    if name in MEASURED_SECONDS:
+        text += f" On the bundled model and builtin corpus it took about {MEASURED_SECONDS[name]:.0f} s on 2 CPU cores."
+    return text
+
+
+#: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS")
 
 
 @runtime_checkable
@@ -26,6 +65,15 @@ class Experiment(Protocol):
     shows; ``Settings``: a frozen dataclass of the experiment's defaults (part of the step-cache key);
     ``run(ctx, settings=None)``: computes everything, writes side tables with ``ctx.write_table`` and returns
     the main long table; ``plot(out_dir)``: redraws the figures from the saved tables only.
+
+    Optional members (``OPTIONAL_MEMBERS``; the report uses them when present):
+
+    - ``findings(out_dir) -> list[findings.Finding]``: the sentences the report states, each formatted from the
+      numbers in the tables the experiment saved under ``out_dir`` (never the model); a finding whose ``claim``
+      is a key of ``findings.CLAIMS`` answers that tutorial claim, with its verdict ``holds``. If it raises, the
+      report shows an error box naming the experiment.
+    - ``CAPTIONS: dict[str, str]``: figure file stem (``fig_argmax_offset``) -> a caption saying what the figure
+      shows and how to read it; a figure without one is marked "no caption" in the report.
     """
 
     NAME: str

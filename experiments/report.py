@@ -1,10 +1,13 @@
 """`bertscope report OUT`: one self-contained HTML page over everything a run wrote to ``OUT``.
 
-For each experiment folder (``OUT/<dir>/manifest.json``): status and provenance (model, corpus, device,
-seed, times, git), the notes the experiment recorded, every figure (PNG embedded as base64 by default, so
-the page opens offline on its own; the PDF linked relatively), the key tables as HTML, and the full
-manifest. Capture folders (``index.json``) are listed with their hooks and shards. No scripts, no
-network: the page is plain HTML with inline CSS.
+At the top, Findings: each of the tutorials' claims (``findings.CLAIMS``) with the sentences and verdicts the
+experiments' optional ``findings(out_dir)`` generated from their tables (``report_findings``). For each
+experiment folder (``OUT/<dir>/manifest.json``): its findings, status and provenance (model, corpus, device,
+seed, times, git), the notes the experiment recorded (as text), every figure with its ``CAPTIONS`` caption
+(PNG embedded as base64 by default, so the page opens offline on its own; the PDF linked relatively), the key
+tables as HTML, and the full manifest. Capture folders (``index.json``) are listed with their hooks and shards.
+No network: plain HTML with inline CSS; the only script is an embedded explorer's, inside an
+``<iframe srcdoc>`` when one is asked for.
 
 >>> build_report(Path("results"))      # -> results/index.html
 """
@@ -22,6 +25,16 @@ import pandas as pd
 from bertscope.experiments import io
 from bertscope.experiments.context import STEPS
 from bertscope.experiments.registry import EXPERIMENTS
+from bertscope.experiments.report_explore import ExploreChoice
+from bertscope.experiments.report_findings import CSS as WORDS_CSS
+from bertscope.experiments.report_findings import (
+    ExperimentWords,
+    experiment_findings,
+    experiment_words,
+    figure_caption,
+    findings_section,
+    notes_html,
+)
 from bertscope.experiments.runner import MANIFEST, RESULTS
 
 INDEX_HTML = "index.html"
@@ -29,10 +42,19 @@ MAX_TABLE_ROWS = 60
 RESULTS_PREVIEW_ROWS = 25
 
 
-def build_report(out: str | Path, *, embed_figures: bool = True, title: str = "bertscope results") -> Path:
+def build_report(
+    out: str | Path,
+    *,
+    embed_figures: bool = True,
+    title: str = "bertscope results",
+    explorer: ExploreChoice | None = None,
+) -> Path:
     """Write ``out/index.html`` from the manifests, tables and figures under ``out``; returns its path.
 
-    Raises ``FileNotFoundError`` if ``out`` is not a folder, ``ValueError`` if it holds no results.
+    The page opens with a Findings section (each of the tutorials' claims, answered by the experiments'
+    ``findings``); ``explorer`` (``report_explore.choose``), when given, adds an Explorer section: its page in
+    an ``<iframe srcdoc>`` with the chosen sentences listed, or the reason none is embedded. Raises
+    ``FileNotFoundError`` if ``out`` is not a folder, ``ValueError`` if it holds no results.
     """
     out = Path(out)
     if not out.is_dir():
@@ -41,15 +63,19 @@ def build_report(out: str | Path, *, embed_figures: bool = True, title: str = "b
     captures = sorted(p.parent for p in out.glob("*/index.json") if _is_capture(p))
     if not experiments and not captures:
         raise ValueError(f"{out} holds no experiment results (no */{MANIFEST}); run `bertscope run all` first")
-    body = [_overview(out, experiments)]
-    body += [_experiment_section(out, d, embed_figures) for d in experiments]
+    words = {d: experiment_words(_manifest(d).get("experiment", d.name), d) for d in experiments}
+    body = [findings_section([(_anchor(d), w) for d, w in words.items()]), _overview(out, experiments)]
+    if explorer is not None:
+        body.append(_explorer_section(explorer))
+    body += [_experiment_section(out, d, embed_figures, words[d]) for d in experiments]
     body += [_capture_section(out, d) for d in captures]
     generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     page = _PAGE.format(
         title=html.escape(title),
         css=_CSS,
+        css_words=WORDS_CSS,
         generated=html.escape(generated),
-        toc=_toc(experiments, captures),
+        toc=_toc(experiments, captures, explorer is not None),
         body="\n".join(body),
     )
     return io.write_text(out / INDEX_HTML, page)
@@ -83,20 +109,20 @@ def _overview(out: Path, experiments: list[Path]) -> str:
     return f'<section id="overview"><h2>Overview</h2>{table}{note}</section>'
 
 
-def _experiment_section(out: Path, d: Path, embed: bool) -> str:
+def _experiment_section(out: Path, d: Path, embed: bool, words: ExperimentWords) -> str:
     m = _manifest(d)
     name = m.get("experiment", d.name)
     parts = [f'<section id="{_anchor(d)}"><h2>{html.escape(name)} {_badge(m.get("status", "unknown"))}</h2>']
+    parts.append(experiment_findings(words))
     parts.append(_provenance(m))
     if m.get("error"):
         parts.append(f'<details open><summary>error</summary><pre>{html.escape(str(m["error"]))}</pre></details>')
     if m.get("notes"):
-        notes = [{"note": html.escape(str(k)), "value": html.escape(_compact(v))} for k, v in m["notes"].items()]
-        parts.append("<h3>Notes</h3>" + _html_rows(notes))
+        parts.append("<h3>Notes</h3>" + notes_html(m["notes"]))
     figures = _figures(d, m)
     if figures:
         parts.append("<h3>Figures</h3>")
-        parts += [_figure(out, png, embed) for png in figures]
+        parts += [_figure(out, png, embed, words.captions) for png in figures]
     parts.append(_tables(out, d, m))
     manifest_text = html.escape(json.dumps(m, indent=2))
     parts.append(f"<details><summary>manifest.json</summary><pre>{manifest_text}</pre></details>")
@@ -129,7 +155,7 @@ def _figures(d: Path, m: dict[str, Any]) -> list[Path]:
     return [p for p in listed if p.is_file()] + found
 
 
-def _figure(out: Path, png: Path, embed: bool) -> str:
+def _figure(out: Path, png: Path, embed: bool, captions: dict[str, str]) -> str:
     rel = png.relative_to(out).as_posix()
     if embed:
         src = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
@@ -139,7 +165,8 @@ def _figure(out: Path, png: Path, embed: bool) -> str:
     link = f' · <a href="{html.escape(pdf.relative_to(out).as_posix())}">PDF</a>' if pdf.is_file() else ""
     return (
         f'<figure><img src="{src}" alt="{html.escape(png.stem)}">'
-        f"<figcaption>{html.escape(rel)}{link}</figcaption></figure>"
+        f'<figcaption>{figure_caption(png.stem, captions)}<br><span class="muted">{html.escape(rel)}{link}</span>'
+        "</figcaption></figure>"
     )
 
 
@@ -236,8 +263,9 @@ def _html_rows(rows: list[dict[str, str]]) -> str:
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _toc(experiments: list[Path], captures: list[Path]) -> str:
-    links = ['<a href="#overview">overview</a>']
+def _toc(experiments: list[Path], captures: list[Path], explorer: bool = False) -> str:
+    links = ['<a href="#findings">findings</a>', '<a href="#overview">overview</a>']
+    links += ['<a href="#explorer">explorer</a>'] if explorer else []
     links += [f'<a href="#{_anchor(d)}">{html.escape(_manifest(d).get("experiment", d.name))}</a>' for d in experiments]
     links += [f'<a href="#{_anchor(d)}">capture {html.escape(d.name)}</a>' for d in captures]
     return " · ".join(links)
@@ -276,9 +304,21 @@ def _fmt_float(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _compact(v: Any) -> str:
-    text = v if isinstance(v, str) else json.dumps(v)
-    return text if len(text) <= 300 else text[:297] + "…"
+def _explorer_section(choice: ExploreChoice) -> str:
+    from bertscope.experiments.explorer import page
+
+    intro = f"<p>{html.escape(choice.message)}.</p>"
+    if choice.html is None:
+        return f'<section id="explorer"><h2>Explorer</h2>{intro}</section>'
+    rows = [{"index": str(r["index"]), "sentence id": html.escape(str(r["id"])), "text": html.escape(r["text"]),
+             "score": "" if r["score"] is None else f'{r["score"]:.2f}'} for r in choice.rows]  # fmt: skip
+    return (
+        f'<section id="explorer"><h2>Explorer</h2>{intro}<p class="muted">Interactive attention views (head view, '
+        "model view, query-key view; pick the sentence in the page's menu). Score: the mean activity rank of the "
+        "notable heads (1 = most active).</p>"
+        + _html_rows(rows).replace('class="data"', 'class="data explore"', 1)
+        + f"{page.iframe(choice.html, height=900)}</section>"
+    )
 
 
 _CSS = """
@@ -305,7 +345,7 @@ _PAGE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
-<style>{css}</style>
+<style>{css}{css_words}</style>
 </head>
 <body>
 <h1>{title}</h1>

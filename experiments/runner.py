@@ -66,6 +66,9 @@ def run_experiment(
     experiment is recorded (status ``failed``, with the traceback) and returned, so ``run all`` can go on;
     ``KeyboardInterrupt`` is recorded as ``interrupted`` and re-raised. ``on_start(name, out_dir)`` is called
     when the experiment really starts (not when it is skipped).
+
+    Longer than 60 lines: the manifest's life cycle (skip, start, run, write, plot, finish or record the
+    failure) reads as one sequence of atomic writes; helpers would hide which state a crash leaves on disk.
     """
     check_experiment(module)
     inputs = inputs if inputs is not None else prepare_inputs(options)

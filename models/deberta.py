@@ -331,29 +331,6 @@ class DebertaEncoder(Encoder):
         x = self.embed(input_ids, token_type_ids, attention_mask)
         return self.forward_from(0, x, attention_mask, stop_at_layer=stop_at_layer)
 
-    def forward_from(
-        self,
-        layer: int,
-        resid_pre: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        stop_at_layer: int | None = None,
-    ) -> torch.Tensor:
-        """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]``."""
-        self._check_layer("layer", layer)
-        last = self.config.n_layers - 1 if stop_at_layer is None else self._check_layer("stop_at_layer", stop_at_layer)
-        if resid_pre.dim() != 3 or resid_pre.shape[-1] != self.config.d_model:
-            raise ValueError(f"resid_pre must be [batch, pos, {self.config.d_model}], got {tuple(resid_pre.shape)}")
-        if attention_mask is not None and attention_mask.shape != resid_pre.shape[:2]:
-            raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} != [batch, pos] {tuple(resid_pre.shape[:2])}"
-            )
-        ctx = self.context(resid_pre, attention_mask)
-        x = resid_pre
-        for block in self.blocks[layer : last + 1]:
-            x = block(x, ctx)
-        return x
-
     def context(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> DebertaContext:
         """Masks, relative embeddings and gather indices for a ``[batch, pos, d_model]`` input."""
         keep = None

@@ -90,17 +90,23 @@ class Encoder(HookedModule):
             raise ValueError(
                 f"attention_mask shape {tuple(attention_mask.shape)} != [batch, pos] {tuple(resid_pre.shape[:2])}"
             )
-        keep = _key_mask(None if attention_mask is None else attention_mask.to(resid_pre.device))
+        ctx = self.context(resid_pre, attention_mask)
         x = resid_pre
         self.current_attention_mask = attention_mask  # the run's padding, for hooks (see ablate_heads "uniform")
         try:
             for block in self.blocks[layer : last + 1]:
-                x = block(x, keep)
+                x = block(x, ctx)
         finally:
             self.current_attention_mask = None
         if self.ln_final is not None and stop_at_layer is None:
             x = self.ln_final(x)
         return x
+
+    def context(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> Any:
+        """What every block of one run needs besides its input ``x`` ``[batch, pos, d_model]``: here the key mask
+        ``[batch, 1, 1, key]`` (None when nothing is padded). Architectures with more per-run state (relative
+        positions, rotary tables, local windows) override this; ``forward_from`` is the same for all."""
+        return _key_mask(None if attention_mask is None else attention_mask.to(x.device))
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
         """BERT's pooler output ``tanh(W h_[CLS] + b)`` ``[batch, d_model]`` (needs a checkpoint with a pooler)."""

@@ -286,29 +286,6 @@ class ModernBertEncoder(Encoder):
         input_ids, attention_mask, _ = self._check_inputs(input_ids, attention_mask, None)
         return self.forward_from(0, self.embed(input_ids), attention_mask, stop_at_layer=stop_at_layer)
 
-    def forward_from(
-        self,
-        layer: int,
-        resid_pre: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        stop_at_layer: int | None = None,
-    ) -> torch.Tensor:
-        """Finish a forward pass from ``blocks.{layer}.hook_resid_pre`` ``[batch, pos, d_model]``."""
-        self._check_layer("layer", layer)
-        last = self.config.n_layers - 1 if stop_at_layer is None else self._check_layer("stop_at_layer", stop_at_layer)
-        if resid_pre.dim() != 3 or resid_pre.shape[-1] != self.config.d_model:
-            raise ValueError(f"resid_pre must be [batch, pos, {self.config.d_model}], got {tuple(resid_pre.shape)}")
-        if attention_mask is not None and attention_mask.shape != resid_pre.shape[:2]:
-            raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} != [batch, pos] {tuple(resid_pre.shape[:2])}"
-            )
-        ctx = self.context(resid_pre, attention_mask)
-        x = resid_pre
-        for block in self.blocks[layer : last + 1]:
-            x = block(x, ctx)
-        return self.ln_final(x) if stop_at_layer is None else x
-
     def context(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> ModernBertContext:
         """Rotary tables and masks for a ``[batch, pos, d_model]`` input."""
         n, cfg = x.shape[1], self.config

@@ -4,9 +4,13 @@
 - `evaluate`: grouped K-fold scores with nested alpha selection, group-bootstrap intervals, majority and
   chance baselines, and optional control-task / selectivity rows, as a long pandas table.
 - `control_labels`, `selectivity`: Hewitt & Liang (2019) control tasks.
+- `group_bootstrap`, `ratio_of_sums`, `mean_of_groups`: the group bootstrap with percentile intervals
+  (`probes/bootstrap.py`), used by every experiment.
 - `mdl_probe`: Voita & Titov (2020) online codelength and compression.
+- `StructuralProbe`: Hewitt & Manning (2019) distance / depth probes (metrics in `probes.structural`).
 """
 
+from .bootstrap import Interval, group_bootstrap, mean_of_groups, percentile_interval, ratio_of_sums, resample_counts
 from .controls import control_labels, selectivity
 from .estimator import LinearProbe
 from .evaluate import (
@@ -18,16 +22,24 @@ from .evaluate import (
     strata_of,
 )
 from .mdl import mdl_probe
+from .structural import StructuralProbe
 
 __all__ = [
     "DEFAULT_ALPHAS",
     "CrossValPredictions",
+    "Interval",
     "LinearProbe",
     "control_labels",
     "evaluate",
     "grouped_cross_val_predict",
+    "group_bootstrap",
     "grouped_folds",
     "mdl_probe",
+    "mean_of_groups",
+    "percentile_interval",
+    "ratio_of_sums",
+    "resample_counts",
     "selectivity",
     "strata_of",
+    "StructuralProbe",
 ]

@@ -52,8 +52,9 @@ from ._checks import (
     infer_task,
     thread_limit,
 )
+from .bootstrap import iter_resample_counts, percentile_interval
 from .estimator import LinearProbe, _to_tensor
-from .metrics import GroupScorer, bootstrap_counts, chance_baseline, metric_names, percentile_interval
+from .metrics import GroupScorer, chance_baseline, metric_names
 
 # L2 strengths on the mean loss (`LinearProbe`): from barely regularised to shrunk to the majority class. The
 # old sum-loss grid (0.01 ... 10000) on training splits of ~1,000 rows is this grid.
@@ -184,7 +185,7 @@ def evaluate(
         for m in names:
             values = np.array([run["points"][labels][m] for run in runs])
             pooled = np.concatenate([run["replicates"][labels][m] for run in runs]) if n_boot else np.empty(0)
-            lo, hi = percentile_interval(pooled, ci) if n_boot else (np.nan, np.nan)
+            lo, hi = (float(b) for b in percentile_interval(pooled, ci)) if n_boot else (np.nan, np.nan)
             base = [run["baselines"].get(labels, {}).get(m, (np.nan, np.nan)) for run in runs]
             majority, chance = (float(np.mean([b[i] for b in base])) for i in (0, 1))
             rows.append({"labels": labels, "metric": m, "value": float(np.mean(values)), "ci_low": lo,
@@ -423,7 +424,7 @@ def _bootstrap(
 ) -> dict[str, dict[str, np.ndarray]]:
     """Replicates {labels: {metric: [n_boot]}}; every label set sees the same group resamples (paired)."""
     parts: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in s.metrics} for k, s in scorers.items()}
-    for counts in bootstrap_counts(n_groups, n_boot, [seed, 1]):
+    for counts in iter_resample_counts(n_groups, n_boot, [seed, 1]):
         for labels, scorer in scorers.items():
             for m, v in scorer(counts).items():
                 parts[labels][m].append(v)

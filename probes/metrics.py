@@ -1,10 +1,10 @@
 """Probe metrics, their group-bootstrap distributions, and the baselines reported beside them.
 
 A bootstrap replicate resamples whole groups (sentences/documents) with replacement; it is represented by a
-count matrix `counts [n_boot, n_groups]` (how often each group was drawn). Every metric is computed from
-per-group sufficient statistics, so one replicate costs a matrix product, not a pass over the rows; the point
-estimate is the same computation with all counts equal to one. Using the same count matrix for the task and
-the control gives the paired bootstrap of their difference (selectivity).
+count matrix `counts [n_boot, n_groups]` (how often each group was drawn; `probes.bootstrap` draws them).
+Every metric is computed from per-group sufficient statistics, so one replicate costs a matrix product, not
+a pass over the rows; the point estimate is the same computation with all counts equal to one. Using the same
+count matrix for the task and the control gives the paired bootstrap of their difference (selectivity).
 
 Metrics (names as they appear in tables):
 - `accuracy`; `accuracy_within_<k>`: |prediction - truth| <= k (ordinal / numeric labels);
@@ -21,7 +21,7 @@ P(|Y - Y'| <= k); macro-F1 1/K (each class's F1 is p_k to first order); MAE E|Y 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 
 import numpy as np
 from scipy import sparse
@@ -127,27 +127,6 @@ class GroupScorer:
             return f1.sum(1) / present.sum(1)
 
         return macro_f1
-
-
-def bootstrap_counts(
-    n_groups: int, n_boot: int, seed: int | Sequence[int], *, max_cells: int = 4_000_000
-) -> Iterator[np.ndarray]:
-    """Yield group-count matrices [m, n_groups] (m rows per chunk, n_boot rows in all), deterministic in seed."""
-    rng = np.random.default_rng(seed)
-    per_chunk = max(1, max_cells // max(n_groups, 1))
-    pvals = np.full(n_groups, 1.0 / n_groups)
-    for start in range(0, n_boot, per_chunk):
-        m = min(per_chunk, n_boot - start)
-        yield rng.multinomial(n_groups, pvals, size=m)
-
-
-def percentile_interval(samples: np.ndarray, ci: float) -> tuple[float, float]:
-    """Percentile bootstrap interval at level ci (NaN replicates ignored; NaN if none are finite)."""
-    finite = samples[np.isfinite(samples)]
-    if finite.size == 0:
-        return float("nan"), float("nan")
-    lo, hi = np.quantile(finite, [(1 - ci) / 2, 1 - (1 - ci) / 2])
-    return float(lo), float(hi)
 
 
 def chance_baseline(name: str, y_true: np.ndarray) -> float:

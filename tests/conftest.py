@@ -50,3 +50,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 def tiny_config() -> models.EncoderConfig:
     """A tiny BERT-shaped config with the bundled vocabulary size."""
     return models.EncoderConfig(vocab_size=30522, d_model=32, n_layers=2, n_heads=4, d_mlp=64, max_positions=64)
+
+
+@pytest.fixture(autouse=True)
+def _registry_order_restored():
+    """Tests that remove experiments with ``monkeypatch.delitem`` get them back in reverse order; put the
+    registry back exactly (``run all`` and the report rely on its order)."""
+    from bertscope.experiments import registry
+
+    saved = dict(registry.EXPERIMENTS)
+    yield
+    if list(registry.EXPERIMENTS.items()) != list(saved.items()):
+        registry.EXPERIMENTS.clear()
+        registry.EXPERIMENTS.update(saved)

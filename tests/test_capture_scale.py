@@ -123,7 +123,12 @@ MEMORY_SCRIPT = textwrap.dedent(
     model = models.load(model_dir)
 
     def peak():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
+        # VmHWM belongs to this process image: ru_maxrss would carry the parent's peak across fork and exec,
+        # which inside a large pytest run hides every growth of this process.
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # bytes (reported in kB)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     # A first capture of the same corpus brings every code path, buffer and allocator arena to its working size.
     corpus = load_corpus("builtin", max_sentences=400)

@@ -357,3 +357,34 @@ def test_a_512_token_page_is_interactive_within_2_s(browser, bundled, tmp_path, 
     assert problems(browser) == []
     assert ready_ms <= 2000 and ready_paint <= 2000
     assert click_ms <= 500 and paint is not None and paint <= 1000
+
+
+def test_menu_shows_real_mixing_methods_matching_the_library(browser, bundled, tmp_path, shots):
+    """``explore(mixing=...)`` computes ``hooks.contributions``; the page's menu offers them, and a row the page
+    decodes equals the library's numbers (up to the page's uint8 code) over the sentence's real tokens."""
+    from bertscope.hooks import contributions
+
+    texts = ["The cat sat on the mat because it was tired.", "Dogs bark."]  # the second is padded in the batch
+    view = explorer.explore(bundled, texts, mixing="alti,attention_norm")
+    path = view.save(tmp_path / "mixing.html")
+    open_page(browser, path)
+    options = [o.text for o in all_css(browser, "#bs-method option")]
+    assert options == ["attention", explorer.MIXING_LABELS["alti"], explorer.MIXING_LABELS["attention_norm"]]
+    choose(browser, "bs-method", "1")
+    deadline = time.monotonic() + 10
+    while head_view(browser).get("method") != "alti" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert head_view(browser)["method"] == "alti"
+    inputs = bundled.tokenize(texts)
+    real = inputs["attention_mask"][1].bool()
+    for method in ("alti", "attention_norm"):
+        full = contributions(bundled, inputs, method)[1, 3][real][:, real].numpy()  # sentence 1, layer 3
+        row = browser.execute_async_script(
+            "var done = arguments[arguments.length - 1];"
+            f"window.bertscopeExplorer.mapRow(1, '{method}', 3, 0, 2).then(done);"
+        )
+        # the page's uint8 code: a 1/255 step for maps within [0, 1] (alti), else the map's own range
+        step = 1 / 255 if method == "alti" else float(full.max() - full.min()) / 255
+        np.testing.assert_allclose(row, full[2], atol=0.51 * step + 1e-6)
+    by_css(browser, "#bs-root").screenshot(str(shots / "07_real_alti.png"))
+    assert problems(browser) == []

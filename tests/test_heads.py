@@ -131,15 +131,6 @@ def test_norm_weighted_masses_follow_kobayashi():
         torch.testing.assert_close(same[f"norm_{name}"], same[f"mass_{name}"])
 
 
-def test_value_norms_are_norms_of_head_writes():
-    v = torch.randn(2, 3, 4, 5)
-    W_O = torch.randn(4, 5, 6)
-    expected = torch.stack([torch.linalg.vector_norm(v[:, :, h] @ W_O[h], dim=-1) for h in range(4)], dim=1)
-    torch.testing.assert_close(hs.value_norms(v, W_O), expected)
-    with pytest.raises(ValueError, match="W_O"):
-        hs.value_norms(v, torch.randn(3, 5, 6))
-
-
 def test_statistics_reject_bad_shapes():
     batch = planted_batch()
     with pytest.raises(ValueError, match="cls_mask"):
@@ -152,20 +143,6 @@ def test_statistics_reject_bad_shapes():
             batch["pattern"][..., :3], batch["mask"], cls_mask=batch["ids"] == CLS,
             sep_mask=batch["ids"] == SEP, punct_mask=batch["ids"] == DOT,
         )  # fmt: skip
-
-
-def test_bootstrap_mean_weights_sentences_equally_and_skips_undefined():
-    values = np.array([[1.0, np.nan], [3.0, 2.0], [5.0, 4.0]])
-    mean, low, high, n = hs.bootstrap_mean(values, n_boot=500, seed=0)
-    np.testing.assert_allclose(mean, [3.0, 3.0])
-    np.testing.assert_array_equal(n, [3, 2])
-    assert 1.0 <= low[0] < 3.0 < high[0] <= 5.0
-    constant = hs.bootstrap_mean(np.full((10, 2), 0.25), n_boot=200)
-    np.testing.assert_allclose(constant[1:3], 0.25)  # no spread, no interval
-    a = hs.bootstrap_mean(values, seed=3)
-    b = hs.bootstrap_mean(values, seed=3)
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
 
 
 # ------------------------------------------------------------------------------------------ tables and roles

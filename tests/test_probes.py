@@ -21,7 +21,8 @@ from bertscope.probes import (
     mdl_probe,
     selectivity,
 )
-from bertscope.probes.metrics import GroupScorer, bootstrap_counts, chance_baseline
+from bertscope.probes.bootstrap import iter_resample_counts
+from bertscope.probes.metrics import GroupScorer, chance_baseline
 from scipy.stats import spearmanr
 from sklearn.base import clone, is_classifier, is_regressor
 from sklearn.exceptions import ConvergenceWarning
@@ -309,7 +310,7 @@ def test_metrics_and_bootstrap_match_direct_computation():
     assert point["mae"] == pytest.approx(mean_absolute_error(y, p))
     assert point["spearman"] == pytest.approx(spearmanr(y, p).statistic)
     assert point["r2"] == pytest.approx(r2_score(y, p))
-    counts = next(bootstrap_counts(n_groups, 3, seed=0))
+    counts = next(iter_resample_counts(n_groups, 3, seed=0))
     replicates = scorer(counts)
     for b in range(3):
         rows = np.concatenate([np.flatnonzero(g == k) for k in np.repeat(np.arange(n_groups), counts[b])])

@@ -10,7 +10,8 @@ import pytest
 import torch
 from bertscope.experiments import same_token
 from bertscope.experiments.corpus import encode, load_corpus
-from bertscope.experiments.same_token.experiment import _self_preference, measure, weight_view
+from bertscope.experiments.same_token.experiment import measure
+from bertscope.experiments.same_token.weights import self_preference, weight_view
 
 from bertscope import models
 
@@ -91,9 +92,9 @@ def test_numbers_agree_with_transformers_attentions(bundled, hf_bundled) -> None
 
 def test_self_preference_known_answers() -> None:
     q = torch.eye(6) * torch.arange(1.0, 7.0)[:, None]  # orthogonal: a token's own key is its only match
-    top1, percentile = _self_preference(q, q)
+    top1, percentile = self_preference(q, q)
     assert torch.equal(top1, torch.ones(6)) and torch.equal(percentile, torch.ones(6))
-    top1, percentile = _self_preference(torch.eye(4), 0.5 - torch.eye(4))  # own key scores lowest
+    top1, percentile = self_preference(torch.eye(4), 0.5 - torch.eye(4))  # own key scores lowest
     assert torch.equal(top1, torch.zeros(4)) and torch.equal(percentile, torch.zeros(4))
 
 

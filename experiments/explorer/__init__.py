@@ -30,6 +30,7 @@ QK_AUTO_BYTES = 600_000
 
 __all__ = [
     "QK_AUTO_BYTES",
+    "MIXING_LABELS",
     "Explorer",
     "SentenceData",
     "build",
@@ -39,7 +40,44 @@ __all__ = [
     "encode_map",
     "encode_qk",
     "explore",
+    "mixing_maps",
+    "mixing_methods",
 ]
+
+
+#: Menu names for the context-mixing methods ``mixing=`` computes (others are shown by their id).
+MIXING_LABELS = {
+    "attention_norm": "attention norm (Kobayashi et al. 2020)",
+    "residual_norm": "attention + residual norm (Kobayashi et al. 2021)",
+    "alti": "ALTI (Ferrando et al. 2022)",
+    "value_zeroing": "value zeroing (Mohebbi et al. 2023)",
+    "rollout:attention": "attention rollout (Abnar & Zuidema 2020)",
+    "flow:attention": "attention flow (Abnar & Zuidema 2020)",
+}
+
+
+def mixing_methods(mixing: str | Sequence[str] | None) -> list[str]:
+    """``"alti,attention_norm"`` or ``["alti", ...]`` -> checked method names (token-to-token methods of
+    ``hooks.mixing.METHODS``, not "attention", which the explorer shows per head already); ``ValueError``
+    naming the choices otherwise."""
+    from bertscope.hooks import mixing as mixing_mod
+
+    if mixing is None:
+        return []
+    names = [m.strip() for m in mixing.split(",")] if isinstance(mixing, str) else [str(m).strip() for m in mixing]
+    allowed = [m for m in mixing_mod.METHODS if m not in mixing_mod.INPUT_ATTRIBUTIONS and m != "attention"]
+    bad = [m for m in names if m not in allowed]
+    if bad or not names:
+        raise ValueError(f"unknown mixing method {', '.join(bad) or '(none)'}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(names))
+
+
+def mixing_maps(model, inputs, mixing: str | Sequence[str] | None) -> dict[str, object]:
+    """Method -> ``hooks.contributions(model, inputs, method)`` ``[batch, layer, query, key]`` for each of
+    ``mixing_methods(mixing)``."""
+    from bertscope.hooks.mixing import contributions
+
+    return {m: contributions(model, inputs, m).detach().float().cpu() for m in mixing_methods(mixing)}
 
 
 class Explorer:
@@ -132,6 +170,7 @@ def explore(
     *,
     maps: Mapping[str, object] | None = None,
     labels: Mapping[str, str] | None = None,
+    mixing: str | Sequence[str] | None = None,
     qk: bool | str | Sequence[int] = "auto",
     attention: bool = True,
     title: str = "bertscope explorer",
@@ -142,6 +181,9 @@ def explore(
     ``maps``: extra views, method id -> ``[batch, layer, query, key]`` (or ``[batch, layer, head, query,
     key]``) over ``model.tokenize(texts)``'s padded positions, or a list with one ``[layer, query, key]`` per
     text over its real tokens; e.g. ``maps={"alti": contributions}``. ``labels``: menu names for them.
+    ``mixing``: context-mixing methods to compute and add to the menu, e.g. ``["alti", "attention_norm"]`` (or
+    ``"alti,attention_norm"``): each is ``bertscope.hooks.contributions(model, model.tokenize(texts), method)``,
+    ``[batch, layer, query, key]``; any per-layer, ``rollout:`` or ``flow:`` method of ``hooks.mixing.METHODS``.
     ``qk``: which sentences embed queries and keys for the query-key view: True (all), False (none), a list of
     indices, or "auto" (in order while the int8 total stays within ``QK_AUTO_BYTES``; the first always).
     ``attention=False`` leaves attention out of the menu (then ``maps`` is required).
@@ -157,6 +199,13 @@ def explore(
         raise ValueError("'attention' is the model's own attention; give your map another name")
     cfg = model.config
     inputs = model.tokenize(texts)
+    computed = mixing_maps(model, inputs, mixing)
+    if computed:
+        clash = sorted(set(computed) & set(maps or {}))
+        if clash:
+            raise ValueError(f"{', '.join(clash)} given both in maps= and mixing=")
+        maps = {**(maps or {}), **computed}
+        labels = {**{m: MIXING_LABELS.get(m, m) for m in computed}, **(labels or {})}
     if qk == "auto":
         per_token = 2 * cfg.n_layers * cfg.d_model  # int8 q and k, every layer
         lengths = [int(m.sum()) for m in inputs["attention_mask"]]

@@ -29,19 +29,20 @@ from typing import Any
 import einops
 import numpy as np
 import pandas as pd
-import torch
 from bertscope.experiments.heads import importance as imp
+from bertscope.experiments.heads import passes
 from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
 from bertscope.experiments.heads.roles import assign_roles, role_summary
+from bertscope.probes.bootstrap import group_bootstrap, mean_of_groups
 
 NAME = "heads"
 DIRNAME = "heads"
 SUMMARY_TABLES = ["roles_by_head.csv", "syntax.csv", "pruning.csv"]
 RESULT_COLUMNS = ["model", "corpus", "layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
-PUNCTUATION = (".", ",")
-SCALARS = (*hs.SCALAR_METRICS, *hs.NORM_METRICS)  # per-sentence statistics, in array order
+PUNCTUATION = passes.PUNCTUATION
+SCALARS = passes.SCALARS  # per-sentence statistics, in array order
 
 
 @dataclass(frozen=True)
@@ -74,18 +75,19 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("n_sentences", len(corpus))
     ctx.note("n_distance_sentences", min(len(corpus), settings.distance_sentences))
     ctx.note("n_importance_sentences", len(importance_corpus))
-    ctx.note(
-        "queries",
-        "all real tokens of a sentence ([CLS] and [SEP] included); each sentence weighted equally",
-    )
+    ctx.note("queries", "all real tokens of a sentence ([CLS] and [SEP] included); each sentence weighted equally")
     label = {"model": ctx.model_id, "corpus": ctx.corpus_id}
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
 
-    arrays = ctx.step_arrays("attention_pass", lambda: _attention_pass(ctx, corpus, settings))
+    batches = list(ctx.encode(corpus).batches)
+    arrays = ctx.step_arrays(
+        "attention_pass", lambda: passes.attention_pass(model, batches, corpus, settings, progress=ctx.progress)
+    )
+    if int(arrays["n_truncated"]):
+        ctx.warn(f"{int(arrays['n_truncated'])} truncated sentences left out of the syntax scores")
     frames = [attention_table(arrays["scalars"], arrays["offsets"], settings, ctx.seed)]
     distances = arrays["distances"]  # [sentence, layer*head, layer*head]
     frames.append(_ratio_rows(distances, n_layers, n_heads, settings, ctx.seed))
-    mean_distance = distances.mean(0)
 
     syntax_acc, syntax_tab = None, None
     if "head_hits" in arrays and len(arrays["head_hits"]):
@@ -98,7 +100,12 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     else:
         ctx.log("corpus has no gold dependencies: syntax scores and the syntactic role are skipped")
 
-    importance = ctx.step_arrays("importance", lambda: _importance_pass(ctx, importance_corpus, settings))
+    n_ablated = n_layers * n_heads
+    ctx.log(f"ablating {n_ablated} heads x {len(settings.methods)} methods on {len(importance_corpus)} sentences")
+    importance_batches = list(ctx.encode(importance_corpus, batch_size=settings.importance_batch).batches)
+    importance = ctx.step_arrays("importance", lambda: passes.importance_pass(
+        model, importance_batches, settings, seed=ctx.seed, rng=ctx.rng("pruning"), progress=ctx.progress
+    ))  # fmt: skip
     objective = str(importance["objective"])
     ctx.note("ablation_methods", {m: imp.METHOD_DESCRIPTIONS[m] for m in settings.methods})
     ctx.note("gradient_objective", {objective: imp.OBJECTIVE_DESCRIPTIONS[objective]})
@@ -112,6 +119,22 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         results[key] = value
     results = _tidy(results)
 
+    _write_side_tables(ctx, results, syntax_acc, syntax_tab, distances, importance, settings)
+    return results
+
+
+def _write_side_tables(
+    ctx: Any,
+    results: pd.DataFrame,
+    syntax_acc: pd.DataFrame | None,
+    syntax_tab: pd.DataFrame | None,
+    distances: np.ndarray,
+    importance: dict[str, np.ndarray],
+    settings: Settings,
+) -> None:
+    """Roles, syntax, distances, MDS, pruning and roles-by-head tables (part of ``run``: it writes files)."""
+    n_layers, n_heads = ctx.model.config.n_layers, ctx.model.config.n_heads
+    mean_distance = distances.mean(0)
     head_stats = head_stats_wide(results)
     roles = assign_roles(head_stats, syntax_acc, min_arcs=settings.role_min_arcs)
     ctx.write_table(roles, "roles", formats=("csv",))
@@ -125,7 +148,6 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     summary = role_summary(roles)
     ctx.write_table(summary, "roles_by_head", formats=("csv",))
     ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
-    return results
 
 
 def plot(out_dir: Path) -> list[Path]:
@@ -176,134 +198,26 @@ def head_stats_wide(results: pd.DataFrame) -> pd.DataFrame:
     return wide.astype({"layer": int, "head": int})
 
 
-# ------------------------------------------------------------------------------------------- model passes
-
-
-def _attention_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.ndarray]:
-    """One forward pass over ``corpus``: per-sentence statistics, head distances and arc hits."""
-    from bertscope.experiments.corpus import word_attention
-
-    model, tokenizer = ctx.model, ctx.model.tokenizer
-    n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    punct_ids = _punctuation_ids(tokenizer)
-    encoded = ctx.encode(corpus)
-    max_offset = max(b.input_ids.shape[1] for b in encoded.batches) - 1  # no argmax can lie further away
-    n = len(corpus)
-    scalars = np.full((n, n_layers, n_heads, len(SCALARS)), np.nan)
-    offsets = np.zeros((n, n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32)
-    n_distance = min(n, settings.distance_sentences)  # the first sentences of the corpus
-    distances = np.zeros((n_distance, n_layers * n_heads, n_layers * n_heads), dtype=np.float32)
-    arc_parts: list[syn.ArcHits] = []
-    skipped_syntax = 0
-    names = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"]
-    for batch in ctx.progress(encoded.batches, desc="attention statistics", total=len(encoded.batches)):
-        with torch.no_grad():
-            _, cache = model.run_with_cache(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                                            names_filter=names, cache_device="cpu")  # fmt: skip
-        ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
-        idx = np.asarray(batch.sentence_index)
-        masks = {
-            "cls_mask": ids == tokenizer.cls_token_id,
-            "sep_mask": ids == tokenizer.sep_token_id,
-            "punct_mask": torch.isin(ids, torch.tensor(punct_ids, dtype=ids.dtype)),
-        }
-        patterns = cache.stack("attn.hook_pattern")  # [layer, batch, head, q, k]
-        for layer in range(n_layers):
-            norms = hs.value_norms(cache[f"blocks.{layer}.attn.hook_v"], model.blocks[layer].attn.W_O.detach().cpu())
-            stats = hs.attention_statistics(patterns[layer], mask, **masks, value_norms=norms, max_offset=max_offset)
-            for k, name in enumerate(SCALARS):
-                scalars[idx, layer, :, k] = stats.scalars[name].numpy()
-            offsets[idx, layer] = stats.offset_fraction.numpy()
-        for b, si in enumerate(idx.tolist()):
-            if si < n_distance:
-                real = mask[b].bool()
-                sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
-                flat = einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
-                distances[si] = sim.head_distances(flat).numpy()
-            sentence = corpus[si]
-            if sentence.heads is None:
-                continue
-            if batch.truncated[b]:  # words were cut: the gold tree no longer fits
-                skipped_syntax += 1
-                continue
-            word_maps = word_attention(patterns[:, b], batch.word_ids[b].cpu())
-            arc_parts.append(syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si))
-    if skipped_syntax:
-        ctx.warn(f"{skipped_syntax} truncated sentences left out of the syntax scores")
-    out = {"scalars": scalars, "offsets": offsets, "distances": distances}
-    if arc_parts:
-        hits = syn.ArcHits.concat(arc_parts)
-        out.update(
-            head_hits=hits.head_hits,
-            offset_hits=hits.offset_hits,
-            relations=hits.relations.astype(str),
-            arc_sentences=hits.sentences,
-        )
-    return out
-
-
-def _importance_pass(ctx: Any, corpus: Any, settings: Settings) -> dict[str, np.ndarray]:
-    """Ablation effects, gradient importance and pruning curves on ``corpus``."""
-    model = ctx.model
-    n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    encoded = ctx.encode(corpus, batch_size=settings.importance_batch)
-    batches = list(encoded.batches)
-    order = np.concatenate([b.sentence_index for b in batches])
-    ctx.log(f"ablating {n_layers * n_heads} heads x {len(settings.methods)} methods on {len(corpus)} sentences")
-    effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=ctx.seed,
-                                             progress=lambda it: ctx.progress(it, "ablation", len(it)))  # fmt: skip
-    grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=ctx.seed)
-    inverse = np.argsort(order)  # back to corpus order
-    effects, grad = effects[inverse], grad[inverse]
-
-    total = n_layers * n_heads
-    counts = sorted({round(i * total / settings.pruning_points) for i in range(settings.pruning_points + 1)})
-    mean_grad = grad.mean(0).ravel()  # [layer*head]
-    zero = list(settings.methods).index("zero") if "zero" in settings.methods else 0
-    mean_ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")].mean(0).ravel()
-    orders = {
-        "gradient, least important first": np.argsort(mean_grad, kind="stable"),
-        "gradient, most important first": np.argsort(-mean_grad, kind="stable"),
-        f"ablation ({settings.methods[zero]}), least important first": np.argsort(mean_ablation, kind="stable"),
-        "random": ctx.rng("pruning").permutation(total),
-    }
-    curves = []
-    for flat_order in orders.values():
-        pairs = [divmod(int(i), n_heads) for i in flat_order]
-        curves.append(imp.pruning_curve(model, batches, pairs, counts)[inverse])
-    return {
-        "effects": effects,
-        "measures": np.asarray(measures, dtype=str),
-        "methods": np.asarray(settings.methods, dtype=str),
-        "grad": grad,
-        "objective": np.asarray(objective),
-        "pruning": np.stack(curves, axis=1),  # [sentence, order, count, measure]
-        "pruning_orders": np.asarray(list(orders), dtype=str),
-        "pruning_counts": np.asarray(counts),
-    }
-
-
 # ------------------------------------------------------------------------------------------ table builders
 
 
 def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
     """Within/between-layer distance ratio, overall and per layer, bootstrapped over sentences."""
     layer_of = np.repeat(np.arange(n_layers), n_heads)
-    point = sim.within_between_ratio(distances.mean(0), layer_of)
-    rng = np.random.default_rng(seed)
     s = len(distances)
     flat = distances.reshape(s, -1).astype(np.float64)
-    boot = []
-    for counts in rng.multinomial(s, np.full(s, 1.0 / s), size=settings.n_boot):
-        boot.append(sim.within_between_ratio((counts @ flat / s).reshape(distances.shape[1:]), layer_of))
-    tail = (1 - settings.ci) / 2
-    rows = []
-    for key, value in point.items():
-        samples = np.asarray([b[key] for b in boot])
-        low, high = np.nanquantile(samples, [tail, 1 - tail]) if settings.n_boot else (np.nan, np.nan)
-        rows.append({"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": value,
-                     "ci_low": low, "ci_high": high, "n": s})  # fmt: skip
-    return pd.DataFrame(rows)
+    point = sim.within_between_ratio(distances.mean(0), layer_of)  # from the mean_distance of distances.parquet
+
+    def ratios(counts: np.ndarray) -> np.ndarray:  # [m, sentence] -> [m, key]
+        means = (counts @ flat / s).reshape(-1, *distances.shape[1:])
+        return np.asarray([list(sim.within_between_ratio(m, layer_of).values()) for m in means])
+
+    out = group_bootstrap(ratios, s, n_boot=settings.n_boot, level=settings.ci, seed=seed)
+    return pd.DataFrame([
+        {"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": point[key],
+         "ci_low": out.low[i], "ci_high": out.high[i], "n": s}
+        for i, key in enumerate(point)
+    ])  # fmt: skip
 
 
 def _syntax_rows(acc: pd.DataFrame) -> pd.DataFrame:
@@ -335,7 +249,7 @@ def _importance_rows(importance: dict[str, np.ndarray], settings: Settings, seed
 def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
     curves = importance["pruning"]  # [sentence, order, count, measure]
     orders, counts = importance["pruning_orders"].tolist(), importance["pruning_counts"].tolist()
-    mean, low, high, n = hs.bootstrap_mean(curves, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    mean, low, high, n = _mean_over_sentences(curves, settings, seed)
     rows = []
     for o, order in enumerate(orders):
         for c, count in enumerate(counts):
@@ -345,9 +259,15 @@ def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: 
     return pd.DataFrame(rows)
 
 
+def _mean_over_sentences(values: np.ndarray, settings: Settings, seed: int) -> tuple[np.ndarray, ...]:
+    """``values [sentence, ...]`` (NaN = undefined) -> (mean, ci_low, ci_high, n), each ``[...]``."""
+    out, n = mean_of_groups(values, n_boot=settings.n_boot, level=settings.ci, seed=seed)
+    return out.value, out.low, out.high, n
+
+
 def _rows_from(values: np.ndarray, names: list[str], settings: Settings, seed: int) -> pd.DataFrame:
     """``values [sentence, layer, head, metric]`` -> long rows with bootstrap CIs."""
-    mean, low, high, n = hs.bootstrap_mean(values, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
+    mean, low, high, n = _mean_over_sentences(values, settings, seed)
     n_layers, n_heads, n_metrics = mean.shape
     layer, head, metric = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n_metrics), indexing="ij")
     return pd.DataFrame({
@@ -382,11 +302,3 @@ def _mds_table(coords: np.ndarray, n_layers: int, n_heads: int, roles: pd.DataFr
         "layer": layer, "head": head, "x": coords[:, 0], "y": coords[:, 1],
         "primary_role": [primary.get((int(L), int(h)), "other") for L, h in zip(layer, head, strict=True)],
     })  # fmt: skip
-
-
-def _punctuation_ids(tokenizer: Any) -> list[int]:
-    vocab = tokenizer.get_vocab()
-    missing = [p for p in PUNCTUATION if p not in vocab]
-    if missing:
-        raise ValueError(f"the tokenizer has no single token for {missing}; punctuation masses need '.' and ','")
-    return [vocab[p] for p in PUNCTUATION]

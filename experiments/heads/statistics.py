@@ -4,9 +4,10 @@ Every function takes one layer's attention pattern ``[batch, head, query, key]``
 ``[batch, pos]`` and returns one value per (sentence, head), so that each sentence can be weighted equally
 and bootstrapped over. Queries are all real (non-padding) tokens of a sentence, [CLS] and [SEP] included.
 
-Norm-weighted masses follow Kobayashi et al. (2020): the contribution of key ``j`` to query ``i`` is
-``||A[i, j] f(x_j)||`` with ``f(x_j) = v_j W_O[h]``; a norm-weighted mass is the share of a query's total
-contribution that comes from the keys of a category.
+The masses and the norm weighting (Kobayashi et al. 2020: ``||A[i, j] f(x_j)||`` with ``f(x_j) = v_j W_O[h]``)
+come from :mod:`bertscope.experiments.attention`; a norm-weighted mass is the share of a query's total
+contribution that comes from the keys of a category. Output names keep this experiment's public metric
+names (``mass_prev`` is ``attention.previous_mass`` averaged over real queries, ...).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import einops
 import numpy as np
 import torch
+from bertscope.experiments import attention
 
 # Scalar statistics, one value per (sentence, head). ``norm_*`` are the Kobayashi norm-weighted versions.
 MASS_METRICS = ("mass_cls", "mass_sep", "mass_punct", "mass_self", "mass_prev", "mass_next")
@@ -99,68 +101,11 @@ def attention_statistics(
     scalars["mean_distance"] = _mean_over_queries((p * distance).sum(-1), valid)
 
     if value_norms is not None:
-        weighted = p * value_norms.detach().to(p.dtype)[:, :, None, :]
-        weighted = weighted / weighted.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+        weighted = attention.norm_weighted(p, value_norms.detach())
         scalars.update(_masses(weighted, valid, cls_mask, sep_mask, punct_mask, prefix="norm_"))
 
     offset_fraction = _argmax_offset_fraction(p, valid, max_offset)
     return SentenceStats(scalars=scalars, offset_fraction=offset_fraction, max_offset=max_offset)
-
-
-def value_norms(v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
-    """Kobayashi norms ``||v_j W_O[h]||``.
-
-    Args:
-        v: ``[batch, pos, head, d_head]`` (``blocks.L.attn.hook_v``, bias included).
-        W_O: ``[head, d_head, d_model]``.
-
-    Returns:
-        ``[batch, head, pos]``.
-    """
-    if v.ndim != 4 or W_O.ndim != 3 or v.shape[2:] != W_O.shape[:2]:
-        raise ValueError(
-            f"value_norms needs v [batch, pos, head, d_head] and W_O [head, d_head, d_model] with matching "
-            f"head and d_head; got v {tuple(v.shape)} and W_O {tuple(W_O.shape)}"
-        )
-    dtype = torch.float64 if torch.float64 in (v.dtype, W_O.dtype) else torch.float32
-    f = torch.einsum("bphd,hdm->bhpm", v.detach().to(dtype), W_O.detach().to(device=v.device, dtype=dtype))
-    return torch.linalg.vector_norm(f, dim=-1)
-
-
-def bootstrap_mean(
-    values: np.ndarray, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over sentences with a percentile bootstrap CI, resampling sentences (rows).
-
-    Args:
-        values: ``[sentence, ...]``; NaN marks a sentence where the statistic is undefined (it is left out).
-
-    Returns:
-        ``(mean, ci_low, ci_high, n)``, each shaped ``values.shape[1:]``; ``n`` counts the defined sentences.
-    """
-    x = np.asarray(values, dtype=np.float64)
-    if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError(f"bootstrap_mean needs at least one sentence (a [sentence, ...] array), got {x.shape}")
-    if not 0 < ci < 1:
-        raise ValueError(f"ci must be in (0, 1), got {ci}")
-    flat = x.reshape(x.shape[0], -1)
-    defined = ~np.isnan(flat)
-    filled = np.where(defined, flat, 0.0)
-    n = defined.sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = filled.sum(0) / n
-    rng = np.random.default_rng(seed)
-    s = flat.shape[0]
-    # Resampling with replacement = multinomial counts per sentence; means are then two matrix products.
-    counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)  # [boot, sentence]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boots = (counts @ filled) / (counts @ defined)
-    tail = (1.0 - ci) / 2.0
-    low, high = np.nanquantile(boots, [tail, 1.0 - tail], axis=0) if n_boot > 0 else (mean, mean)
-    low = np.where(n > 0, low, np.nan)
-    high = np.where(n > 0, high, np.nan)
-    shape = x.shape[1:]
-    return mean.reshape(shape), low.reshape(shape), high.reshape(shape), n.reshape(shape)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -207,18 +152,16 @@ def _masses(
     punct_mask: torch.Tensor,
     prefix: str,
 ) -> dict[str, torch.Tensor]:
-    """Mean mass to [CLS], [SEP], punctuation, self, previous and next token; each ``[batch, head]``."""
+    """Mean mass to [CLS], [SEP], punctuation, self, previous and next token; each ``[batch, head]``.
+
+    Queries: every real token; previous / next: the real queries whose neighbour is real.
+    """
     out = {}
     for name, keys in (("cls", cls_mask), ("sep", sep_mask), ("punct", punct_mask)):
-        to_keys = (p * keys.to(torch.bool)[:, None, None, :].to(p.dtype)).sum(-1)
-        out[prefix + name] = _mean_over_queries(to_keys, valid)
-    out[prefix + "self"] = _mean_over_queries(torch.diagonal(p, dim1=-2, dim2=-1), valid)
-    # Previous: A[i, i-1] for queries i >= 1 whose previous token is real; next: A[i, i+1] likewise.
-    both = valid[:, 1:] & valid[:, :-1]  # [batch, pos - 1]: pair (i-1, i) both real
-    prev = torch.diagonal(p, offset=-1, dim1=-2, dim2=-1)  # [batch, head, pos - 1], query i = 1..pos-1
-    nxt = torch.diagonal(p, offset=1, dim1=-2, dim2=-1)  # [batch, head, pos - 1], query i = 0..pos-2
-    out[prefix + "prev"] = _mean_over_queries(prev, both)
-    out[prefix + "next"] = _mean_over_queries(nxt, both)
+        out[prefix + name] = _mean_over_queries(attention.key_mass(p, keys.to(torch.bool)), valid)
+    out[prefix + "self"] = _mean_over_queries(attention.self_mass(p), valid)
+    out[prefix + "prev"] = _mean_over_queries(attention.previous_mass(p), attention.has_previous(valid))
+    out[prefix + "next"] = _mean_over_queries(attention.next_mass(p), attention.has_next(valid))
     return out
 
 

@@ -107,7 +107,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table (the framework writes it).
 
     Every expensive step is cached (each activation set, the alpha choices, each probe), so an interrupted
-    run resumes with what it finished."""
+    run resumes with what it finished. Longer than 60 lines: it is the one function that wires each cached step
+    to the run context, in the order the steps run; the measurements themselves live in the other modules."""
     settings = ctx.use_settings(settings)
     t0 = time.perf_counter()
     ctx.note("settings", dataclasses.asdict(settings))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from bertscope.probes.bootstrap import group_bootstrap
 from einops import rearrange
 
 # ----------------------------------------------------------------------------------- probe-free measures
@@ -52,7 +53,8 @@ def variance_share(
         return ss_between / ss_total, between / (between + within)
 
     raw, value = (float(v[0]) for v in shares(np.ones((1, n_win))))
-    low, high = _bootstrap(lambda c: shares(c)[1], n_win, n_boot, ci, seed)
+    out = group_bootstrap(lambda c: shares(c)[1], n_win, n_boot=n_boot, level=ci, seed=seed, max_cells=50 * n_win)
+    low, high = float(out.low), float(out.high)
     return {"value": value, "ci_low": low, "ci_high": high, "raw": raw}
 
 
@@ -219,18 +221,3 @@ def _jackknife(stat, value: float, n_units: int, n_groups: int, ci: float) -> tu
     se = float(np.sqrt((n_groups - 1) / n_groups * ((values - values.mean()) ** 2).sum()))
     z = NormalDist().inv_cdf(0.5 + ci / 2)
     return value - z * se, value + z * se
-
-
-def _bootstrap(stat, n_units: int, n_boot: int, ci: float, seed: int, chunk: int = 50) -> tuple[float, float]:
-    """Percentile interval of ``stat(counts [B, n_units])`` over ``n_boot`` resamples of the units."""
-    if n_boot <= 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    values = []
-    for start in range(0, n_boot, chunk):
-        b = min(chunk, n_boot - start)
-        counts = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=b).astype(np.float64)
-        values.append(stat(counts))
-    values = np.concatenate(values)
-    alpha = (1.0 - ci) / 2
-    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))

@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from bertscope.experiments.attention import value_norms
 from bertscope.experiments.same_token.measures import (
     DUPLICATE_METRICS,
     Positions,
@@ -43,6 +44,7 @@ from bertscope.experiments.same_token.measures import (
     tally,
 )
 from bertscope.experiments.same_token.plots import plot
+from bertscope.experiments.same_token.weights import weight_view
 from einops import rearrange
 
 NAME = "same-token"
@@ -62,6 +64,7 @@ class Settings:
     vocab_sample: int = 2000  # tokens of the weight view
     example_max_tokens: int = 40  # longest sentence drawn as an example map
     random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus
+    ci: float = 0.95  # level of every percentile interval
 
 CONVENTIONS = {
     "raw rows": "source=raw, head=-1; layer=-1 for embed.hook_word/embed.hook_out, else the layer of hook_resid_post",
@@ -69,7 +72,7 @@ CONVENTIONS = {
     "norm weighting": "||A[i,j] (x_j W_V[h] + b_V[h]) W_O[h]|| renormalised per query; b_O excluded (shared)",
     "duplicates": "other content positions with the same token id; [CLS]/[SEP]/padding excluded",
     "null": "offset-matched for duplicate metrics where defined, else uniform (see null_kind)",
-    "ci": "95% percentile bootstrap over sentences (tokens for the weight view)",
+    "ci": "percentile group bootstrap at Settings.ci (95%) over sentences (tokens for the weight view)",
     "weight view": "x = LN(word + type 0 + mean position) of each token alone; biases b_Q, b_K included",
 }
 
@@ -102,13 +105,17 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                     encoded,
                     corpus=corpus.name,
                     n_boot=settings.n_boot,
+                    level=settings.ci,
                     seed=ctx.seed,
                     progress=lambda it, n, c=corpus.name: ctx.progress(it, f"{c}", total=n),
                 ),
             )
         )
     tables.append(ctx.step(
-        "weights", lambda: weight_view(model, n_tokens=settings.vocab_sample, seed=ctx.seed, n_boot=settings.n_boot)
+        "weights",
+        lambda: weight_view(
+            model, n_tokens=settings.vocab_sample, seed=ctx.seed, n_boot=settings.n_boot, level=settings.ci
+        ),
     ))
     results = pd.concat(tables, ignore_index=True)
     results.insert(0, "model", ctx.model_id)
@@ -133,6 +140,7 @@ def measure(
     *,
     corpus: str,
     n_boot: int = 1000,
+    level: float = 0.95,
     seed: int = 0,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
 ) -> pd.DataFrame:
@@ -150,8 +158,7 @@ def measure(
     special_ids = {"cls": tok.cls_token_id, "sep": tok.sep_token_id}
     raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
     names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
-    # ||v W_O[h]||^2 = v (W_O[h] W_O[h]^T) v^T: a [d_head, d_head] Gram matrix per head instead of d_model.
-    grams = [torch.einsum("hdm,hem->hde", b.attn.W_O.float(), b.attn.W_O.float()) for b in model.blocks]
+    W_O = [b.attn.W_O.float() for b in model.blocks]
     max_length = max(b.input_ids.shape[1] for b in batches)
     device = model.device
 
@@ -166,32 +173,19 @@ def measure(
             )
             pos = Positions.from_batch(ids, mask, batch.special_mask.to(device), special_ids)
             for site in raw_sites:
-                logits, pattern = raw_attention(cache[site].float(), mask)
-                per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
-                raw_parts[site].append(tally(per_query, pattern[:, None], pos, max_length))
-            pattern = rearrange(
-                torch.stack([cache[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)]).float(),
-                "layer b h q k -> b (layer h) q k",
-            )
-            norms = torch.stack(
-                [
-                    torch.einsum("bphd,hde,bphe->bhp", v, g, v).clamp(min=0).sqrt()
-                    for i, g in enumerate(grams)
-                    for v in [cache[f"blocks.{i}.attn.hook_v"].float()]
-                ]
-            )
-            norms = rearrange(norms, "layer b h k -> b (layer h) k")
-            head_parts["attention"].append(tally(attention_masses(pattern, pos), pattern, pos, max_length))
-            weighted = norm_weighted(pattern, norms)
-            head_parts["norm"].append(tally(attention_masses(weighted, pos), weighted, pos, max_length))
+                raw_parts[site].append(_raw_tallies(cache[site].float(), mask, pos, max_length))
+            patterns = [cache[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)]
+            values = [cache[f"blocks.{i}.attn.hook_v"] for i in range(n_layers)]
+            for weighting, t in _head_tallies(patterns, values, W_O, pos, max_length).items():
+                head_parts[weighting].append(t)
 
     frames = []
     for site, parts in raw_parts.items():
-        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed)
+        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed, ci=level)
         layer = int(site.split(".")[1]) if site.startswith("blocks.") else -1
         frames.append(_label(t, source="raw", site=site, layer=layer, head=-1, weighting="attention"))
     for weighting, parts in head_parts.items():
-        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed)
+        t = summarize(Tallies.concat(parts), n_boot=n_boot, seed=seed, ci=level)
         layer, head = t["head"] // n_heads, t["head"] % n_heads
         site = "blocks." + layer.astype(str) + ".attn.hook_pattern"
         frames.append(_label(t, source="head", site=site, layer=layer, head=head, weighting=weighting))
@@ -200,91 +194,28 @@ def measure(
     return out
 
 
-def weight_view(
-    model: Any,
-    *,
-    n_tokens: int = 2000,
-    seed: int = 0,
-    n_boot: int = 1000,
-    token_ids: list[int] | None = None,
-) -> pd.DataFrame:
-    """Context-free self-preference: for a seeded sample of ``n_tokens`` vocabulary tokens (specials and
-    ``[unused*]`` excluded; or exactly ``token_ids``), does a token's query score its own key above every
-    other sampled key?
+def _raw_tallies(x: torch.Tensor, mask: torch.Tensor, pos: Positions, max_length: int) -> Tallies:
+    """Tallies of raw attention ``softmax(x x^T / sqrt(d))`` on one site's vectors ``x [batch, pos, d]``."""
+    logits, pattern = raw_attention(x, mask)
+    per_query = {**attention_masses(pattern[:, None], pos), **logit_metrics(logits, pos)}
+    return tally(per_query, pattern[:, None], pos, max_length)
 
-    Metrics per head (source ``head``, site ``blocks.L.attn.W_QK``): ``qk_self_top1`` (share of tokens whose
-    own key scores highest; null ``1/n_tokens``) and ``qk_self_percentile`` (share of other keys scoring
-    below the own key; null 0.5); the same for raw attention ``x x^T`` on the word embeddings and on the
-    embedding output (source ``raw``). Bootstrap CIs over the sampled tokens. Corpus ``vocab-sample``.
+
+def _head_tallies(
+    patterns: list[torch.Tensor], values: list[torch.Tensor], W_O: list[torch.Tensor], pos: Positions, max_length: int
+) -> dict[str, Tallies]:
+    """Tallies of every learned head, plain (``attention``) and norm-weighted (``norm``).
+
+    patterns per layer ``[batch, head, q, k]``; values per layer ``[batch, pos, head, d_head]`` (``hook_v``);
+    W_O per layer ``[head, d_head, d_model]``. Heads are flattened layer-major: index ``layer * n_heads + head``.
     """
-    if token_ids is None:
-        tok = model.tokenizer
-        special = set(tok.all_special_ids)
-        vocab = tok.get_vocab().items()
-        candidates = sorted(i for t, i in vocab if i not in special and not t.startswith("[unused"))
-        if len(candidates) < n_tokens:
-            raise ValueError(f"the vocabulary has {len(candidates)} ordinary tokens; ask for n_tokens <= that")
-        pick = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed))[:n_tokens]
-        token_ids = torch.tensor(candidates)[pick.sort().values].tolist()
-    n_tokens = len(token_ids)
-    if n_tokens < 2 or len(set(token_ids)) != n_tokens:
-        raise ValueError(f"token_ids must hold at least 2 distinct ids; got {n_tokens}, {len(set(token_ids))} distinct")
-    ids = torch.tensor(token_ids)[:, None].to(model.device)  # each token alone: [n_tokens, 1]
-    # rows of the positions a token can hold (after RoBERTa's offset), the first one excluded
-    off, w_pos = model.config.position_offset, model.W_pos
-    mean_pos = None if w_pos is None else w_pos[off + 1 : off + min(model.config.max_length, 128)].mean(0)
-
-    def mean_position(x: torch.Tensor, hook: Any) -> torch.Tensor:
-        return mean_pos.to(x.dtype).expand_as(x)
-
-    with torch.no_grad():
-        _, cache = model.run_with_cache(
-            ids,
-            names_filter=["embed.hook_word", "embed.hook_out"],
-            fwd_hooks=[] if mean_pos is None else [("embed.hook_pos", mean_position)],  # no table: rotary/relative
-            stop_at_layer=0,
-        )
-        word, x = cache["embed.hook_word"][:, 0].float(), cache["embed.hook_out"][:, 0].float()
-        per_token = {("raw", "embed.hook_word", -1, -1): _self_preference(word, word)}
-        per_token[("raw", "embed.hook_out", -1, -1)] = _self_preference(x, x)
-        for layer, block in enumerate(model.blocks):
-            attn = block.attn
-            q = torch.einsum("nm,hmd->hnd", x, attn.W_Q.float()) + attn.b_Q.float()[:, None]
-            k = torch.einsum("nm,hmd->hnd", x, attn.W_K.float()) + attn.b_K.float()[:, None]
-            for head in range(model.config.n_heads):
-                per_token[("head", f"blocks.{layer}.attn.W_QK", layer, head)] = _self_preference(q[head], k[head])
-
-    rows = []
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(0, n_tokens, (n_boot, n_tokens), generator=generator)
-    for (source, site, layer, head), (top1, percentile) in per_token.items():
-        for metric, values, null in (("qk_self_top1", top1, 1 / n_tokens), ("qk_self_percentile", percentile, 0.5)):
-            boot = values[draws].mean(-1)
-            value = float(values.mean())
-            rows.append(
-                {
-                    "corpus": "vocab-sample",
-                    "source": source,
-                    "site": site,
-                    "layer": layer,
-                    "head": head,
-                    "weighting": "weights",
-                    "metric": metric,
-                    "value": value,
-                    "ci_low": float(boot.quantile(0.025)),
-                    "ci_high": float(boot.quantile(0.975)),
-                    "null": null,
-                    "null_kind": "uniform",
-                    "ratio": value / null,
-                    "ratio_ci_low": float(boot.quantile(0.025)) / null,
-                    "ratio_ci_high": float(boot.quantile(0.975)) / null,
-                    "null_uniform": null,
-                    "ratio_uniform": value / null,
-                    "n_queries": n_tokens,
-                    "n_sentences": 0,
-                }
-            )
-    return pd.DataFrame(rows)
+    pattern = rearrange(torch.stack(patterns).float(), "layer b h q k -> b (layer h) q k")
+    norms = torch.stack([value_norms(v.float(), w) for v, w in zip(values, W_O, strict=True)])
+    weighted = norm_weighted(pattern, rearrange(norms, "layer b h k -> b (layer h) k"))
+    return {
+        "attention": tally(attention_masses(pattern, pos), pattern, pos, max_length),
+        "norm": tally(attention_masses(weighted, pos), weighted, pos, max_length),
+    }
 
 
 def example_maps(model: Any, corpora: list[Any], results: pd.DataFrame, *, max_tokens: int = 40) -> pd.DataFrame:
@@ -372,17 +303,6 @@ def _label(t: pd.DataFrame, **columns: Any) -> pd.DataFrame:
     t = t.drop(columns="head")
     ident = pd.DataFrame(columns, index=t.index)
     return pd.concat([ident, t], axis=1)
-
-
-def _self_preference(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k [token, d]: per token, whether its own key scores highest (ties count) and the share of
-    other keys scoring strictly below it -> (top1 [token], percentile [token]) as float64."""
-    scores = (q @ k.T).double()
-    own = scores.diagonal()[:, None]
-    others = ~torch.eye(len(q), dtype=torch.bool, device=q.device)
-    above = ((scores > own) & others).sum(-1)
-    below = ((scores < own) & others).sum(-1)
-    return (above == 0).double().cpu(), (below.double() / (len(q) - 1)).cpu()
 
 
 def _most_repetitive(corpus: Any, tok: Any, max_tokens: int) -> Any:

@@ -37,9 +37,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments import attention
+from bertscope.experiments.attention import norm_weighted
+from bertscope.probes.bootstrap import percentile_interval, resample_counts
 from torch import Tensor
 
 DUPLICATE_METRICS = ("duplicate", "duplicate_earlier")  # the metrics with an offset-matched null
+__all__ = ["DUPLICATE_METRICS", "Positions", "QueryMetric", "Tallies", "attention_masses", "logit_metrics",
+           "norm_weighted", "raw_attention", "summarize", "tally"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,12 +97,9 @@ class Positions:
             )
         valid = attention_mask.bool()
         content = valid & ~special_mask.bool()
-        pos = input_ids.shape[1]
         same = input_ids[:, :, None] == input_ids[:, None, :]
         pair = content[:, :, None] & content[:, None, :]
-        other = ~torch.eye(pos, dtype=torch.bool, device=input_ids.device)
-        duplicate = same & pair & other
-        earlier = duplicate & torch.ones(pos, pos, dtype=torch.bool, device=input_ids.device).tril(-1)
+        duplicate, earlier = attention.copies(input_ids, content)
         return cls(
             input_ids=input_ids,
             valid=valid,
@@ -169,30 +171,20 @@ def attention_masses(pattern: Tensor, pos: Positions) -> dict[str, QueryMetric]:
     """
     _check_pattern(pattern, pos)
     a = pattern  # sums stay in the pattern's dtype here; tally accumulates in float64
-
-    def key_mass(keys: Tensor) -> Tensor:  # keys [batch, query, key] or [batch, key] bool -> [batch, head, query]
-        if keys.dim() == 2:
-            return (a @ keys.to(a.dtype)[:, None, :, None]).squeeze(-1)
-        return (a * keys[:, None]).sum(-1)  # faster on CPU than an einsum, which permutes into a batched matmul
-
     content = pos.content
     inv_n = (1.0 / pos.n_keys.clamp(min=1).double())[:, None].expand_as(content)
-    self_mass = a.diagonal(dim1=-2, dim2=-1)  # [batch, head, query]
+    self_mass = attention.self_mass(a)  # [batch, head, query]
     out = {"self": QueryMetric(self_mass, content, inv_n)}
     for name, copies in (("duplicate", pos.duplicate), ("duplicate_earlier", pos.earlier)):
         n_copies = copies.sum(-1).double()
-        out[name] = QueryMetric(key_mass(copies), content & (n_copies > 0), n_copies * inv_n)
-    # A[i, i-1] lives on the -1 diagonal: pad it at the front so index i is query i (and at the end for +1).
-    prev = torch.nn.functional.pad(a.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0))
-    nxt = torch.nn.functional.pad(a.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1))
-    has_prev = content & torch.nn.functional.pad(content[:, :-1], (1, 0), value=False)
-    has_next = content & torch.nn.functional.pad(content[:, 1:], (0, 1), value=False)
-    out["previous"] = QueryMetric(prev, has_prev, inv_n)
-    out["next"] = QueryMetric(nxt, has_next, inv_n)
+        out[name] = QueryMetric(attention.key_mass(a, copies), content & (n_copies > 0), n_copies * inv_n)
+    out["previous"] = QueryMetric(attention.previous_mass(a), attention.has_previous(content), inv_n)
+    out["next"] = QueryMetric(attention.next_mass(a), attention.has_next(content), inv_n)
     for name, where in pos.special.items():
         out[f"self_{name}"] = QueryMetric(self_mass, where, inv_n)
-        out[f"to_{name}"] = QueryMetric(key_mass(where), content, where.sum(-1, keepdim=True).double() * inv_n)
-    out["to_pad"] = QueryMetric(key_mass(~pos.valid), content, torch.zeros_like(inv_n))
+        to_special = attention.key_mass(a, where)
+        out[f"to_{name}"] = QueryMetric(to_special, content, where.sum(-1, keepdim=True).double() * inv_n)
+    out["to_pad"] = QueryMetric(attention.key_mass(a, ~pos.valid), content, torch.zeros_like(inv_n))
     return out
 
 
@@ -241,22 +233,6 @@ def logit_metrics(logits: Tensor, pos: Positions) -> dict[str, QueryMetric]:
         "argmax_self_or_copy": QueryMetric(hit[:, None], counted, chance),
         "logit_gap": QueryMetric(gap[:, None], counted, None),
     }
-
-
-def norm_weighted(pattern: Tensor, value_norms: Tensor) -> Tensor:
-    """Kobayashi et al. (2020) norm-based attention: ``||A[i, j] f(x_j)||`` renormalised over keys.
-
-    pattern [batch, head, query, key]; value_norms [batch, head, key] = ``||f_h(x_j)||`` -> [batch, head,
-    query, key], each row summing to 1 (rows whose weighted mass is 0 stay 0).
-    """
-    if value_norms.shape != (pattern.shape[0], pattern.shape[1], pattern.shape[3]):
-        raise ValueError(
-            f"value_norms must be [batch, head, key] = {(pattern.shape[0], pattern.shape[1], pattern.shape[3])}"
-            f" to match pattern {tuple(pattern.shape)}; got {tuple(value_norms.shape)}"
-        )
-    weighted = pattern * value_norms[:, :, None, :]
-    total = weighted.sum(-1, keepdim=True)
-    return torch.where(total > 0, weighted / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0)
 
 
 def tally(per_query: Mapping[str, QueryMetric], pattern: Tensor, pos: Positions, max_length: int) -> Tallies:
@@ -312,60 +288,54 @@ def summarize(tallies: Tallies, *, n_boot: int = 1000, seed: int = 0, ci: float 
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     n_sent = tallies.n_sentences
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(0, n_sent, (n_boot, n_sent), generator=generator)
-    weights = torch.zeros(n_boot + 1, n_sent, dtype=torch.float64)
-    weights[0] = 1.0  # row 0: the full sample; rows 1..: bootstrap multiplicities
-    weights[1:].scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
-    quantiles = torch.tensor([(1 - ci) / 2, 1 - (1 - ci) / 2], dtype=torch.float64)
+    weights = torch.ones(n_boot + 1, n_sent, dtype=torch.float64)  # row 0: the full sample
+    weights[1:] = torch.from_numpy(resample_counts(n_sent, n_boot, seed))  # rows 1..: bootstrap multiplicities
 
-    def interval(x: Tensor) -> tuple[Tensor, Tensor]:  # [draw, head] -> CI bounds over draws 1.., [head] each
-        quantile = torch.quantile if bool(torch.isfinite(x[1:]).all()) else torch.nanquantile
-        return tuple(quantile(x[1:], quantiles, dim=0))
-
-    frames = []
-    for metric in tallies.metrics:
-        counts = weights @ tallies.counts[metric]  # [draw]
-        value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
-        nan = torch.full_like(value, float("nan"))
-        uniform = (
-            _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
-            if metric in tallies.uniform
-            else nan
-        )
-        offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
-        use_offset = bool(torch.isfinite(offset[0]).all())
-        kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
-        null = offset if use_offset else uniform
-        ratio = _divide(value, null)
-        ci_low, ci_high = interval(value)
-        ratio_low, ratio_high = interval(ratio)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "head": np.arange(value.shape[1]),
-                    "metric": metric,
-                    "value": value[0].numpy(),
-                    "ci_low": ci_low.numpy(),
-                    "ci_high": ci_high.numpy(),
-                    "null": null[0].numpy(),
-                    "null_kind": kind,
-                    "ratio": ratio[0].numpy(),
-                    "ratio_ci_low": ratio_low.numpy(),
-                    "ratio_ci_high": ratio_high.numpy(),
-                    "null_offset": offset[0].numpy(),
-                    "ratio_offset": _divide(value, offset)[0].numpy(),
-                    "null_uniform": uniform[0].numpy(),
-                    "ratio_uniform": _divide(value, uniform)[0].numpy(),
-                    "n_queries": int(counts[0]),
-                    "n_sentences": n_sent,
-                }
-            )
-        )
+    frames = [_summary_frame(tallies, metric, weights, ci) for metric in tallies.metrics]
     return pd.concat(frames, ignore_index=True)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _summary_frame(tallies: Tallies, metric: str, weights: Tensor, ci: float) -> pd.DataFrame:
+    """Rows of one metric for ``summarize``: ``weights [draw, sentence]`` holds the full sample in row 0 and the
+    bootstrap multiplicities in rows 1..; intervals are percentiles over rows 1.. at level ``ci``."""
+    counts = weights @ tallies.counts[metric]  # [draw]
+    value = _divide(weights @ tallies.sums[metric], counts[:, None])  # [draw, head]
+    nan = torch.full_like(value, float("nan"))
+    uniform = (
+        _divide(weights @ tallies.uniform[metric], counts)[:, None].expand_as(value)
+        if metric in tallies.uniform
+        else nan
+    )
+    offset = _offset_null(tallies, metric, weights, counts) if metric in DUPLICATE_METRICS else nan
+    use_offset = bool(torch.isfinite(offset[0]).all())
+    kind = "offset" if use_offset else ("uniform" if metric in tallies.uniform else "")
+    null = offset if use_offset else uniform
+    ratio = _divide(value, null)
+    ci_low, ci_high = percentile_interval(value[1:].numpy(), ci)
+    ratio_low, ratio_high = percentile_interval(ratio[1:].numpy(), ci)
+    return pd.DataFrame(
+        {
+            "head": np.arange(value.shape[1]),
+            "metric": metric,
+            "value": value[0].numpy(),
+            "ci_low": ci_low,
+            "ci_high": ci_high,
+            "null": null[0].numpy(),
+            "null_kind": kind,
+            "ratio": ratio[0].numpy(),
+            "ratio_ci_low": ratio_low,
+            "ratio_ci_high": ratio_high,
+            "null_offset": offset[0].numpy(),
+            "ratio_offset": _divide(value, offset)[0].numpy(),
+            "null_uniform": uniform[0].numpy(),
+            "ratio_uniform": _divide(value, uniform)[0].numpy(),
+            "n_queries": int(counts[0]),
+            "n_sentences": tallies.n_sentences,
+        }
+    )
 
 
 def _offset_null(tallies: Tallies, metric: str, weights: Tensor, counts: Tensor) -> Tensor:

@@ -1,0 +1,182 @@
+"""The model passes of the heads experiment, on plain arguments (a model, encoded batches, ``Settings``).
+
+``attention_pass`` reads patterns and values once over a corpus and returns per-sentence statistics, head
+distances and arc hits; ``importance_pass`` runs ablations, gradient importance and pruning curves. Both
+return dicts of arrays (what the step cache stores); only ``experiment.run`` sees the run context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import einops
+import numpy as np
+import torch
+from bertscope.experiments import attention
+from bertscope.experiments.heads import importance as imp
+from bertscope.experiments.heads import similarity as sim
+from bertscope.experiments.heads import statistics as hs
+from bertscope.experiments.heads import syntax as syn
+
+if TYPE_CHECKING:
+    from bertscope.experiments.heads.experiment import Settings
+
+PUNCTUATION = (".", ",")
+SCALARS = (*hs.SCALAR_METRICS, *hs.NORM_METRICS)  # per-sentence statistics, in array order
+Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
+
+
+def _no_progress(it: Iterable[Any], desc: str, total: int) -> Iterable[Any]:
+    return it
+
+
+def attention_pass(
+    model: Any, batches: Sequence[Any], corpus: Any, settings: Settings, progress: Progress = _no_progress
+) -> dict[str, np.ndarray]:
+    """One forward pass over ``batches`` (the encoded ``corpus``): per-sentence statistics, head distances
+    and arc hits, plus ``n_truncated`` (a scalar: truncated sentences left out of the syntax scores).
+
+    arrays: ``scalars [sentence, layer, head, metric]`` (order ``SCALARS``), ``offsets [sentence, layer, head,
+    2 * max_offset + 1]``, ``distances [sentence, layer*head, layer*head]`` (first ``distance_sentences``),
+    and, with gold trees, ``head_hits``, ``offset_hits``, ``relations``, ``arc_sentences``.
+    """
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    tok = model.tokenizer
+    special = {"cls": tok.cls_token_id, "sep": tok.sep_token_id, "punct": punctuation_ids(tok)}
+    max_offset = max(b.input_ids.shape[1] for b in batches) - 1  # no argmax can lie further away
+    n = len(corpus)
+    out = {
+        "scalars": np.full((n, n_layers, n_heads, len(SCALARS)), np.nan),
+        "offsets": np.zeros((n, n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32),
+        "distances": np.zeros((min(n, settings.distance_sentences), n_layers * n_heads, n_layers * n_heads),
+                              dtype=np.float32),
+    }  # fmt: skip
+    arc_parts: list[syn.ArcHits] = []
+    skipped_syntax = 0
+    names = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"]
+    for batch in progress(batches, "attention statistics", len(batches)):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(batch.input_ids, batch.attention_mask, batch.token_type_ids,
+                                            names_filter=names, cache_device="cpu")  # fmt: skip
+        patterns = cache.stack("attn.hook_pattern")  # [layer, batch, head, q, k]
+        values = [cache[f"blocks.{layer}.attn.hook_v"] for layer in range(n_layers)]
+        W_O = [block.attn.W_O.detach().cpu() for block in model.blocks]
+        _batch_statistics(out, patterns, values, W_O, batch, special, max_offset)
+        for b, si in enumerate(np.asarray(batch.sentence_index).tolist()):
+            if si < len(out["distances"]):
+                real = batch.attention_mask[b].cpu().bool()
+                sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
+                out["distances"][si] = sim.head_distances(
+                    einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
+                ).numpy()
+            hits = _arc_hits(patterns[:, b], batch, b, corpus[si], si)
+            skipped_syntax += hits == "truncated"
+            if isinstance(hits, syn.ArcHits):
+                arc_parts.append(hits)
+    if arc_parts:
+        hits = syn.ArcHits.concat(arc_parts)
+        out.update(head_hits=hits.head_hits, offset_hits=hits.offset_hits, relations=hits.relations.astype(str),
+                   arc_sentences=hits.sentences)  # fmt: skip
+    out["n_truncated"] = np.asarray(skipped_syntax)
+    return out
+
+
+def _batch_statistics(
+    out: dict[str, np.ndarray],
+    patterns: torch.Tensor,
+    values: list[torch.Tensor],
+    W_O: list[torch.Tensor],
+    batch: Any,
+    special: dict[str, Any],
+    max_offset: int,
+) -> None:
+    """Fill ``out["scalars"]`` and ``out["offsets"]`` for the sentences of one batch.
+
+    patterns ``[layer, batch, head, q, k]``; values per layer ``[batch, pos, head, d_head]`` (``hook_v``);
+    W_O per layer ``[head, d_head, d_model]``; special: the ids of ``cls``, ``sep`` and ``punct`` (a list).
+    """
+    ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
+    idx = np.asarray(batch.sentence_index)
+    masks = {
+        "cls_mask": ids == special["cls"],
+        "sep_mask": ids == special["sep"],
+        "punct_mask": torch.isin(ids, torch.tensor(special["punct"], dtype=ids.dtype)),
+    }
+    for layer, (v, w) in enumerate(zip(values, W_O, strict=True)):
+        norms = attention.value_norms(v, w)
+        stats = hs.attention_statistics(patterns[layer], mask, **masks, value_norms=norms, max_offset=max_offset)
+        for k, name in enumerate(SCALARS):
+            out["scalars"][idx, layer, :, k] = stats.scalars[name].numpy()
+        out["offsets"][idx, layer] = stats.offset_fraction.numpy()
+
+
+def _arc_hits(patterns: torch.Tensor, batch: Any, b: int, sentence: Any, si: int) -> syn.ArcHits | str | None:
+    """Arc hits of row ``b`` (patterns ``[layer, head, q, k]``); None without a gold tree, "truncated" when
+    words were cut (the gold tree no longer fits)."""
+    from bertscope.experiments.corpus import word_attention
+
+    if sentence.heads is None:
+        return None
+    if batch.truncated[b]:
+        return "truncated"
+    word_maps = word_attention(patterns, batch.word_ids[b].cpu())
+    return syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si)
+
+
+def importance_pass(
+    model: Any,
+    batches: Sequence[Any],
+    settings: Settings,
+    *,
+    seed: int,
+    rng: np.random.Generator,
+    progress: Progress = _no_progress,
+) -> dict[str, np.ndarray]:
+    """Ablation effects, gradient importance and pruning curves on ``batches``, rows in corpus order.
+
+    ``rng`` draws the random pruning order. Returns ``effects [sentence, method, layer, head, measure]``,
+    ``grad [sentence, layer, head]``, ``pruning [sentence, order, count, measure]`` and their labels.
+    """
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    order = np.concatenate([b.sentence_index for b in batches])
+    effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=seed,
+                                             progress=lambda it: progress(it, "ablation", len(it)))  # fmt: skip
+    grad, objective = imp.gradient_importance(model, batches, n_projections=settings.n_projections, seed=seed)
+    inverse = np.argsort(order)  # back to corpus order
+    effects, grad = effects[inverse], grad[inverse]
+
+    total = n_layers * n_heads
+    counts = sorted({round(i * total / settings.pruning_points) for i in range(settings.pruning_points + 1)})
+    mean_grad = grad.mean(0).ravel()  # [layer*head]
+    zero = list(settings.methods).index("zero") if "zero" in settings.methods else 0
+    mean_ablation = effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")].mean(0).ravel()
+    orders = {
+        "gradient, least important first": np.argsort(mean_grad, kind="stable"),
+        "gradient, most important first": np.argsort(-mean_grad, kind="stable"),
+        f"ablation ({settings.methods[zero]}), least important first": np.argsort(mean_ablation, kind="stable"),
+        "random": rng.permutation(total),
+    }
+    curves = []
+    for flat_order in orders.values():
+        pairs = [divmod(int(i), n_heads) for i in flat_order]
+        curves.append(imp.pruning_curve(model, batches, pairs, counts)[inverse])
+    return {
+        "effects": effects,
+        "measures": np.asarray(measures, dtype=str),
+        "methods": np.asarray(settings.methods, dtype=str),
+        "grad": grad,
+        "objective": np.asarray(objective),
+        "pruning": np.stack(curves, axis=1),  # [sentence, order, count, measure]
+        "pruning_orders": np.asarray(list(orders), dtype=str),
+        "pruning_counts": np.asarray(counts),
+    }
+
+
+def punctuation_ids(tokenizer: Any) -> list[int]:
+    """Ids of the single-token punctuation marks ``PUNCTUATION`` (ValueError when one is missing)."""
+    vocab = tokenizer.get_vocab()
+    missing = [p for p in PUNCTUATION if p not in vocab]
+    if missing:
+        raise ValueError(f"the tokenizer has no single token for {missing}; punctuation masses need '.' and ','")
+    return [vocab[p] for p in PUNCTUATION]

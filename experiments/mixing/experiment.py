@@ -1,0 +1,238 @@
+"""Experiment ``mixing``: where each token's representation comes from, by every context-mixing method.
+
+On the corpus, for each method of ``bertscope.hooks.mixing`` (definitions in ``docs/experiments/mixing.md``):
+
+1. **mixing ratio** per layer: how much of each token's block output comes from other tokens rather than
+   itself, ``1 - share_ii`` of the method's contribution matrix (``residual_norm``: Kobayashi et al. 2021's
+   vector ratio), averaged over real tokens; also for ``rollout:<method>`` (how much of the layer-L token
+   comes from other *input* tokens);
+2. **special tokens**: the share of each token's contributions that comes from [CLS], [SEP] and punctuation
+   ('.' and ','), per layer; under ``attention`` this share is the attention mass the heads and same-token
+   experiments report, so the rows of the other methods say which of those findings survive;
+3. **faithfulness**: per sentence, the Spearman correlation over real tokens between a method's input
+   attribution of the target and leave-one-out's (``loo``, the reference), averaged over sentences.
+
+Tables: ``results`` (long: model, corpus, method, layer, metric, value, ci_low, ci_high, n; ``n`` = sentences;
+intervals: 95% percentile group bootstrap over sentences) and ``example_maps`` (last-layer contribution
+shares of a few short sentences, for the figures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from bertscope.experiments.mixing import measures
+from bertscope.experiments.mixing.plots import plot
+from bertscope.hooks import mixing_graph
+from bertscope.hooks.mixing import contributions, mixing_ratio
+
+NAME = "mixing"
+DIRNAME = "mixing"
+SUMMARY_TABLES = ["summary"]
+RESULT_COLUMNS = ["model", "corpus", "method", "layer", "metric", "value", "ci_low", "ci_high", "n"]
+MAP_COLUMNS = ["sentence", "method", "layer", "query", "key", "query_token", "key_token", "value"]
+__all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "RESULT_COLUMNS", "Settings", "run", "plot", "faithfulness_target"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and choices of the mixing run (recorded in the manifest; part of the step-cache key)."""
+
+    max_sentences: int = 120  # per-layer methods (cheap: a few forward passes), when --max-sentences is not given
+    costly_sentences: int = 12  # value_zeroing, loo, IG, grad x input and every faithfulness row: O(tokens) passes
+    methods: tuple[str, ...] = ("attention", "attention_norm", "residual_norm", "alti")
+    costly_methods: tuple[str, ...] = ("value_zeroing",)
+    baseline: str = "mask"  # what replaces a token in loo and IG (mt-upc's blank-out uses [MASK])
+    ig_steps: int = 16  # integrated gradients' Riemann steps
+    n_examples: int = 2  # sentences drawn as example maps
+    example_max_tokens: int = 14  # longest example sentence, special tokens included
+    n_boot: int = 1000  # bootstrap resamples behind every interval
+
+
+CONVENTIONS = {
+    "mixing_ratio": "mean over real tokens of 1 - C_ii / sum_j C_ij at block L's output; residual_norm: "
+    "||sum_{j!=i} T_i(x_j)|| / (||sum_{j!=i} T_i(x_j)|| + ||T_i(x_i)||) (Kobayashi et al. 2021); attention and "
+    "attention_norm leave the residual out, so theirs is the attention sublayer's own mixing",
+    "share_<group>": "mean over real queries of sum over the group's keys of C_ij / sum_j C_ij; under 'attention' "
+    "this is the heads experiment's head-averaged attention mass",
+    "spearman_vs_loo": "per sentence, Spearman over real tokens of |attribution| vs |loo| at the last layer; mean "
+    "over sentences (sentences where either side is constant are left out)",
+    "attribution of per-layer methods": "last layer's contribution shares, read out through the rows the target "
+    "reads: the mean over real tokens for the mean-pooled embedding, the masked row for the MLM loss",
+    "ci": "95% percentile group bootstrap over sentences (paired across methods)",
+    "n": "sentences",
+}
+
+
+def faithfulness_target(model: Any) -> dict[str, str]:
+    """The target every faithfulness row attributes, per input-attribution method.
+
+    A model with a masked-LM head: ``mlm_loss`` at one masked position per sentence. Otherwise the mean-pooled
+    sentence embedding, as sentence-transformers models use it: ``pooled_cosine`` (``1 - cos`` to the clean
+    embedding is what replacing a token does to the embedding's direction, the quantity cosine search reads)
+    for ``loo`` and integrated gradients; ``grad_x_input`` gets ``pooled_projection``, because the cosine's
+    gradient at the input itself is exactly zero (see ``bertscope.hooks.mixing_inputs``).
+    """
+    if getattr(model, "mlm_head", None) is not None:
+        return {"loo": "mlm_loss", "integrated_gradients": "mlm_loss", "grad_x_input": "mlm_loss"}
+    return {"loo": "pooled_cosine", "integrated_gradients": "pooled_cosine", "grad_x_input": "pooled_projection"}
+
+
+def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
+    """The framework entry point: per-layer statistics on the corpus, the costly methods and faithfulness on its
+    first sentences, example maps; writes ``example_maps`` and ``summary``, returns the long results table."""
+    settings = ctx.use_settings(settings)
+    model, options = ctx.model, ctx.options
+    cap = options.max_sentences or settings.max_sentences
+    corpus = ctx.corpus if options.max_sentences else ctx.corpus[:cap]
+    subset = corpus[: min(len(corpus), settings.costly_sentences)]
+    targets = faithfulness_target(model)
+    ctx.note("settings", asdict(settings))
+    ctx.note("sentences", {"per_layer_methods": len(corpus), "costly_methods_and_faithfulness": len(subset)})
+    ctx.note("faithfulness_targets", targets)
+    ctx.note("conventions", CONVENTIONS)
+
+    cheap = ctx.step("per_layer", lambda: per_layer_pass(ctx, corpus, settings.methods))
+    costly = ctx.step("costly", lambda: costly_pass(ctx, subset, settings, targets))
+    maps = ctx.step("examples", lambda: example_maps(ctx, corpus, settings))
+    per_sentence = pd.concat([cheap, costly], ignore_index=True)
+    results = measures.summarize(per_sentence, n_boot=settings.n_boot, seed=ctx.seed)
+    results.insert(0, "corpus", ctx.corpus_id)
+    results.insert(0, "model", ctx.model_id)
+    ctx.write_table(maps, "example_maps", formats=("parquet",))
+    ctx.write_table(summary_table(results), "summary")
+    return results[RESULT_COLUMNS]
+
+
+def per_layer_pass(ctx: Any, corpus: Any, methods: tuple[str, ...]) -> pd.DataFrame:
+    """Mixing ratio and group shares per sentence for ``methods`` and their rollouts over ``corpus``."""
+    model = ctx.model
+    encoded = ctx.encode(corpus)
+    frames = []
+    for batch in ctx.progress(encoded.batches, "per-layer methods", total=len(encoded.batches)):
+        frames += _layer_frames(model, _inputs(batch, model.device), batch.sentence_index, methods)[0]
+    return pd.concat(frames, ignore_index=True)
+
+
+def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, str]) -> pd.DataFrame:
+    """On ``corpus`` (the first sentences): the costly per-layer methods' statistics and every method's
+    faithfulness against ``loo``."""
+    model = ctx.model
+    encoded = ctx.encode(corpus)
+    last = model.config.n_layers - 1
+    mlm = targets["loo"] == "mlm_loss"
+    rng = ctx.rng("mlm-mask")
+    frames = []
+    for batch in ctx.progress(encoded.batches, "costly methods and faithfulness", total=len(encoded.batches)):
+        inputs = _inputs(batch, model.device)
+        sentences = batch.sentence_index
+        mask = inputs["attention_mask"]
+        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods)
+        frames += layer_frames
+        if mlm:  # one content token per sentence masked: the loss there is the target, its row is read out
+            inputs, labels, rows = _mask_one(inputs, batch.special_mask.to(model.device), model.tokenizer, rng)
+        else:
+            labels, rows = None, mask / mask.sum(-1, keepdim=True)
+        ref = contributions(model, inputs, "loo", target=targets["loo"], baseline=settings.baseline,
+                            labels=labels)[:, 0]  # fmt: skip
+        attributions = {"loo": ref}
+        for m in (*settings.methods, *settings.costly_methods):
+            c = known[m] if m in known and not mlm else contributions(model, inputs, m)  # masked input: recompute
+            attributions[m] = measures.read_out(c[:, last], rows)
+            attributions[f"rollout:{m}"] = measures.read_out(mixing_graph.rollout(c, mask, m)[:, last], rows)
+        attributions["grad_x_input"] = contributions(model, inputs, "grad_x_input", target=targets["grad_x_input"],
+                                                     labels=labels)[:, 0]  # fmt: skip
+        attributions["integrated_gradients"] = contributions(
+            model, inputs, "integrated_gradients", target=targets["integrated_gradients"],
+            baseline=settings.baseline, n_steps=settings.ig_steps, labels=labels,
+        )[:, 0]  # fmt: skip
+        for m, a in attributions.items():
+            frames.append(measures.spearman_rows(m, a, ref, mask, sentences, last))
+    return pd.concat(frames, ignore_index=True)
+
+
+def example_maps(ctx: Any, corpus: Any, settings: Settings) -> pd.DataFrame:
+    """Last-layer contribution shares ``[query, key]`` of the first ``n_examples`` sentences of at most
+    ``example_max_tokens`` tokens, per per-layer method and for ``rollout:attention`` / ``rollout:alti``."""
+    from bertscope.experiments.corpus import Corpus, encode
+
+    model, tok = ctx.model, ctx.model.tokenizer
+    picked = [s for s in corpus if len(tok(list(s.words), is_split_into_words=True)["input_ids"])
+              <= settings.example_max_tokens][: settings.n_examples]  # fmt: skip
+    last = model.config.n_layers - 1
+    frames = []
+    for sentence in picked:
+        batch = next(iter(encode(Corpus(corpus.name, corpus.source, [sentence]), tok, max_length=512)))
+        inputs = _inputs(batch, model.device)
+        tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
+        n = len(tokens)
+        grids = {}
+        for m in (*settings.methods, *settings.costly_methods):
+            c = contributions(model, inputs, m)
+            grids[m] = measures.shares(c[0, last])
+            if m in ("attention", "alti"):
+                grids[f"rollout:{m}"] = mixing_graph.rollout(c, inputs["attention_mask"], m)[0, last]
+        q, k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+        for m, grid in grids.items():
+            frames.append(pd.DataFrame({
+                "sentence": sentence.id, "method": m, "layer": last, "query": q.ravel(), "key": k.ravel(),
+                "query_token": [tokens[i] for i in q.ravel()], "key_token": [tokens[j] for j in k.ravel()],
+                "value": grid.double().cpu().numpy().ravel(),
+            }))  # fmt: skip
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=MAP_COLUMNS)
+
+
+def summary_table(results: pd.DataFrame) -> pd.DataFrame:
+    """The headline rows: faithfulness of every method, and the per-layer methods' mixing ratio and [CLS]/[SEP]
+    shares averaged over layers (mean of the per-layer values; no interval)."""
+    faith = results[results.metric == "spearman_vs_loo"].sort_values("value", ascending=False)
+    per_layer = results[~results.method.str.contains(":") & (results.metric != "spearman_vs_loo")]
+    mean = (per_layer.groupby(["model", "corpus", "method", "metric"], as_index=False)
+            .agg(value=("value", "mean"), n=("n", "max")).assign(layer=-1))  # fmt: skip
+    return pd.concat([faith, mean], ignore_index=True)[RESULT_COLUMNS]
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _inputs(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": batch.input_ids.to(device),
+        "attention_mask": batch.attention_mask.to(device),
+        "token_type_ids": batch.token_type_ids.to(device),
+    }
+
+
+def _layer_frames(
+    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...]
+) -> tuple[list[pd.DataFrame], dict[str, torch.Tensor]]:
+    """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers)."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    groups = measures.token_groups(ids, mask, model.tokenizer)
+    frames, computed = [], {}
+    for m in methods:
+        c = computed[m] = contributions(model, inputs, m)
+        ratio = mixing_ratio(model, inputs, "residual_norm") if m == "residual_norm" else None
+        frames.append(measures.layer_rows(m, c, mask, groups, sentences, ratio=ratio))
+        frames.append(measures.layer_rows(f"rollout:{m}", mixing_graph.rollout(c, mask, m), mask, groups, sentences))
+    return frames, computed
+
+
+def _mask_one(inputs: dict, special: torch.Tensor, tokenizer: Any, rng: np.random.Generator):
+    """Replace one seeded content token per sentence by [MASK]: ``(inputs, labels [b, p], rows [b, p])`` with
+    the original token as the label and a one-hot row at the masked position."""
+    ids = inputs["input_ids"].clone()
+    content = inputs["attention_mask"].bool() & ~special
+    labels = torch.full_like(ids, -100)
+    rows = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    for i in range(ids.shape[0]):
+        where = torch.nonzero(content[i]).flatten().cpu().numpy()
+        if len(where) == 0:
+            raise ValueError("mlm faithfulness needs a content token in every sentence")
+        j = int(rng.choice(where))
+        labels[i, j], ids[i, j], rows[i, j] = ids[i, j], tokenizer.mask_token_id, 1.0
+    return {**inputs, "input_ids": ids}, labels, rows

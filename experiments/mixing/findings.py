@@ -1,0 +1,93 @@
+"""The `mixing` experiment's findings: sentences formatted from its saved ``results`` table only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from bertscope.experiments.findings import Finding, fmt_ci
+from bertscope.experiments.mixing.plots import GROUP_TITLES, _short, per_layer_methods, read_results
+
+#: A method "keeps" an attention finding about a token group when its share is at least this fraction of the
+#: attention mass at the layer where that mass peaks.
+KEEP_FRACTION = 0.5
+
+
+def findings(out_dir: Path) -> list[Finding]:
+    """Faithfulness ranking, special-token shares beside attention mass, and the mixing ratio, from
+    ``out_dir/results``; an empty list when the table lacks the rows a sentence needs."""
+    results = read_results(Path(out_dir))
+    out = []
+    for fn in (_faithfulness, _special_tokens, _mixing_ratio):
+        out += fn(results)
+    return out
+
+
+def _faithfulness(results: pd.DataFrame) -> list[Finding]:
+    faith = results[(results.metric == "spearman_vs_loo") & (results.method != "loo")]
+    faith = faith.dropna(subset=["value"]).sort_values("value", ascending=False)
+    if faith.empty:
+        return []
+    top = faith.head(3)
+    parts = [f"{_short(r.method)} {fmt_ci(r.value, r.ci_low, r.ci_high)}" for r in top.itertuples()]
+    numbers = {f"spearman:{r.method}": float(r.value) for r in faith.itertuples()}
+    text = (f"Ranked by agreement with leave-one-out (Spearman per sentence, mean over {int(faith.n.max())} "
+            f"sentences), the most faithful input attributions are {'; '.join(parts)}.")  # fmt: skip
+    raw = faith[faith.method == "attention"]
+    if not raw.empty:
+        r = raw.iloc[0]
+        rank = int((faith.value > r.value).sum()) + 1
+        text += (f" Last-layer attention weights score {fmt_ci(r.value, r.ci_low, r.ci_high)} "
+                 f"(rank {rank} of {len(faith)}).")  # fmt: skip
+    return [Finding(text, numbers=numbers)]
+
+
+def _special_tokens(results: pd.DataFrame) -> list[Finding]:
+    methods = [m for m in per_layer_methods(results) if m != "attention"]
+    out = []
+    for metric in ("share_cls", "share_sep"):
+        att = results[(results.method == "attention") & (results.metric == metric)].dropna(subset=["value"])
+        if att.empty or not methods:
+            continue
+        peak = att.loc[att.value.idxmax()]
+        layer = int(peak.layer)
+        numbers = {"attention": float(peak.value), "layer": float(layer)}
+        kept, lost, parts = [], [], []
+        for m in methods:
+            row = results[(results.method == m) & (results.metric == metric) & (results.layer == layer)]
+            if row.empty:
+                continue
+            r = row.iloc[0]
+            numbers[m] = float(r.value)
+            parts.append(f"{_short(m)} {fmt_ci(r.value, r.ci_low, r.ci_high)}")
+            (kept if r.value >= KEEP_FRACTION * peak.value else lost).append(_short(m))
+        if not parts:
+            continue
+        name = GROUP_TITLES[metric]
+        text = (f"{name} draws {fmt_ci(peak.value, peak.ci_low, peak.ci_high)} of the attention weights at layer "
+                f"{layer}, where its attention mass peaks; its share of the contributions there is "
+                f"{'; '.join(parts)}.")  # fmt: skip
+        if lost:
+            text += f" The attention finding shrinks below half under {', '.join(lost)}"
+            text += f" and holds under {', '.join(kept)}." if kept else "."
+        else:
+            text += " The attention finding holds (at least half the mass) under every method."
+        out.append(Finding(text, numbers=numbers))
+    return out
+
+
+def _mixing_ratio(results: pd.DataFrame) -> list[Finding]:
+    ratio = results[(results.metric == "mixing_ratio") & results.method.isin(per_layer_methods(results))]
+    if ratio.empty:
+        return []
+    means = ratio.groupby("method")["value"].agg(["mean", "min", "max"])
+    order = [m for m in per_layer_methods(results) if m in means.index]
+    parts = [f"{_short(m)} {means.loc[m, 'mean']:.2f} (layers range {means.loc[m, 'min']:.2f}-"
+             f"{means.loc[m, 'max']:.2f})" for m in order]  # fmt: skip
+    text = ("Share of a token's layer output that comes from other tokens, averaged over layers: "
+            + "; ".join(parts) + ".")  # fmt: skip
+    if "attention" in means.index and "residual_norm" in means.index:
+        a, r = means.loc["attention", "mean"], means.loc["residual_norm", "mean"]
+        text += (f" Counting the residual connection and LayerNorm, as residual_norm does, the context share is "
+                 f"{r / a:.2f} times what attention weights alone suggest.") if a > 0 else ""  # fmt: skip
+    return [Finding(text, numbers={m: float(means.loc[m, "mean"]) for m in order})]

@@ -1,0 +1,11 @@
+"""Experiment `structure`: structural probes (Hewitt & Manning 2019) per layer and sublayer, with controls (see
+:mod:`bertscope.experiments.structure.experiment`).
+
+Files by role: ``experiment`` (Settings, run), ``data`` (sites, split, word vectors), ``measures`` (metrics with
+intervals, baselines), ``plots`` (figures from the tables), ``findings`` (sentences from the tables).
+"""
+
+from bertscope.experiments.structure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.structure.findings import CAPTIONS, findings
+
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

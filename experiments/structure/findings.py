@@ -1,0 +1,64 @@
+"""Findings of the structure experiment: sentences generated from its saved tables (``summary``, ``results``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from bertscope.experiments.findings import Finding, fmt_ci
+
+CAPTIONS = {
+    "structure_layers": "Structural probes per layer on held-out sentences: UUAS and distance Spearman (distance "
+    "probe), root accuracy and norm Spearman (depth probe); the random-weights model, sublayer sites and, for "
+    "UUAS, the linear-chain and random-tree baselines beside them. Bands: 95% bootstrap over sentences.",
+    "structure_rank": "UUAS of the distance probe against its rank k, per layer: the smallest k that reaches the "
+    "full-rank interval is the dimension the tree needs.",
+    "structure_trees": "Gold trees (above) and the minimum spanning trees of the predicted distances (below) for "
+    "a few test sentences at the layer with the highest UUAS.",
+}
+
+
+def findings(out_dir: Path) -> list[Finding]:
+    """Where UUAS peaks, against the embedding layer, the random-weights model and the linear-chain baseline,
+    with intervals; the smallest sufficient rank; the depth probe's best layer."""
+    path = Path(out_dir) / "summary.parquet"
+    if not path.is_file():
+        return []
+    s = pd.read_parquet(path)
+    if s.empty or "uuas" not in s:
+        return []
+    out = []
+    best = s.loc[s["uuas"].idxmax()]
+    emb = s[s["layer"] == 0]
+    layer = int(best["layer"])
+    text = (f"The distance probe's UUAS peaks at layer {layer} of {int(s['layer'].max())}: "
+            f"{fmt_ci(best['uuas'], best['uuas_ci_low'], best['uuas_ci_high'])}")
+    nums = {"peak_layer": layer, "peak_uuas": float(best["uuas"])}
+    if len(emb):
+        e = emb.iloc[0]
+        text += f", against {fmt_ci(e['uuas'], e['uuas_ci_low'], e['uuas_ci_high'])} at the embedding layer"
+        nums["embedding_uuas"] = float(e["uuas"])
+    lin = float(best["linear_chain_uuas"])
+    text += (f", the linear-chain tree's {lin:.2f} and a random tree's {float(best['random_tree_uuas']):.2f}")
+    nums["linear_chain_uuas"] = lin
+    if "random_uuas" in s and pd.notna(best.get("random_uuas")):
+        text += f"; the random-weights model reaches {float(s['random_uuas'].max()):.2f} at its best layer"
+        nums["random_weights_best_uuas"] = float(s["random_uuas"].max())
+    verdict = "above" if best["uuas_ci_low"] > lin else "not clearly above"
+    out.append(Finding(text + f" (the peak is {verdict} the linear baseline).", numbers=nums))
+    if "dspr" in s:
+        b = s.loc[s["dspr"].idxmax()]
+        out.append(Finding(f"Distance Spearman is highest at layer {int(b['layer'])}: "
+                           f"{fmt_ci(b['dspr'], b['dspr_ci_low'], b['dspr_ci_high'])}.",
+                           numbers={"dspr_layer": int(b["layer"]), "dspr": float(b["dspr"])}))
+    if "root_acc" in s:
+        b = s.loc[s["root_acc"].idxmax()]
+        out.append(Finding(f"The depth probe finds the root best at layer {int(b['layer'])}: root accuracy "
+                           f"{fmt_ci(b['root_acc'], b['root_acc_ci_low'], b['root_acc_ci_high'])}, NSpr "
+                           f"{fmt_ci(b['nspr'], b['nspr_ci_low'], b['nspr_ci_high'])}.",
+                           numbers={"root_layer": int(b["layer"]), "root_acc": float(b["root_acc"])}))
+    if pd.notna(best.get("smallest_rank")):
+        out.append(Finding(f"At layer {layer} a rank-{int(best['smallest_rank'])} probe already reaches the "
+                           f"full-rank interval (UUAS {float(best['uuas_at_smallest_rank']):.2f}).",
+                           numbers={"smallest_rank": int(best["smallest_rank"])}))
+    return out

@@ -1,0 +1,271 @@
+"""Structural probes (Hewitt & Manning 2019): known answers, the reference code's conventions, determinism,
+and the `structure` experiment end to end on a tiny random encoder."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from bertscope.experiments import corpus as corpus_mod
+from bertscope.experiments import structure
+from bertscope.experiments.options import Inputs, RunOptions, UsageError, corpus_summary, model_summary
+from bertscope.experiments.runner import run_experiment
+from bertscope.probes import structural as st
+from bertscope.probes.structural import StructuralProbe
+from scipy.sparse.csgraph import shortest_path
+from scipy.stats import spearmanr
+
+from bertscope import models
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Many small steps: one torch thread is much faster than two on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+CORPUS = corpus_mod.load_corpus("builtin", max_sentences=160)
+HEADS = [list(s.heads) for s in CORPUS]
+PUNCT = [np.array([u == "PUNCT" for u in s.upos]) for s in CORPUS]
+
+
+def path_embedding(heads, d: int = 48) -> np.ndarray:
+    """x_i = sum of one-hot vectors of the edges on i's path to the root: ||x_i - x_j||^2 = d_tree(i, j) and
+    ||x_i||^2 = depth(i) exactly."""
+    x = np.zeros((len(heads), d))
+    for i in range(len(heads)):
+        j = i + 1
+        while heads[j - 1] != 0:
+            x[i, j - 1] = 1.0
+            j = heads[j - 1]
+    return x
+
+
+# ----------------------------------------------------------------------------- the reporter, written again
+
+
+def reporter_edges(matrix, punct):
+    """reporter.prims_matrix_to_edges: pairs sorted by distance, union-find, punctuation never in the tree."""
+    parents = list(range(len(matrix)))
+
+    def find(i):
+        while parents[i] != i:
+            i = parents[i]
+        return i
+
+    pairs = {(i, j): matrix[i][j] for i in range(len(matrix)) for j in range(len(matrix))
+             if not punct[i] and not punct[j]}
+    edges = []
+    for (i, j), _ in sorted(pairs.items(), key=lambda x: x[1]):
+        if find(i) != find(j):
+            parents[find(i)] = j
+            edges.append((i, j))
+    return edges
+
+
+def reporter_uuas(preds, heads, punct):
+    correct = total = 0
+    for p, h, pu in zip(preds, heads, punct, strict=True):
+        gold = {tuple(sorted(e)) for e in reporter_edges(st.tree_distances(h), pu)}
+        pred = {tuple(sorted(e)) for e in reporter_edges(p, pu)}
+        correct += len(gold & pred)
+        total += len(gold)
+    return correct / total
+
+
+def reporter_spearman(preds, golds):
+    by_length = defaultdict(list)
+    for p, g in zip(preds, golds, strict=True):
+        if p.ndim == 2:
+            by_length[len(p)].extend(spearmanr(a, b).correlation for a, b in zip(p, g, strict=True))
+        else:
+            by_length[len(p)].append(spearmanr(p, g).correlation)
+    means = {n: np.mean(v) for n, v in by_length.items()}
+    return np.mean([means[n] for n in range(5, 51) if n in means])
+
+
+def reporter_root(preds, heads, punct):
+    hits = 0
+    for p, h, pu in zip(preds, heads, punct, strict=True):
+        p = np.array(p, dtype=float)
+        argmin = int(np.argmin(p))
+        for _ in range(len(p)):
+            argmin = int(np.argmin(p))
+            if not pu[argmin]:
+                break
+            p[argmin] = 9000
+        hits += list(h).index(0) == argmin
+    return hits / len(preds)
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+def test_tree_distances_and_depths_are_path_lengths():
+    for h in HEADS[:60]:
+        n = len(h)
+        adj = np.zeros((n, n))
+        child = [i for i in range(n) if h[i]]
+        adj[child, [h[i] - 1 for i in child]] = 1
+        np.testing.assert_array_equal(st.tree_distances(h), shortest_path(adj, directed=False, unweighted=True))
+        np.testing.assert_array_equal(st.tree_depths(h), st.tree_distances(h)[h.index(0)])
+    assert st.tree_depths([2, 0, 2, 3]).tolist() == [1, 0, 1, 2]
+
+
+def test_metrics_match_the_reporter_on_random_predictions():
+    rng = np.random.default_rng(0)
+    dists, depths = [], []
+    heads, punct = HEADS[:70], PUNCT[:70]
+    for h in heads:
+        a = rng.random((len(h), len(h))) + 0.3 * st.tree_distances(h)
+        a = a + a.T
+        np.fill_diagonal(a, 0)
+        dists.append(a)
+        depths.append(rng.random(len(h)) + 0.3 * st.tree_depths(h))
+    assert any(p.any() for p in punct)
+    assert st.uuas(dists, heads, punct) == pytest.approx(reporter_uuas(dists, heads, punct))
+    gold_d = [st.tree_distances(h) for h in heads]
+    assert st.distance_spearman(dists, heads) == pytest.approx(reporter_spearman(dists, gold_d))
+    gold_n = [st.tree_depths(h) for h in heads]
+    assert st.norm_spearman(depths, heads) == pytest.approx(reporter_spearman(depths, gold_n))
+    assert st.root_accuracy(depths, heads, punct) == pytest.approx(reporter_root(depths, heads, punct))
+    # the linear chain scored like any predicted distance matrix
+    chains = [st.linear_chain_distances(len(h)).astype(float) for h in heads]
+    assert st.uuas(chains, heads, punct) == pytest.approx(reporter_uuas(chains, heads, punct))
+
+
+def test_loss_is_the_reference_l1_normalised_by_length():
+    xs = [np.random.default_rng(i).normal(size=(len(h), 6)) for i, h in enumerate(HEADS[:5])]
+    b = torch.tensor(np.random.default_rng(9).normal(size=(1, 6, 3)), dtype=torch.float32)
+    for kind, power in (("distance", 2), ("depth", 1)):
+        packed = st._Packed(xs, HEADS[:5], kind, torch.device("cpu"))
+        got = packed.loss(np.arange(5), b, torch.tensor([0]))
+        per_sent = []
+        for x, h in zip(xs, HEADS[:5], strict=True):
+            t = x @ b[0].double().numpy()
+            if kind == "distance":
+                pred = ((t[:, None] - t[None]) ** 2).sum(-1)
+                gold = st.tree_distances(h)
+            else:
+                pred, gold = (t**2).sum(-1), st.tree_depths(h)
+            per_sent.append(np.abs(pred - gold).sum() / len(h) ** power)
+        assert float(got[0]) == pytest.approx(np.mean(per_sent), rel=1e-4)
+
+
+def test_isometric_tree_embedding_gives_exact_scores_and_is_learned():
+    xs = [path_embedding(h) for h in HEADS]
+    exact_d = [((x[:, None] - x[None]) ** 2).sum(-1) for x in xs]
+    exact_n = [(x**2).sum(-1) for x in xs]
+    assert st.uuas(exact_d, HEADS, PUNCT) == 1.0
+    assert st.distance_spearman(exact_d, HEADS) == pytest.approx(1.0)
+    assert st.root_accuracy(exact_n, HEADS, PUNCT) == 1.0
+    assert st.norm_spearman(exact_n, HEADS) == pytest.approx(1.0)
+    probe = StructuralProbe("distance", max_epochs=8, seed=0).fit(xs[:100], HEADS[:100])
+    pred = probe.predict(xs[100:])
+    assert st.uuas(pred, HEADS[100:], PUNCT[100:]) > 0.97
+    assert st.distance_spearman(pred, HEADS[100:]) > 0.9
+    depth = StructuralProbe("depth", max_epochs=8, seed=0).fit(xs[:100], HEADS[:100])
+    assert st.root_accuracy(depth.predict(xs[100:]), HEADS[100:], PUNCT[100:]) > 0.95
+
+
+def test_shuffled_features_fall_to_the_random_tree_level():
+    rng = np.random.default_rng(1)
+    xs = [path_embedding(h)[rng.permutation(len(h))] for h in HEADS]
+    probe = StructuralProbe("distance", max_epochs=6, seed=0).fit(xs[:100], HEADS[:100])
+    got = st.uuas(probe.predict(xs[100:]), HEADS[100:], PUNCT[100:])
+    m = np.array([(~p).sum() for p in PUNCT[100:]])
+    random_tree = ((m - 1) * 2 / m).sum() / (m - 1).sum()  # E[UUAS] of a uniform random spanning tree
+    assert abs(got - random_tree) < 0.1
+    assert got < 0.5
+
+
+def test_sites_trained_together_equal_sites_trained_alone_and_seed_decides():
+    rng = np.random.default_rng(2)
+    a = [rng.normal(size=(len(h), 48)) for h in HEADS[:40]]
+    b = [path_embedding(h) + 0.1 * rng.normal(size=(len(h), 48)) for h in HEADS[:40]]
+    both = [np.stack([x, y]) for x, y in zip(a, b, strict=True)]
+    kw = dict(max_epochs=5, seed=3)
+    joint = StructuralProbe("distance", **kw).fit(both, HEADS[:40])
+    alone = [StructuralProbe("distance", **kw).fit(x, HEADS[:40]) for x in (a, b)]
+    for s in range(2):
+        torch.testing.assert_close(joint.proj_[s], alone[s].proj_, rtol=1e-4, atol=1e-5)
+        assert joint.best_epoch_[s] == alone[s].best_epoch_[0]
+    again = StructuralProbe("distance", **kw).fit(both, HEADS[:40])
+    assert torch.equal(joint.proj_, again.proj_)
+    other = StructuralProbe("distance", max_epochs=5, seed=4).fit(both, HEADS[:40])
+    assert not torch.equal(joint.proj_, other.proj_)
+    assert joint.predict(both[:2])[0].shape == (2, len(HEADS[0]), len(HEADS[0]))
+    assert StructuralProbe("distance", rank=2, **kw).fit(a, HEADS[:40]).transform(a[:1])[0].shape == (len(a[0]), 2)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="kind"):
+        StructuralProbe("parse")
+    with pytest.raises(ValueError, match="heads"):
+        StructuralProbe().fit([np.zeros((3, 4))] * 4, [[0, 1]] * 4)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        StructuralProbe().predict([np.zeros((3, 4))])
+
+
+# ------------------------------------------------------------------------------------------- experiment
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config, tokenizer):
+    return models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
+
+
+SMALL = structure.Settings(n_train=30, n_dev=10, n_test=20, max_epochs=3, ranks=(1, 4), n_boot=50, n_examples=2,
+                           sublayers=True)
+
+
+def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypatch):
+    from bertscope.experiments.structure import plots
+
+    monkeypatch.setattr(structure, "Settings", lambda: SMALL)
+    monkeypatch.setattr(plots, "FORMATS", ("png",))  # PDFs cost time and prove nothing more here
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=80)
+    inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
+    result = run_experiment(structure, RunOptions(out=tmp_path, quiet=True), inputs)
+    assert result.status == "complete", result.error
+    out = tmp_path / "structure"
+    res = pd.read_parquet(out / "results.parquet")
+    assert list(res.columns) == structure.experiment.COLUMNS
+    assert set(res["metric"]) == {"uuas", "dspr", "root_acc", "nspr"}
+    assert {"trained", "random_weights", "baseline:linear_chain", "baseline:random_tree"} == set(res["encoder"])
+    assert (res["split"] == "test").all() and res["n_train"].iloc[0] == 30 and res["n_test"].iloc[0] == 20
+    assert len(res[(res["encoder"] == "trained") & (res["metric"] == "uuas")]) == 1 + 2 * 4  # embed + 2 x 4 sites
+    assert res["model"].iloc[0] == str(tiny.source) and (res["corpus"] == "builtin").all()
+    ok = res["ci_low"].isna() | (res["ci_low"] <= res["value"] + 1e-9)
+    assert ok.all()
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary["layer"].tolist() == [0, 1, 2]
+    sweep = pd.read_parquet(out / "rank_sweep.parquet")
+    assert sorted(sweep["rank"].unique()) == [1, 4, 32]
+    assert sweep.groupby(["metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4 and full, per metric
+    best = summary.loc[summary["smallest_rank"].notna()]
+    for r in best.itertuples():  # the smallest rank's UUAS reaches the full-rank interval
+        assert r.uuas_at_smallest_rank >= r.uuas_ci_low - 1e-12
+    for stem in ("structure_layers", "structure_rank", "structure_trees"):
+        assert (out / f"{stem}.png").is_file() and stem in structure.CAPTIONS
+    found = structure.findings(out)
+    assert found and "UUAS peaks at layer" in found[0].text
+
+
+def test_corpus_without_trees_is_a_usage_error(tiny, tmp_path):
+    plain = [corpus_mod.Sentence(s.id, s.words, s.text) for s in CORPUS[:10]]
+    corpus = corpus_mod.Corpus("plain", "test", plain)
+    inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
+    from bertscope.experiments.context import Context
+
+    ctx = Context("structure", RunOptions(out=tmp_path, quiet=True), inputs, tmp_path / "structure",
+                  settings=SMALL)
+    with pytest.raises(UsageError, match="gold dependency trees"):
+        structure.run(ctx)
+
