@@ -12,6 +12,7 @@ Prints tokens/s for each and the ratio of ours to the faster transformers implem
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -22,13 +23,14 @@ from benchutils import make_batch, reference_model, time_interleaved
 from bertscope import models
 
 # Random configs per architecture: "base" is the released base model's shape (ALBERT-base, ELECTRA-base
-# discriminator, DistilBERT-base); "tiny" a small one where per-call overhead dominates.
+# discriminator, DistilBERT-base, XLM-R-base's 250k vocabulary); "tiny" a small one where per-call overhead
+# dominates.
 _TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=5000)
 ARCHS: dict[str, tuple[str, dict, dict]] = {  # name -> (transformers config class, base shape, tiny shape)
     "bert": ("BertConfig", {}, _TINY),
     "roberta": ("RobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1),
                 dict(_TINY, max_position_embeddings=514, type_vocab_size=1)),
-    "xlm-roberta": ("XLMRobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1),
+    "xlm-roberta": ("XLMRobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1, vocab_size=250002),
                     dict(_TINY, max_position_embeddings=514, type_vocab_size=1)),
     "distilbert": ("DistilBertConfig", {}, dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512, vocab_size=5000)),
     "albert": ("AlbertConfig", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
@@ -82,7 +84,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--explicit", action="store_true", help="also time our explicit (unfused) attention path")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); 1 gives steadier ratios on a loaded machine")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -119,7 +125,8 @@ def main() -> None:
         seconds = time_interleaved(fns, device, args.repeats)
     tokens = args.batch * args.length
     what = f"random {args.size} {args.arch}" if args.arch else ours.source
-    print(f"model: {what}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"model: {what}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}  load: {load}")
     print(f"batch {args.batch} x {args.length}, median of {args.repeats}; max |ours - eager| = {check:.2e}")
     print(f"{'implementation':<22}{'ms/batch':>10}{'tokens/s':>12}")
     for name, s in seconds.items():
