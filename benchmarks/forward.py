@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -86,6 +87,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's); 1 gives steadier ratios on a loaded machine")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time CPU seconds of this process instead of wall time (use with --threads 1)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -122,12 +125,14 @@ def main() -> None:
         fns["bertscope explicit"] = lambda: explicit(**batch)
     with torch.inference_mode():
         check = (ours(**batch).float() - eager(**batch).last_hidden_state.float()).abs().max().item()
-        seconds = time_interleaved(fns, device, args.repeats)
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        seconds = time_interleaved(fns, device, args.repeats, clock=clock)
     tokens = args.batch * args.length
     what = f"random {args.size} {args.arch}" if args.arch else ours.source
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"model: {what}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}  load: {load}")
-    print(f"batch {args.batch} x {args.length}, median of {args.repeats}; max |ours - eager| = {check:.2e}")
+    print(f"batch {args.batch} x {args.length}, median of {args.repeats} ({'CPU' if args.cpu_time else 'wall'} "
+          f"time); max |ours - eager| = {check:.2e}")
     print(f"{'implementation':<22}{'ms/batch':>10}{'tokens/s':>12}")
     for name, s in seconds.items():
         print(f"{name:<22}{s * 1e3:>10.1f}{tokens / s:>12.0f}")
