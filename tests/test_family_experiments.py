@@ -32,8 +32,8 @@ from bertscope import models
 
 FAMILIES = ["bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta-v2", "modernbert"]
 #: families whose experiment runs are not marked slow: one per position scheme (RoBERTa's offset table,
-#: DeBERTa-v3's relative attention, ModernBERT's rotary pre-LN). The rest of the matrix (~2/3 of this file's
-#: ~150 s CPU) is marked slow; it is still part of the default suite.
+#: DeBERTa-v3's relative attention, ModernBERT's rotary pre-LN): ~75 CPU s. The rest of the matrix (~90 CPU s)
+#: is marked slow; it is still part of the default suite.
 FAST_FAMILIES = {"roberta", "deberta-v2", "modernbert"}
 #: families whose positions are not an absolute table (rotary; DeBERTa-v3's relative attention)
 NO_POSITION_TABLE = {"modernbert", "deberta-v2"}
