@@ -6,6 +6,7 @@ satisfies :class:`Experiment`, one line here, and one line in pyproject.toml's `
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -19,8 +20,8 @@ EXPERIMENTS: dict[str, str] = {
     "structure": "bertscope.experiments.structure",
 }
 
-#: What ``bertscope run NAME --help`` says about each experiment: what it measures, what it writes, and how long
-#: it took on the bundled model and builtin corpus on 2 CPU cores (measured with ``bertscope run NAME``).
+#: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
+#: (``help_text`` adds how long it took, from :data:`RUN_TIMES`).
 HELP: dict[str, str] = {
     "same-token": "Does raw dot-product attention (Q = K = V = the embeddings) put very large weight on identical "
     "tokens, and do the learned heads escape it? Self and duplicate attention mass for raw attention at every "
@@ -41,16 +42,36 @@ HELP: dict[str, str] = {
     "linear-chain trees, with a rank sweep. Needs gold trees (builtin or CoNLL-U). Writes OUT/structure/: "
     "results, summary, rank-sweep and example tables, figures, manifest.json.",
 }
-#: Seconds ``bertscope run NAME`` took on the bundled model and builtin corpus, 2 CPU cores, default settings.
-MEASURED_SECONDS: dict[str, float] = {}
+#: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on
+#: a quiet machine; nothing is typed in by hand).
+RUN_TIMES = Path(__file__).with_name("run_times.json")
 
 
-def help_text(name: str) -> str:
-    """``HELP[name]``, with its measured run time when there is one."""
+def measured_seconds(path: Path = RUN_TIMES) -> dict[str, float]:
+    """Wall seconds per experiment from the recorded ``run all`` timing (``{}`` when none was recorded)."""
+    try:
+        record = json.loads(Path(path).read_text())
+        return {name: float(row["seconds"]) for name, row in record["experiments"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def help_text(name: str, *, times: Path = RUN_TIMES) -> str:
+    """``HELP[name]``, with its run time when one was recorded by ``benchmarks/run_all.py --record``."""
     text = HELP.get(name, f"Experiment {name}.")
-    if name in MEASURED_SECONDS:
-        text += f" On the bundled model and builtin corpus it took about {MEASURED_SECONDS[name]:.0f} s on 2 CPU cores."
+    seconds = measured_seconds(times).get(name)
+    if seconds is not None:
+        text += (f" On the bundled model and builtin corpus it took about {max(seconds, 1):.0f} s "
+                 f"({_machine(times)}).")
     return text
+
+
+def _machine(path: Path) -> str:
+    try:
+        record = json.loads(Path(path).read_text())
+        return f"{record.get('machine', 'unknown machine')}, measured {record.get('measured', '?')}"
+    except (OSError, ValueError):
+        return "unknown machine"
 
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.

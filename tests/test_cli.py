@@ -404,3 +404,20 @@ def test_cli_robustness_one_line_exit_2_nothing_written(capsys: pytest.CaptureFi
     stderr = proc.stderr.read().decode()
     proc.wait()
     assert "BrokenPipeError" not in stderr and "Traceback" not in stderr
+
+
+def test_help_states_run_time_only_when_recorded(tmp_path):
+    from bertscope.experiments import registry
+
+    missing = tmp_path / "none.json"
+    assert registry.measured_seconds(missing) == {}
+    assert "took about" not in registry.help_text("heads", times=missing)
+    record = tmp_path / "run_times.json"
+    record.write_text(json.dumps({"measured": "2026-01-02", "machine": "2 CPU cores, x86_64",
+                                  "experiments": {"heads": {"seconds": 61.4, "status": "complete"}}}))
+    text = registry.help_text("heads", times=record)
+    assert text.startswith(registry.HELP["heads"])
+    assert "took about 61 s (2 CPU cores, x86_64, measured 2026-01-02)" in text
+    assert "took about" not in registry.help_text("positions", times=record)
+    record.write_text("{not json")
+    assert registry.measured_seconds(record) == {}

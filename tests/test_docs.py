@@ -58,6 +58,18 @@ def test_tutorial_prints_what_the_page_shows(monkeypatch, tmp_path):
     assert runner.check() == []
 
 
+@pytest.mark.slow
+def test_words_page_prints_what_it_shows(monkeypatch, tmp_path):
+    """docs/words.md (encode, word_pool, word_attention, mlm_logits) runs and prints what the page shows."""
+    monkeypatch.chdir(tmp_path)
+    runner = _load("run_tutorial")
+    page = runner.DEFAULT.parent / "words.md"
+    text = page.read_text()
+    for name in ("encode(", "word_pool(", "word_attention(", "mlm_logits("):
+        assert name in text, name
+    assert runner.check(page) == []
+
+
 def _readme_example() -> str:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## In Python") :]
