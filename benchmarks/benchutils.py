@@ -45,9 +45,12 @@ def sync(device: torch.device) -> None:
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 2
+    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Median seconds per call of each function, measured round-robin so that machine drift hits all alike.
+    ``clock``: wall time by default; ``time.process_time`` (CPU seconds of this process) is steadier on a loaded
+    machine when torch runs one thread.
 
     The order rotates every round, so no function always runs right after the same neighbour (a run after
     one that freed large buffers pays for fresh pages).
@@ -62,10 +65,10 @@ def time_interleaved(
         for name in names[r % len(names) :] + names[: r % len(names)]:
             fn = fns[name]
             sync(device)
-            start = time.perf_counter()
+            start = clock()
             fn()
             sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

@@ -2,8 +2,9 @@
 
     python benchmarks/forward.py                      # bundled model, batch 16 x 128, CPU
     python benchmarks/forward.py --device cuda        # on a GPU (TF32 off)
-    python benchmarks/forward.py --arch roberta       # a random base-sized RoBERTa (also: xlm-roberta,
-                                                      # distilbert, albert, electra, bert); --size tiny
+    python benchmarks/forward.py --arch roberta       # a random base-sized RoBERTa (also: bert, xlm-roberta,
+                                                      # distilbert, albert, electra, deberta-v2, modernbert)
+    python benchmarks/forward.py --arch modernbert --size tiny --repeats 5
 
 Prints tokens/s for each and the ratio of ours to the faster transformers implementation.
 """
@@ -11,7 +12,9 @@ Prints tokens/s for each and the ratio of ours to the faster transformers implem
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -21,19 +24,31 @@ from benchutils import make_batch, reference_model, time_interleaved
 from bertscope import models
 
 # Random configs per architecture: "base" is the released base model's shape (ALBERT-base, ELECTRA-base
-# discriminator, DistilBERT-base); "tiny" a small one where per-call overhead dominates.
+# discriminator, DistilBERT-base, XLM-R-base's 250k vocabulary); "tiny" a small one where per-call overhead
+# dominates.
 _TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=5000)
 ARCHS: dict[str, tuple[str, dict, dict]] = {  # name -> (transformers config class, base shape, tiny shape)
     "bert": ("BertConfig", {}, _TINY),
     "roberta": ("RobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1),
                 dict(_TINY, max_position_embeddings=514, type_vocab_size=1)),
-    "xlm-roberta": ("XLMRobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1),
+    "xlm-roberta": ("XLMRobertaConfig", dict(max_position_embeddings=514, type_vocab_size=1, vocab_size=250002),
                     dict(_TINY, max_position_embeddings=514, type_vocab_size=1)),
     "distilbert": ("DistilBertConfig", {}, dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512, vocab_size=5000)),
     "albert": ("AlbertConfig", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                                     embedding_size=128), dict(_TINY, embedding_size=64)),
     "electra": ("ElectraConfig", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                                       embedding_size=768), dict(_TINY, embedding_size=64)),
+    "deberta-v2": ("DebertaV2Config", dict(type_vocab_size=0), dict(_TINY, type_vocab_size=0)),  # v3-shaped
+    "modernbert": ("ModernBertConfig", dict(num_hidden_layers=22, intermediate_size=1152),
+                   dict(_TINY, num_hidden_layers=3)),
+}
+#: family settings on top of the shapes (DeBERTa-v3-base's relative attention; ModernBERT-base's local windows)
+_EXTRA = {
+    "deberta-v2": dict(relative_attention=True, position_buckets=256, max_relative_positions=512,
+                       pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
+                       position_biased_input=False, layer_norm_eps=1e-7),
+    "modernbert": dict(max_position_embeddings=8192, local_attention=128, global_attn_every_n_layers=3,
+                       pad_token_id=0, bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102),
 }
 
 
@@ -43,7 +58,7 @@ def save_random(arch: str, size: str, folder: Path) -> None:
 
     name, base, tiny = ARCHS[arch]
     torch.manual_seed(0)
-    config = getattr(transformers, name)(**(base if size == "base" else tiny))
+    config = getattr(transformers, name)(**(base if size == "base" else tiny), **_EXTRA.get(arch, {}))
     transformers.AutoModel.from_config(config).save_pretrained(folder)
 
 
@@ -51,7 +66,11 @@ def auto_reference(path: str, impl: str, device: torch.device):
     """transformers' own base model class for the checkpoint, with the given attention implementation."""
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(path, attn_implementation=impl).to(device).eval()
+    try:
+        return AutoModel.from_pretrained(path, attn_implementation=impl).to(device).eval()
+    except (ValueError, ImportError) as err:  # an implementation transformers does not offer for this class
+        print(f"transformers {impl}: unavailable ({type(err).__name__}: {str(err).splitlines()[0][:100]})")
+        return None
 
 
 def main() -> None:
@@ -64,8 +83,15 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--explicit", action="store_true", help="also time our explicit (unfused) attention path")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); 1 gives steadier ratios on a loaded machine")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time CPU seconds of this process instead of wall time (use with --threads 1)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -77,8 +103,9 @@ def main() -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # no tokenizer files: expected here
                 ours = models.load(tmp, device=device, dtype=dtype)
-            sdpa = auto_reference(tmp, "sdpa", device).to(dtype)
+            sdpa = auto_reference(tmp, "sdpa", device)
             eager = auto_reference(tmp, "eager", device).to(dtype)
+            sdpa = None if sdpa is None else sdpa.to(dtype)
     else:
         ours = models.load(args.model, device=device, dtype=dtype)
         folder = str(models.loading.resolve_source(args.model))
@@ -86,30 +113,34 @@ def main() -> None:
         eager = reference_model(folder, "eager", device).to(dtype)
     batch = make_batch(args.batch, args.length, ours.tokenizer, device, vocab_size=ours.config.vocab_size)
     if ours.config.type_vocab_size == 0:
-        del batch["token_type_ids"]  # DistilBERT takes no segment ids
+        del batch["token_type_ids"]  # DistilBERT, DeBERTa-v3, ModernBERT take no segment ids
+    fns = {"bertscope": lambda: ours(**batch), "transformers eager": lambda: eager(**batch)}
+    if sdpa is not None:
+        fns["transformers sdpa"] = lambda: sdpa(**batch)
+    if args.explicit:
+        import copy
 
+        explicit = copy.deepcopy(ours)
+        explicit.set_attention_impl("explicit")
+        fns["bertscope explicit"] = lambda: explicit(**batch)
     with torch.inference_mode():
-        check = (ours(**batch).float() - sdpa(**batch).last_hidden_state.float()).abs().max().item()
-        seconds = time_interleaved(
-            {
-                "bertscope": lambda: ours(**batch),
-                "transformers sdpa": lambda: sdpa(**batch),
-                "transformers eager": lambda: eager(**batch),
-            },
-            device,
-            args.repeats,
-        )
+        check = (ours(**batch).float() - eager(**batch).last_hidden_state.float()).abs().max().item()
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        seconds = time_interleaved(fns, device, args.repeats, clock=clock)
     tokens = args.batch * args.length
     what = f"random {args.size} {args.arch}" if args.arch else ours.source
-    print(f"model: {what}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}")
-    print(f"batch {args.batch} x {args.length}, median of {args.repeats}; max |ours - sdpa| = {check:.2e}")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"model: {what}  device: {device}  dtype: {args.dtype}  threads: {torch.get_num_threads()}  load: {load}")
+    print(f"batch {args.batch} x {args.length}, median of {args.repeats} ({'CPU' if args.cpu_time else 'wall'} "
+          f"time); max |ours - eager| = {check:.2e}")
     print(f"{'implementation':<22}{'ms/batch':>10}{'tokens/s':>12}")
     for name, s in seconds.items():
         print(f"{name:<22}{s * 1e3:>10.1f}{tokens / s:>12.0f}")
-    best = min(seconds["transformers sdpa"], seconds["transformers eager"])
+    best = min(s for name, s in seconds.items() if name.startswith("transformers"))
     print(f"ratio bertscope / faster transformers (throughput): {best / seconds['bertscope']:.3f}")
-    print(f"ratio bertscope / transformers sdpa: {seconds['transformers sdpa'] / seconds['bertscope']:.3f}")
-    print(f"ratio bertscope / transformers eager: {seconds['transformers eager'] / seconds['bertscope']:.3f}")
+    for name in fns:
+        if name != "bertscope":
+            print(f"ratio bertscope / {name}: {seconds[name] / seconds['bertscope']:.3f}")
 
 
 if __name__ == "__main__":

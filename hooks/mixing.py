@@ -362,13 +362,24 @@ def _check_architecture(model: torch.nn.Module) -> None:
             raise NotImplementedError(f"this model has no hook {name!r}, which the decompositions read")
 
 
-def _require_post_ln(model: torch.nn.Module, method: str) -> None:
-    if getattr(model.config, "norm_placement", None) != "post":
-        raise NotImplementedError(
-            f"{method} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
-            f"{getattr(model.config, 'norm_placement', None)!r}-LN, with no LayerNorm after the residual sum. "
+def unsupported_reason(model: torch.nn.Module, method: str) -> str | None:
+    """Why ``method`` (one of ``METHODS``; ``rollout:``/``flow:`` forms too) is undefined for ``model``, or None
+    when it is defined. Today only ``residual_norm``, which needs a post-LN block, is undefined anywhere."""
+    base = method.partition(":")[2] or method
+    placement = getattr(model.config, "norm_placement", None)
+    if base == "residual_norm" and placement != "post":
+        return (
+            f"{base} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
+            f"{placement!r}-LN, with no LayerNorm after the residual sum. "
             "Use 'alti' (which has a pre-LN form) or 'attention_norm'."
         )
+    return None
+
+
+def _require_post_ln(model: torch.nn.Module, method: str) -> None:
+    reason = unsupported_reason(model, method)
+    if reason is not None:
+        raise NotImplementedError(reason)
 
 
 def _layers(model: torch.nn.Module, layers: Sequence[int] | None) -> list[int]:

@@ -203,6 +203,17 @@ class Encoder(HookedModule):
         return self.embed.position_table()
 
     @property
+    def W_pos_tokens(self) -> torch.Tensor | None:
+        """``[max_length, d_embed]``: the position-table row each input position reads (row ``i`` for the ``i``-th
+        token; RoBERTa's rows below ``position_offset`` dropped). None for families without an absolute table
+        (ModernBERT's rotary positions, DeBERTa-v3's relative ones)."""
+        table = self.W_pos
+        if table is None:
+            return None
+        offset = self.config.position_offset
+        return table[offset : offset + self.config.max_length]
+
+    @property
     def W_type(self) -> torch.Tensor | None:
         """Token-type (segment) embeddings ``[type_vocab, d_embed]``; None for models without them."""
         return None if self.embed.token_type is None else self.embed.token_type.weight

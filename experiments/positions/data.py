@@ -222,9 +222,9 @@ def collect(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     max_len = int(seqs.lengths.max())
-    if max_len > model.config.max_positions:
+    if max_len > model.config.max_length:
         raise ValueError(
-            f"a sequence has {max_len} tokens, more than the model's {model.config.max_positions} positions"
+            f"a sequence has {max_len} tokens, more than the model's {model.config.max_length} positions"
         )
     device = next(model.parameters()).device
     order = np.argsort(seqs.lengths, kind="stable")

@@ -171,12 +171,13 @@ class ProbeDesign:
         return pd.concat(parts, ignore_index=True)
 
     # -- probe-free
-    def probe_free(self, acts: dict, tables: dict[str, np.ndarray]) -> pd.DataFrame:
+    def probe_free(self, acts: dict, tables: dict[str, np.ndarray] | None) -> pd.DataFrame:
         s, rows = self.s, []
         P = s.window_len
         for condition in ("none", "shuffled", "zeroed_positions", "permuted_positions"):
             a = acts[("windows", "none" if condition == "permuted_positions" else condition)]
-            table = tables["W_pos"][1 : P + 1]
+            # no table (rotary/relative positions): variance share only, no CKA with the table
+            table = None if tables is None else tables["W_pos"][1 : P + 1]
             sites = self.sites if condition == "none" or s.sublayer_controls else self.residual
             for site in self.progress(sites, f"probe-free ({condition})"):
                 grid = a.content_grid(site)
@@ -184,14 +185,15 @@ class ProbeDesign:
                     grid = permute_positions(grid, seed=self.seed)
                 n = grid.shape[0] * grid.shape[1]
                 share = variance_share(grid, n_boot=s.n_boot, seed=self.seed)
-                cka = linear_cka(grid, table)
                 meta = dict(data="windows", site=site, target="abs_position", features="h", probe="none",
                             control=condition, n_test=n, n_groups=grid.shape[0])  # fmt: skip
                 rows.append({**meta, "metric": "variance_share", "value": share["value"],
                              "ci_low": share["ci_low"], "ci_high": share["ci_high"], "n_boot": s.n_boot})
                 rows.append({**meta, "metric": "variance_share_raw", "value": share["raw"]})
-                rows.append({**meta, "metric": "cka_position_embedding", "value": cka["value"],
-                             "ci_low": cka["ci_low"], "ci_high": cka["ci_high"]})  # fmt: skip
+                if table is not None:
+                    cka = linear_cka(grid, table)
+                    rows.append({**meta, "metric": "cka_position_embedding", "value": cka["value"],
+                                 "ci_low": cka["ci_low"], "ci_high": cka["ci_high"]})  # fmt: skip
         return self._frame(pd.DataFrame(rows))
 
     # -- position table

@@ -134,9 +134,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     model = ctx.model
     model.eval()
     n_layers = model.config.n_layers
-    if settings.window_len + 2 > model.config.max_positions:
+    if settings.window_len + 2 > model.config.max_length:
         raise ValueError(
-            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_positions} "
+            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_length} "
             "positions; use a smaller window length"
         )
     sites, residual = position_sites(n_layers), main_sites(n_layers)
@@ -165,7 +165,11 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         ("sentences", "shuffled"): collect("sentences_shuffled", model, shuffle_content(sentences, seed=ctx.seed),
                                            residual),  # fmt: skip
     }
-    tables = {"W_pos": _numpy(model.W_pos)}
+    # row i = the i-th token's position (RoBERTa's offset rows dropped); None without an absolute table
+    tables = None if model.W_pos_tokens is None else {"W_pos": _numpy(model.W_pos_tokens)}
+    if tables is None:
+        ctx.warn("the model has no absolute position table (rotary or relative positions): the CKA with the "
+                 "table and the position-table probes are skipped")
     tuning_acts = collect("tuning", model, tuning, design.tuning_sites)
     ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
     ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
@@ -178,9 +182,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
 
     ctx.write_table(confusion, "confusion")
-    pca, cosine = position_table_views(tables["W_pos"])
-    ctx.write_table(pca, "position_table_pca")
-    ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
+    if tables is not None:
+        pca, cosine = position_table_views(tables["W_pos"])
+        ctx.write_table(pca, "position_table_pca")
+        ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     ctx.write_table(summary_absolute(results), "summary_absolute")
     ctx.write_table(capacity_sweep(results), "capacity_sweep")
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
@@ -188,7 +193,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     return results
 
 
-def _steps(design: ProbeDesign, acts: dict, tables: dict, settings: Settings) -> dict[str, Any]:
+def _steps(design: ProbeDesign, acts: dict, tables: dict | None, settings: Settings) -> dict[str, Any]:
     steps = {
         "absolute_windows": lambda: design.absolute_windows(acts),
         "absolute_sentences": lambda: design.absolute_sentences(acts),
@@ -196,8 +201,9 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict, settings: Settings) ->
         "capacity_sweep": lambda: design.capacity_sweep(acts),
         "relative_pairs": lambda: design.relative_pairs(acts),
         "probe_free": lambda: design.probe_free(acts, tables),
-        "position_table": lambda: design.position_table(tables["W_pos"]),
     }
+    if tables is not None:
+        steps["position_table"] = lambda: design.position_table(tables["W_pos"])
     if settings.mdl:
         steps["mdl"] = lambda: design.mdl(acts)
     steps["confusion"] = lambda: design.confusion(acts)

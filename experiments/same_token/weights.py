@@ -59,7 +59,8 @@ def sample_tokens(tok: Any, n_tokens: int, seed: int) -> list[int]:
 def self_preferences(model: Any, token_ids: list[int]) -> dict[WeightKey, tuple[torch.Tensor, torch.Tensor]]:
     """Per (source, site, layer, head): ``(top1 [token], percentile [token])`` of ``self_preference``."""
     ids = torch.tensor(token_ids)[:, None].to(model.device)  # each token alone: [n_tokens, 1]
-    mean_pos = model.W_pos[1 : min(model.config.max_positions, 128)].mean(0)
+    rows = model.W_pos_tokens  # the rows tokens read (after RoBERTa's offset); None: rotary/relative positions
+    mean_pos = None if rows is None else rows[1:128].mean(0)
 
     def mean_position(x: torch.Tensor, hook: Any) -> torch.Tensor:
         return mean_pos.to(x.dtype).expand_as(x)
@@ -68,7 +69,7 @@ def self_preferences(model: Any, token_ids: list[int]) -> dict[WeightKey, tuple[
         _, cache = model.run_with_cache(
             ids,
             names_filter=["embed.hook_word", "embed.hook_out"],
-            fwd_hooks=[("embed.hook_pos", mean_position)],
+            fwd_hooks=[] if mean_pos is None else [("embed.hook_pos", mean_position)],
             stop_at_layer=0,
         )
         word, x = cache["embed.hook_word"][:, 0].float(), cache["embed.hook_out"][:, 0].float()
