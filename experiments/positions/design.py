@@ -83,6 +83,8 @@ class ProbeDesign:
         ])))  # fmt: skip
         control_sites = self.sites if s.sublayer_controls else self.residual
         for condition in ("shuffled", "zeroed_positions"):
+            if ("windows", condition) not in acts:  # no zeroed-position null without position embeddings
+                continue
             other = acts[("windows", condition)]
             osel = other.kind == CONTENT
             for site in self.progress(control_sites, f"absolute position ({condition})"):
@@ -160,6 +162,8 @@ class ProbeDesign:
                 # shuffled / random-weights pair probes for the order target only (budget)
                 conditions = ("none", "shuffled", "zeroed_positions") if target == "order" else ("none",)
                 for condition in conditions:
+                    if ("windows", condition) not in acts:  # no zeroed-position null without position embeddings
+                        continue
                     a = acts[("windows", condition)]
                     for site in self.progress(self.residual, f"pairs {target}/{features} ({condition})"):
                         X = pair_features(a.content_grid(site), pairs, features)
@@ -175,7 +179,10 @@ class ProbeDesign:
         s, rows = self.s, []
         P = s.window_len
         for condition in ("none", "shuffled", "zeroed_positions", "permuted_positions"):
-            a = acts[("windows", "none" if condition == "permuted_positions" else condition)]
+            key = ("windows", "none" if condition == "permuted_positions" else condition)
+            if key not in acts:  # no zeroed-position null without position embeddings
+                continue
+            a = acts[key]
             # no table (rotary/relative positions): variance share only, no CKA with the table
             table = None if tables is None else tables["W_pos"][1 : P + 1]
             sites = self.sites if condition == "none" or s.sublayer_controls else self.residual

@@ -160,11 +160,16 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     acts = {
         ("windows", "none"): collect("windows", model, windows, sites),
         ("windows", "shuffled"): collect("windows_shuffled", model, shuffle_content(windows, seed=ctx.seed), sites),
-        ("windows", "zeroed_positions"): collect("windows_zeroed_positions", model, windows, sites, ZERO_POSITIONS),
         ("sentences", "none"): collect("sentences", model, sentences, residual),
         ("sentences", "shuffled"): collect("sentences_shuffled", model, shuffle_content(sentences, seed=ctx.seed),
                                            residual),  # fmt: skip
     }
+    if "embed.hook_pos" in model.hook_dict:
+        acts[("windows", "zeroed_positions")] = collect("windows_zeroed_positions", model, windows, sites,
+                                                        ZERO_POSITIONS)  # fmt: skip
+    else:
+        ctx.warn("the model adds no position embeddings (rotary or relative positions): the zeroed-position null "
+                 "is skipped")
     # row i = the i-th token's position (RoBERTa's offset rows dropped); None without an absolute table
     tables = None if model.W_pos_tokens is None else {"W_pos": _numpy(model.W_pos_tokens)}
     if tables is None:

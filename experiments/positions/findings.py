@@ -66,7 +66,7 @@ def findings(out_dir: Path) -> list[Finding]:
             f"The position claim {verdict} on this model: a linear probe reads the absolute position of a word "
             f"piece in windows of {int(_n(summary))} pieces with accuracy {_ci(embed, 'accuracy')} at the embedding "
             f"output and {_ci(last, 'accuracy')} after the last layer, against chance {last['chance']:.3f} and "
-            f"{_ci(last, 'zeroed_accuracy')} for the same model with its position embeddings zeroed "
+            f"{_null(last)} "
             f"(intervals cover {_covers(last)}); the last layer keeps {_kept(embed, last):.0%} of the embedding "
             "output's accuracy above chance.",
             claim="position", holds=holds,
@@ -83,13 +83,14 @@ def findings(out_dir: Path) -> list[Finding]:
                          "ceiling": float(last["memorisation_ceiling"]),
                          "selectivity_last": float(last["selectivity"])},
             ))  # fmt: skip
-        out.append(Finding(
-            "The random-weights baseline was dropped: its random position table passes straight through the "
-            "residual stream, so it decodes position perfectly at every layer and is no floor; the trained "
-            f"model with its position embeddings zeroed is the null instead ({_ci(last, 'zeroed_accuracy')} "
-            "after the last layer).",
-            numbers={"zeroed_last": float(last["zeroed_accuracy"])},
-        ))  # fmt: skip
+        if np.isfinite(float(last["zeroed_accuracy"])):
+            out.append(Finding(
+                "The random-weights baseline was dropped: its random position table passes straight through the "
+                "residual stream, so it decodes position perfectly at every layer and is no floor; the trained "
+                f"model with its position embeddings zeroed is the null instead ({_ci(last, 'zeroed_accuracy')} "
+                "after the last layer).",
+                numbers={"zeroed_last": float(last["zeroed_accuracy"])},
+            ))  # fmt: skip
     out.extend(_sweep_and_mdl(out_dir))
     return out
 
@@ -128,6 +129,13 @@ def _sweep_and_mdl(out_dir: Path) -> list[Finding]:
                          "control_min": float(ctl["value"].min()) if len(ctl) else float("nan")},
             ))  # fmt: skip
     return out
+
+
+def _null(last: pd.Series) -> str:
+    """The zeroed-position null in words, or why there is none."""
+    if np.isfinite(float(last["zeroed_accuracy"])):
+        return f"{_ci(last, 'zeroed_accuracy')} for the same model with its position embeddings zeroed"
+    return "no zeroed-position null (the model adds no position embeddings)"
 
 
 def _edge(sweep: pd.DataFrame, chosen: pd.Series) -> str:
