@@ -247,9 +247,12 @@ def _head_sum_norm2(pattern: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
     """``||sum_h a^h_qk v^h_k||^2`` ``[b, q, k]`` = ``a_qk^T G_k a_qk`` with ``G_k[h, g] = <v^h_k, v^g_k>``.
 
     ``pattern`` ``[b, h, q, k]``; ``vec`` key-major ``[b, k, h, m]``."""
-    gram = torch.matmul(vec, vec.transpose(-1, -2))  # [b, k, h, h]
-    a = rearrange(pattern, "b h q k -> b k q h")
-    return rearrange((torch.matmul(a, gram) * a).sum(-1), "b k q -> b q k")
+    b, k, h, _ = vec.shape
+    flat = rearrange(vec, "b k h m -> (b k) h m")
+    gram = torch.bmm(flat, flat.transpose(1, 2))  # [(b k), h, h]
+    # contiguous once: matmul on the strided view would copy per (sentence, key)
+    a = rearrange(pattern, "b h q k -> (b k) q h").contiguous()
+    return rearrange((torch.bmm(a, gram) * a).sum(-1), "(b k) q -> b q k", b=b)
 
 
 def _sentence_chunks(p: LayerParts, budget: int = 1 << 20) -> list[slice]:
