@@ -27,10 +27,10 @@ Shapes: ``b`` batch, ``h`` head, ``q``/``k`` query/key positions, ``m`` d_model.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from bertscope.hooks.mixing_kernels import LayerParts, layer_methods
 from einops import rearrange
 
 LayerNormMode = Literal["exact", "reference", "unbiased"]
@@ -101,6 +101,28 @@ def contributions(
     return _per_layer(model, ids, mask, types, base, chosen, layer_norm, chunk_tokens)
 
 
+def per_layer_contributions(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor] | torch.Tensor,
+    methods: Sequence[str],
+    *,
+    layers: Sequence[int] | None = None,
+    layer_norm: LayerNormMode = "exact",
+    chunk_tokens: int = 32768,
+) -> dict[str, torch.Tensor]:
+    """Several per-layer methods at once: ``{method: [batch, layer, query, key]}``, the same numbers as
+    ``contributions`` for each, from one cached forward pass with the head vectors built once (what an experiment
+    computing them all on a corpus wants). ``methods`` from ``PER_LAYER``, plus ``"ratio:residual_norm"``
+    (``mixing_ratio(..., "residual_norm")``, ``[batch, layer, query]``)."""
+    ids, mask, types = _unpack(model, inputs)
+    bad = [m for m in methods if m not in (*PER_LAYER, "ratio:residual_norm")]
+    if bad:
+        raise ValueError(f"per_layer_contributions takes {PER_LAYER} and 'ratio:residual_norm', not {bad}")
+    if model.training:
+        raise RuntimeError("contributions need the model in eval mode (dropout would randomise them): model.eval()")
+    return _per_layer_many(model, ids, mask, types, list(methods), _layers(model, layers), layer_norm, chunk_tokens)
+
+
 def mixing_ratio(
     model: torch.nn.Module,
     inputs: Mapping[str, torch.Tensor] | torch.Tensor,
@@ -123,60 +145,27 @@ def mixing_ratio(
         total = c.sum(-1)
         own = torch.diagonal(c, dim1=-2, dim2=-1)
         return torch.where(total > 0, 1 - own / total.clamp_min(1e-30), torch.zeros_like(total))
-    _require_post_ln(model, "residual_norm")
-    out = []
-    for parts in _collect(model, ids, mask, types, chosen, layer_norm):
-        diag_a = torch.diagonal(parts.pattern, dim1=-2, dim2=-1)  # [b, h, q]
-        own = (torch.einsum("bhq,bqhm->bqm", diag_a, parts.head_vectors("u")) + parts.r) / parts.s
-        total = (parts.attn_sum + parts.r) / parts.s
-        mix, keep = (total - own).norm(dim=-1), own.norm(dim=-1)
-        out.append(mix / (mix + keep))
-    return torch.stack(out, dim=1) * mask[:, None, :]
+    return _per_layer_many(model, ids, mask, types, ["ratio:residual_norm"], chosen, layer_norm, 32768)[
+        "ratio:residual_norm"]
 
 
-@dataclass
-class LayerParts:
-    """What one block's attention sublayer decomposes into (all detached, in the model's dtype).
+def undefined_reason(model: torch.nn.Module, method: str) -> str | None:
+    """Why ``method`` is undefined for ``model`` (the sentence its error would give), or None where it is defined.
 
-    ``pattern`` ``[b, h, q, k]``; ``u`` ``[b, h, k, m]``: each head's transformed value ``f^h(x_k)``, and in a
-    post-LN block already through the linear part of LN1 (``gamma * centre(.)``); ``r`` ``[b, q, m]``: the
-    residual ``x_q`` (post-LN: ``gamma * centre(x_q)``); ``s`` ``[b, q, 1]``: the LN1 scale (1 in pre-LN);
-    ``rest`` ``[b, q, m]``: what no token owns (post-LN: ``gamma * centre(b_O) / s + beta``; pre-LN: ``b_O``);
-    ``output`` ``[b, q, m]``: the hooked output the parts rebuild (post-LN ``hook_resid_mid`` = LN1 output;
-    pre-LN ``hook_resid_mid`` = ``resid_pre + attn_out``); ``f`` ``[b, h, k, m]``: ``f^h(x_k)`` before LN1;
-    ``attn_sum`` ``[b, q, m]``: ``sum_h sum_k alpha^h_qk u^h_k``, read off ``hook_attn_out``.
-
-    ``_collect`` leaves ``u`` and ``f`` None and stores their factors instead: the hooked values ``v``
-    ``[b, k, h, d]`` and the per-head maps ``w_u``/``w_f`` ``[h, d, m]``; ``head_vectors`` then builds either for
-    a few sentences at a time (``[b, k, h, m]`` is 38 MB per layer at 16 x 128 on the bundled model: built whole
-    it costs a trip through main memory, built per sentence it stays in cache).
+    Only ``residual_norm`` (and its rollout/flow) depends on the architecture: Kobayashi et al. (2021) decompose
+    the LayerNorm *after* the residual sum, which a pre-LN block (ModernBERT) does not have. Every other method
+    reads only the attention pattern and the values, which stay a per-key function of the key's own input under
+    DeBERTa's disentangled scores and ModernBERT's rotary positions alike.
     """
-
-    pattern: torch.Tensor
-    f: torch.Tensor | None
-    u: torch.Tensor | None
-    r: torch.Tensor
-    s: torch.Tensor
-    rest: torch.Tensor
-    output: torch.Tensor
-    attn_sum: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-    w_u: torch.Tensor | None = None
-    w_f: torch.Tensor | None = None
-
-    def head_vectors(self, kind: Literal["u", "f"], rows: slice = slice(None)) -> torch.Tensor:
-        """``u`` or ``f`` of sentences ``rows``, key-major: ``[b', k, h, m]`` (contiguous)."""
-        given = self.u if kind == "u" else self.f
-        if given is not None:
-            return rearrange(given[rows], "b h k m -> b k h m").contiguous()
-        w = self.w_u if kind == "u" else self.w_f
-        if self.v is None or w is None:
-            raise ValueError(f"these LayerParts hold neither {kind} nor its factors")
-        v = self.v[rows]  # [b', k, h, d]
-        out = v.new_empty(*v.shape[:3], w.shape[-1])
-        for head in range(w.shape[0]):  # one plain matmul per head, written in place: ~4x einsum's speed on CPU
-            torch.matmul(v[:, :, head], w[head], out=out[:, :, head])
-        return out
+    base = method.partition(":")[2] or method
+    placement = getattr(getattr(model, "config", None), "norm_placement", None)
+    if base == "residual_norm" and placement != "post":
+        return (
+            f"{method} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
+            f"{placement!r}-LN, with no LayerNorm after the residual sum. Use 'alti' (which has a pre-LN form: the "
+            "block output x + attn(x) itself) or 'attention_norm'."
+        )
+    return None
 
 
 def token_decomposition(
@@ -208,91 +197,34 @@ def token_decomposition(
 # ====================================================================== per-layer methods
 @torch.no_grad()
 def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens) -> torch.Tensor:
+    (out,) = _per_layer_many(model, ids, mask, types, [method], layers, layer_norm, chunk_tokens).values()
+    return out
+
+
+def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_tokens) -> dict[str, torch.Tensor]:
+    """``{method: [b, L, q, k]}`` (``ratio:residual_norm``: ``[b, L, q]``) from one cached forward pass."""
     layers = list(layers)
-    if method == "value_zeroing":
-        out = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
-    elif method == "attention":
-        names = [f"blocks.{L}.attn.hook_pattern" for L in layers]
-        _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
-        out = torch.stack([cache[f"blocks.{L}.attn.hook_pattern"].mean(1) for L in layers], dim=1)
-    else:
-        if method == "residual_norm":
-            _require_post_ln(model, method)
-        fn = {"attention_norm": _attention_norm, "residual_norm": _residual_norm, "alti": _alti}[method]
+    if not methods:
+        return {}
+    for m in methods:
+        _require_post_ln(model, m)
+    out = {}
+    if "value_zeroing" in methods:
+        out["value_zeroing"] = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
+    rest = [m for m in methods if m != "value_zeroing"]
+    if rest:
         parts = _collect(model, ids, mask, types, layers, layer_norm)
-        out = torch.stack([fn(p, chunk_tokens) for p in parts], dim=1)
-    real = mask.to(out.dtype)
-    return out * real[:, None, :, None] * real[:, None, None, :]
+        per_layer = [layer_methods(p, rest, chunk_tokens) for p in parts]
+        out.update({m: torch.stack([d[m] for d in per_layer], dim=1) for m in rest})
+    real = mask.to(next(iter(out.values())).dtype)
+    for m, c in out.items():
+        out[m] = c * real[:, None, :] if c.dim() == 3 else c * real[:, None, :, None] * real[:, None, None, :]
+    return {m: out[m] for m in methods}
 
 
-def _attention_norm(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """``||sum_h a^h_qk f^h_k||`` ``[b, q, k]`` without building ``[b, q, k, m]``: a Gram matrix over heads."""
-    out = [_head_sum_norm2(p.pattern[rows], p.head_vectors("f", rows)) for rows in _sentence_chunks(p)]
-    return torch.cat(out).clamp_min(0).sqrt()
-
-
-def _residual_norm(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """``||T_q(x_k)||_2`` ``[b, q, k]``: ``||sum_h a^h_qk u^h_k + [q=k] r_q|| / s_q``, by Gram matrices."""
-    out = []
-    for rows in _sentence_chunks(p):
-        pattern, u, r = p.pattern[rows], p.head_vectors("u", rows), p.r[rows]
-        sq = _head_sum_norm2(pattern, u)
-        diag_a = torch.diagonal(pattern, dim1=-2, dim2=-1)  # [b, h, q]
-        cross = 2 * torch.einsum("bhq,bqhm,bqm->bq", diag_a, u, r) + (r * r).sum(-1)  # [b, q]
-        out.append(sq + torch.diag_embed(cross))
-    return torch.cat(out).clamp_min(0).sqrt() / p.s
-
-
-def _head_sum_norm2(pattern: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
-    """``||sum_h a^h_qk v^h_k||^2`` ``[b, q, k]`` = ``a_qk^T G_k a_qk`` with ``G_k[h, g] = <v^h_k, v^g_k>``.
-
-    ``pattern`` ``[b, h, q, k]``; ``vec`` key-major ``[b, k, h, m]``."""
-    b, k, h, _ = vec.shape
-    flat = rearrange(vec, "b k h m -> (b k) h m")
-    gram = torch.bmm(flat, flat.transpose(1, 2))  # [(b k), h, h]
-    # contiguous once: matmul on the strided view would copy per (sentence, key)
-    a = rearrange(pattern, "b h q k -> (b k) q h").contiguous()
-    return rearrange((torch.bmm(a, gram) * a).sum(-1), "(b k) q -> b q k", b=b)
-
-
-def _sentence_chunks(p: LayerParts, budget: int = 1 << 20) -> list[slice]:
-    """Slices of sentences whose ``[b', k, h, m]`` head vectors hold at most ``budget`` numbers (~4 MB)."""
-    b, h, _, k = p.pattern.shape
-    m = p.r.shape[-1]
-    per = max(1, budget // (k * h * m))
-    return [slice(i, min(b, i + per)) for i in range(0, b, per)]
-
-
-@torch.no_grad()
 def _alti(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """ALTI ``[b, q, k]``: ``max(0, ||y_q||_1 - ||y_q - T_q(x_k)||_1)`` normalised over k, ``y_q = sum_k T_q(x_k) +
-    rest`` (Ferrando et al.'s ``resultant``).
-
-    Per sentence, the head vectors ``u`` ``[k, h, m]`` are built once; then for a few keys at a time
-    ``T_q(x_k) - y_q`` (``[keys, q, m]``, at most ~1 MB, so it stays in cache) is one ``bmm``
-    (``(alpha / s) @ u``) into a reused buffer, reduced in place.
-    """
-    b, h, q, k = p.pattern.shape
-    m = p.r.shape[-1]
-    attn_sum = p.attn_sum if p.attn_sum is not None else torch.einsum("bhqk,bkhm->bqm", p.pattern, p.head_vectors("u"))
-    y = (attn_sum + p.r) / p.s + p.rest
-    step = max(1, min(chunk_tokens // q, (1 << 18) // (q * m)))
-    d = y.new_empty(b, k, q)
-    buffer = y.new_empty(step, q, m)
-    keys = torch.arange(k, device=y.device)
-    for i in range(b):
-        u = p.head_vectors("u", slice(i, i + 1))[0]  # [k, h, m]
-        a = rearrange(p.pattern[i] / p.s[i], "h q k -> k q h").contiguous()
-        for start in range(0, k, step):
-            stop = min(k, start + step)
-            diff = torch.bmm(a[start:stop], u[start:stop], out=buffer[: stop - start])  # [keys, q, m]
-            # sub_/abs_/sum: 3x faster here than baddbmm(beta=-1) and linalg.vector_norm(ord=1)
-            d[i, start:stop] = diff.sub_(y[i]).abs_().sum(-1)  # ||T_q(x_k) - y_q||_1 for k != q
-        # k = q: T_q(x_q) also holds the residual x_q; redone for the diagonal alone
-        own = torch.einsum("qh,qhm->qm", a[keys, keys], u) + p.r[i] / p.s[i]
-        d[i, keys, keys] = (own - y[i]).abs().sum(-1)
-    c = (y.abs().sum(-1, keepdim=True) - rearrange(d, "b k q -> b q k")).clamp_min(0)
-    return c / c.sum(-1, keepdim=True).clamp_min(1e-30)
+    """ALTI ``[b, q, k]`` of one layer's parts (see ``mixing_kernels``)."""
+    return layer_methods(p, ["alti"], chunk_tokens)["alti"]
 
 
 def _vectors(p: LayerParts) -> torch.Tensor:
@@ -402,12 +334,9 @@ def _check_architecture(model: torch.nn.Module) -> None:
 
 
 def _require_post_ln(model: torch.nn.Module, method: str) -> None:
-    if getattr(model.config, "norm_placement", None) != "post":
-        raise NotImplementedError(
-            f"{method} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
-            f"{getattr(model.config, 'norm_placement', None)!r}-LN, with no LayerNorm after the residual sum. "
-            "Use 'alti' (which has a pre-LN form) or 'attention_norm'."
-        )
+    reason = undefined_reason(model, method.replace("ratio:", ""))
+    if reason is not None:
+        raise NotImplementedError(reason)
 
 
 def _layers(model: torch.nn.Module, layers: Sequence[int] | None) -> list[int]:
