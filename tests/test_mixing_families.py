@@ -32,6 +32,7 @@ def family(request, tmp_path_factory) -> tuple[str, models.Encoder]:
     return request.param, models.load(folder)
 
 
+@pytest.mark.slow  # ~2 s per family on a quiet machine, 15-30 s on a busy one
 def test_every_method_on_every_family(family) -> None:
     name, model = family
     inputs = model.tokenize(TEXTS)
