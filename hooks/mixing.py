@@ -212,7 +212,11 @@ def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_
     if "value_zeroing" in methods:
         out["value_zeroing"] = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
     rest = [m for m in methods if m != "value_zeroing"]
-    if rest:
+    if rest == ["attention"]:  # the pattern alone: no value path to cache or transform
+        names = [f"blocks.{L}.attn.hook_pattern" for L in layers]
+        _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
+        out["attention"] = torch.stack([cache[f"blocks.{L}.attn.hook_pattern"].mean(1) for L in layers], dim=1)
+    elif rest:
         parts = _collect(model, ids, mask, types, layers, layer_norm)
         per_layer = [layer_methods(p, rest, chunk_tokens) for p in parts]
         out.update({m: torch.stack([d[m] for d in per_layer], dim=1) for m in rest})
