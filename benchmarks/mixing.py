@@ -18,16 +18,13 @@ ALTI code) and ``torch.std`` (unbiased, no eps).
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 import time
-from pathlib import Path
 
 import torch
+from benchutils import make_batch, time_interleaved
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_batch, time_interleaved  # noqa: E402
-
-from bertscope import contributions, hooks, models  # noqa: E402
+from bertscope import contributions, hooks, models
 
 LN_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -61,13 +58,13 @@ def main() -> None:
     if args.ln_check:
         ln_check(model)
         return
-    batch = make_batch(args.batch, args.length, model.config.vocab_size, device)
+    batch = make_batch(args.batch, args.length, model.tokenizer, device)
     with torch.inference_mode():
         fns = {"forward": lambda: model(**batch)}
         for method in ("attention", "attention_norm", "residual_norm", "alti"):
             fns[method] = lambda method=method: contributions(model, batch, method)
         seconds = time_interleaved(fns, device, args.repeats, warmup=1)
-    print(f"model: {model.source}  device: {device}  threads: {torch.get_num_threads()}")
+    print(f"model: {model.source}  device: {device}  threads: {torch.get_num_threads()}  load: {os.getloadavg()}")
     print(f"batch {args.batch} x {args.length}, median of {args.repeats} interleaved rounds")
     print(f"{'method':<18}{'s/batch':>10}{'x forward':>11}")
     for name, s in seconds.items():

@@ -27,10 +27,10 @@ Shapes: ``b`` batch, ``h`` head, ``q``/``k`` query/key positions, ``m`` d_model.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from bertscope.hooks.mixing_kernels import LayerParts, layer_methods
 from einops import rearrange
 
 LayerNormMode = Literal["exact", "reference", "unbiased"]
@@ -101,6 +101,28 @@ def contributions(
     return _per_layer(model, ids, mask, types, base, chosen, layer_norm, chunk_tokens)
 
 
+def per_layer_contributions(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor] | torch.Tensor,
+    methods: Sequence[str],
+    *,
+    layers: Sequence[int] | None = None,
+    layer_norm: LayerNormMode = "exact",
+    chunk_tokens: int = 32768,
+) -> dict[str, torch.Tensor]:
+    """Several per-layer methods at once: ``{method: [batch, layer, query, key]}``, the same numbers as
+    ``contributions`` for each, from one cached forward pass with the head vectors built once (what an experiment
+    computing them all on a corpus wants). ``methods`` from ``PER_LAYER``, plus ``"ratio:residual_norm"``
+    (``mixing_ratio(..., "residual_norm")``, ``[batch, layer, query]``)."""
+    ids, mask, types = _unpack(model, inputs)
+    bad = [m for m in methods if m not in (*PER_LAYER, "ratio:residual_norm")]
+    if bad:
+        raise ValueError(f"per_layer_contributions takes {PER_LAYER} and 'ratio:residual_norm', not {bad}")
+    if model.training:
+        raise RuntimeError("contributions need the model in eval mode (dropout would randomise them): model.eval()")
+    return _per_layer_many(model, ids, mask, types, list(methods), _layers(model, layers), layer_norm, chunk_tokens)
+
+
 def mixing_ratio(
     model: torch.nn.Module,
     inputs: Mapping[str, torch.Tensor] | torch.Tensor,
@@ -123,38 +145,27 @@ def mixing_ratio(
         total = c.sum(-1)
         own = torch.diagonal(c, dim1=-2, dim2=-1)
         return torch.where(total > 0, 1 - own / total.clamp_min(1e-30), torch.zeros_like(total))
-    _require_post_ln(model, "residual_norm")
-    out = []
-    for parts in _collect(model, ids, mask, types, chosen, layer_norm):
-        own = (torch.einsum("bhq,bhqm->bqm", torch.diagonal(parts.pattern, dim1=-2, dim2=-1), parts.u)
-               + parts.r) / parts.s
-        total = (parts.attn_sum + parts.r) / parts.s
-        mix, keep = (total - own).norm(dim=-1), own.norm(dim=-1)
-        out.append(mix / (mix + keep))
-    return torch.stack(out, dim=1) * mask[:, None, :]
+    return _per_layer_many(model, ids, mask, types, ["ratio:residual_norm"], chosen, layer_norm, 32768)[
+        "ratio:residual_norm"]
 
 
-@dataclass
-class LayerParts:
-    """What one block's attention sublayer decomposes into (all detached, in the model's dtype).
+def undefined_reason(model: torch.nn.Module, method: str) -> str | None:
+    """Why ``method`` is undefined for ``model`` (the sentence its error would give), or None where it is defined.
 
-    ``pattern`` ``[b, h, q, k]``; ``u`` ``[b, h, k, m]``: each head's transformed value ``f^h(x_k)``, and in a
-    post-LN block already through the linear part of LN1 (``gamma * centre(.)``); ``r`` ``[b, q, m]``: the
-    residual ``x_q`` (post-LN: ``gamma * centre(x_q)``); ``s`` ``[b, q, 1]``: the LN1 scale (1 in pre-LN);
-    ``rest`` ``[b, q, m]``: what no token owns (post-LN: ``gamma * centre(b_O) / s + beta``; pre-LN: ``b_O``);
-    ``output`` ``[b, q, m]``: the hooked output the parts rebuild (post-LN ``hook_resid_mid`` = LN1 output;
-    pre-LN ``hook_resid_mid`` = ``resid_pre + attn_out``); ``f`` ``[b, h, k, m]``: ``f^h(x_k)`` before LN1 (None
-    unless asked for); ``attn_sum`` ``[b, q, m]``: ``sum_h sum_k alpha^h_qk u^h_k``, read off ``hook_attn_out``.
+    Only ``residual_norm`` (and its rollout/flow) depends on the architecture: Kobayashi et al. (2021) decompose
+    the LayerNorm *after* the residual sum, which a pre-LN block (ModernBERT) does not have. Every other method
+    reads only the attention pattern and the values, which stay a per-key function of the key's own input under
+    DeBERTa's disentangled scores and ModernBERT's rotary positions alike.
     """
-
-    pattern: torch.Tensor
-    f: torch.Tensor | None
-    u: torch.Tensor | None
-    r: torch.Tensor
-    s: torch.Tensor
-    rest: torch.Tensor
-    output: torch.Tensor
-    attn_sum: torch.Tensor | None = None
+    base = method.partition(":")[2] or method
+    placement = getattr(getattr(model, "config", None), "norm_placement", None)
+    if base == "residual_norm" and placement != "post":
+        return (
+            f"{method} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
+            f"{placement!r}-LN, with no LayerNorm after the residual sum. Use 'alti' (which has a pre-LN form: the "
+            "block output x + attn(x) itself) or 'attention_norm'."
+        )
+    return None
 
 
 def token_decomposition(
@@ -186,77 +197,43 @@ def token_decomposition(
 # ====================================================================== per-layer methods
 @torch.no_grad()
 def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens) -> torch.Tensor:
+    (out,) = _per_layer_many(model, ids, mask, types, [method], layers, layer_norm, chunk_tokens).values()
+    return out
+
+
+def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_tokens) -> dict[str, torch.Tensor]:
+    """``{method: [b, L, q, k]}`` (``ratio:residual_norm``: ``[b, L, q]``) from one cached forward pass."""
     layers = list(layers)
-    if method == "value_zeroing":
-        out = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
-    elif method == "attention":
+    if not methods:
+        return {}
+    for m in methods:
+        _require_post_ln(model, m)
+    out = {}
+    if "value_zeroing" in methods:
+        out["value_zeroing"] = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
+    rest = [m for m in methods if m != "value_zeroing"]
+    if rest == ["attention"]:  # the pattern alone: no value path to cache or transform
         names = [f"blocks.{L}.attn.hook_pattern" for L in layers]
         _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
-        out = torch.stack([cache[f"blocks.{L}.attn.hook_pattern"].mean(1) for L in layers], dim=1)
-    else:
-        if method == "residual_norm":
-            _require_post_ln(model, method)
-        fn = {"attention_norm": _attention_norm, "residual_norm": _residual_norm, "alti": _alti}[method]
-        norm_only = method == "attention_norm"
-        parts = _collect(model, ids, mask, types, layers, layer_norm, need_f=norm_only, need_u=not norm_only)
-        out = torch.stack([fn(p, chunk_tokens) for p in parts], dim=1)
-    real = mask.to(out.dtype)
-    return out * real[:, None, :, None] * real[:, None, None, :]
+        out["attention"] = torch.stack([cache[f"blocks.{L}.attn.hook_pattern"].mean(1) for L in layers], dim=1)
+    elif rest:
+        parts = _collect(model, ids, mask, types, layers, layer_norm)
+        per_layer = [layer_methods(p, rest, chunk_tokens) for p in parts]
+        out.update({m: torch.stack([d[m] for d in per_layer], dim=1) for m in rest})
+    real = mask.to(next(iter(out.values())).dtype)
+    for m, c in out.items():
+        out[m] = c * real[:, None, :] if c.dim() == 3 else c * real[:, None, :, None] * real[:, None, None, :]
+    return {m: out[m] for m in methods}
 
 
-def _attention_norm(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """``||sum_h a^h_qk f^h_k||`` ``[b, q, k]`` without building ``[b, q, k, m]``: a Gram matrix over heads."""
-    return _head_sum_norm2(p.pattern, p.f).clamp_min(0).sqrt()
-
-
-def _residual_norm(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """``||T_q(x_k)||_2`` ``[b, q, k]``: ``||sum_h a^h_qk u^h_k + [q=k] r_q|| / s_q``, by Gram matrices."""
-    sq = _head_sum_norm2(p.pattern, p.u)
-    diag_a = torch.diagonal(p.pattern, dim1=-2, dim2=-1)  # [b, h, q]
-    cross = 2 * (diag_a * torch.einsum("bhqm,bqm->bhq", p.u, p.r)).sum(1) + (p.r * p.r).sum(-1)  # [b, q]
-    sq = sq + torch.diag_embed(cross)
-    return sq.clamp_min(0).sqrt() / p.s
-
-
-def _head_sum_norm2(pattern: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
-    """``||sum_h a^h_qk v^h_k||^2`` ``[b, q, k]`` = ``a_qk^T G_k a_qk`` with ``G_k[h, g] = <v^h_k, v^g_k>``."""
-    gram = torch.einsum("bhkm,bgkm->bkhg", vec, vec)
-    a = rearrange(pattern, "b h q k -> b k q h")
-    return rearrange((torch.matmul(a, gram) * a).sum(-1), "b k q -> b q k")
-
-
-@torch.no_grad()
 def _alti(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """ALTI ``[b, q, k]``: ``max(0, ||y_q||_1 - ||y_q - T_q(x_k)||_1)`` normalised over k, ``y_q = sum_k T_q(x_k) +
-    rest`` (Ferrando et al.'s ``resultant``).
-
-    ``T_q(x_k) - y_q`` is built per sentence for a few keys at a time (``[keys, q, m]``, at most ~2 MB, so it
-    stays in cache) as ``(alpha / s) @ u`` into one reused buffer, then reduced in place.
-    """
-    b, h, q, k = p.pattern.shape
-    m = p.u.shape[-1]
-    attn_sum = torch.einsum("bhqk,bhkm->bqm", p.pattern, p.u) if p.attn_sum is None else p.attn_sum
-    y = (attn_sum + p.r) / p.s + p.rest
-    a = rearrange(p.pattern / p.s[:, None], "b h q k -> b k q h").contiguous()
-    u = rearrange(p.u, "b h k m -> b k h m").contiguous()
-    own = p.r / p.s  # the residual: part of T_q(x_q)
-    step = max(1, min(chunk_tokens // q, (1 << 19) // (q * m)))
-    d = y.new_empty(b, k, q)
-    buffer = y.new_empty(step, q, m)
-    for i in range(b):
-        for start in range(0, k, step):
-            stop = min(k, start + step)
-            diff = torch.bmm(a[i, start:stop], u[i, start:stop], out=buffer[: stop - start])  # [keys, q, m]
-            j = torch.arange(start, stop, device=diff.device)
-            diff[j - start, j] += own[i, j]
-            d[i, start:stop] = diff.sub_(y[i]).abs_().sum(-1)  # ||T_q(x_k) - y_q||_1
-    c = (y.abs().sum(-1, keepdim=True) - rearrange(d, "b k q -> b q k")).clamp_min(0)
-    return c / c.sum(-1, keepdim=True).clamp_min(1e-30)
+    """ALTI ``[b, q, k]`` of one layer's parts (see ``mixing_kernels``)."""
+    return layer_methods(p, ["alti"], chunk_tokens)["alti"]
 
 
 def _vectors(p: LayerParts) -> torch.Tensor:
     """``T_q(x_k)`` ``[b, q, k, m]`` materialised (tests, small inputs)."""
-    t = torch.einsum("bhqk,bhkm->bqkm", p.pattern, p.u)
+    t = torch.einsum("bhqk,bkhm->bqkm", p.pattern, p.head_vectors("u"))
     idx = torch.arange(t.shape[1], device=t.device)
     t[:, idx, idx] += p.r
     return t / p.s[:, :, None]
@@ -299,11 +276,10 @@ def _value_zeroing(model, ids, mask, types, layers, chunk_tokens) -> torch.Tenso
 # ====================================================================== shared plumbing
 @torch.no_grad()
 def _collect(
-    model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None, need_f: bool = False,
-    need_u: bool = True,
+    model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None
 ) -> list[LayerParts]:
     """One cached forward pass, then each layer's ``LayerParts`` (computed in ``dtype``, default the model's;
-    ``f`` only when ``need_f``, ``u`` only when ``need_u``, else None)."""
+    ``u`` and ``f`` as their factors, see ``LayerParts``)."""
     _check_architecture(model)
     sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "hook_attn_out", "hook_resid_mid")
     names = [f"blocks.{L}.{s}" for L in layers for s in sites]
@@ -316,14 +292,13 @@ def _collect(
         def get(name: str, L: int = L) -> torch.Tensor:
             return cache[f"blocks.{L}.{name}"].to(dtype)
 
-        x, v, w_o = get("hook_resid_pre"), get("attn.hook_v"), block.attn.W_O.to(dtype)
-        f = torch.einsum("bkhd,hdm->bhkm", v, w_o) if need_f else None
+        x, v, w_o = get("hook_resid_pre"), get("attn.hook_v"), block.attn.W_O.detach().to(dtype)
         b_o = block.attn.b_O.to(dtype)
         attn_out = get("hook_attn_out")
         if post:
             pre_ln = x + attn_out
             s = _ln_scale(pre_ln, block.ln1.eps, layer_norm)
-            gamma = block.ln1.weight.to(dtype)
+            gamma = block.ln1.weight.detach().to(dtype)
             # centring and gamma are linear: fold them into W_O instead of a pass over [b, h, k, m]
             w_u = _centre(w_o) * gamma
             r = _centre(x) * gamma
@@ -333,9 +308,9 @@ def _collect(
             s = x.new_ones(*x.shape[:2], 1)
             w_u, r, rest = w_o, x, b_o.expand_as(x)
             attn_sum = attn_out - b_o
-        # stored key-major ([b, k, h, m] in memory, seen as [b, h, k, m]): the layout ALTI's bmm reads
-        u = torch.einsum("bkhd,hdm->bkhm", v, w_u).contiguous().transpose(1, 2) if need_u else None
-        parts.append(LayerParts(get("attn.hook_pattern"), f, u, r, s, rest, get("hook_resid_mid"), attn_sum))
+        parts.append(LayerParts(
+            get("attn.hook_pattern"), None, None, r, s, rest, get("hook_resid_mid"), attn_sum, v=v, w_u=w_u, w_f=w_o,
+        ))  # fmt: skip
     return parts
 
 
@@ -362,22 +337,8 @@ def _check_architecture(model: torch.nn.Module) -> None:
             raise NotImplementedError(f"this model has no hook {name!r}, which the decompositions read")
 
 
-def unsupported_reason(model: torch.nn.Module, method: str) -> str | None:
-    """Why ``method`` (one of ``METHODS``; ``rollout:``/``flow:`` forms too) is undefined for ``model``, or None
-    when it is defined. Today only ``residual_norm``, which needs a post-LN block, is undefined anywhere."""
-    base = method.partition(":")[2] or method
-    placement = getattr(model.config, "norm_placement", None)
-    if base == "residual_norm" and placement != "post":
-        return (
-            f"{base} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
-            f"{placement!r}-LN, with no LayerNorm after the residual sum. "
-            "Use 'alti' (which has a pre-LN form) or 'attention_norm'."
-        )
-    return None
-
-
 def _require_post_ln(model: torch.nn.Module, method: str) -> None:
-    reason = unsupported_reason(model, method)
+    reason = undefined_reason(model, method.replace("ratio:", ""))
     if reason is not None:
         raise NotImplementedError(reason)
 

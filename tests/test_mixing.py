@@ -95,7 +95,7 @@ def test_alti_resultant_is_the_layer_output(bundled, sentences):
     """ALTI's y_i (sum of T_i(x_j) plus bias terms) is the attention block's output LN1(x + attn(x))."""
     for layer in (0, 5):
         (p,) = mixing._collect(bundled, sentences["input_ids"], sentences["attention_mask"], None, [layer], "exact")
-        y = torch.einsum("bhqk,bhkm->bqm", p.pattern, p.u) / p.s + p.r / p.s + p.rest
+        y = torch.einsum("bhqk,bkhm->bqm", p.pattern, p.head_vectors("u")) / p.s + p.r / p.s + p.rest
         assert (y - ((p.attn_sum + p.r) / p.s + p.rest)).abs().max() < 1e-5  # the shortcut through hook_attn_out
         real = sentences["attention_mask"].bool()
         assert (y - p.output)[real].abs().max() < 1e-5

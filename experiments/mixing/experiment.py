@@ -28,7 +28,7 @@ import torch
 from bertscope.experiments.mixing import measures
 from bertscope.experiments.mixing.plots import plot
 from bertscope.hooks import mixing_graph
-from bertscope.hooks.mixing import contributions, mixing_ratio, unsupported_reason
+from bertscope.hooks.mixing import contributions, per_layer_contributions, undefined_reason
 
 NAME = "mixing"
 DIRNAME = "mixing"
@@ -87,12 +87,14 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     first sentences, example maps; writes ``example_maps`` and ``summary``, returns the long results table."""
     settings = ctx.use_settings(settings)
     model, options = ctx.model, ctx.options
-    skipped = {m: r for m in (*settings.methods, *settings.costly_methods) if (r := unsupported_reason(model, m))}
-    for method, reason in skipped.items():  # e.g. residual_norm on a pre-LN model: left out, said once
-        ctx.warn(f"{method} skipped: {reason}")
-    ctx.note("skipped_methods", skipped)
-    settings = replace(settings, methods=tuple(m for m in settings.methods if m not in skipped),
-                       costly_methods=tuple(m for m in settings.costly_methods if m not in skipped))
+    skipped = {m: undefined_reason(model, m) for m in (*settings.methods, *settings.costly_methods)}
+    skipped = {m: why for m, why in skipped.items() if why}
+    if skipped:  # e.g. residual_norm on a pre-LN model: every other method still runs
+        ctx.note("skipped_methods", skipped)
+        for m, why in skipped.items():
+            ctx.warn(f"{m} skipped: {why}")
+        settings = replace(settings, methods=tuple(m for m in settings.methods if m not in skipped),
+                           costly_methods=tuple(m for m in settings.costly_methods if m not in skipped))
     cap = options.max_sentences or settings.max_sentences
     corpus = ctx.corpus if options.max_sentences else ctx.corpus[:cap]
     subset = corpus[: min(len(corpus), settings.costly_sentences)]
@@ -146,8 +148,13 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
         ref = contributions(model, inputs, "loo", target=targets["loo"], baseline=settings.baseline,
                             labels=labels)[:, 0]  # fmt: skip
         attributions = {"loo": ref}
-        for m in (*settings.methods, *settings.costly_methods):
-            c = known[m] if m in known and not mlm else contributions(model, inputs, m)  # masked input: recompute
+        every = (*settings.methods, *settings.costly_methods)
+        if mlm:  # masked input: recompute, all methods from one pass
+            known = per_layer_contributions(model, inputs, every)
+        else:  # the costly methods are known already; the cheap ones are recomputed on these sentences
+            known = {**per_layer_contributions(model, inputs, [m for m in every if m not in known]), **known}
+        for m in every:
+            c = known[m]
             attributions[m] = measures.read_out(c[:, last], rows)
             attributions[f"rollout:{m}"] = measures.read_out(mixing_graph.rollout(c, mask, m)[:, last], rows)
         attributions["grad_x_input"] = contributions(model, inputs, "grad_x_input", target=targets["grad_x_input"],
@@ -178,8 +185,8 @@ def example_maps(ctx: Any, corpus: Any, settings: Settings) -> pd.DataFrame:
         tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
         n = len(tokens)
         grids = {}
-        for m in (*settings.methods, *settings.costly_methods):
-            c = contributions(model, inputs, m)
+        every = (*settings.methods, *settings.costly_methods)
+        for m, c in per_layer_contributions(model, inputs, every).items():
             grids[m] = measures.shares(c[0, last])
             if m in ("attention", "alti"):
                 grids[f"rollout:{m}"] = mixing_graph.rollout(c, inputs["attention_mask"], m)[0, last]
@@ -220,11 +227,13 @@ def _layer_frames(
     """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers)."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     groups = measures.token_groups(ids, mask, model.tokenizer)
-    frames, computed = [], {}
+    frames = []
+    wanted = [*methods, *(["ratio:residual_norm"] if "residual_norm" in methods else [])]
+    computed = per_layer_contributions(model, inputs, wanted)  # one forward pass for all of them
+    ratio = computed.pop("ratio:residual_norm", None)
     for m in methods:
-        c = computed[m] = contributions(model, inputs, m)
-        ratio = mixing_ratio(model, inputs, "residual_norm") if m == "residual_norm" else None
-        frames.append(measures.layer_rows(m, c, mask, groups, sentences, ratio=ratio))
+        c = computed[m]
+        frames.append(measures.layer_rows(m, c, mask, groups, sentences, ratio=ratio if m == "residual_norm" else None))
         frames.append(measures.layer_rows(f"rollout:{m}", mixing_graph.rollout(c, mask, m), mask, groups, sentences))
     return frames, computed
 

@@ -107,7 +107,7 @@ def plot_mixing_ratio(results: pd.DataFrame, out_dir: Path, formats: Formats = F
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share from other tokens")
     axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle("How much of each token comes from its context")
+    fig.suptitle("How much of each token comes from its context", y=1.02)
     return io.save_figure(fig, out_dir / "fig_mixing_ratio", formats)
 
 
@@ -134,7 +134,7 @@ def plot_special_tokens(results: pd.DataFrame, out_dir: Path, formats: Formats =
     axes[0, 0].set_ylabel("share of contributions")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.2))
-    fig.suptitle("Do [CLS], [SEP] and punctuation keep their attention mass under other methods?")
+    fig.suptitle("Do [CLS], [SEP] and punctuation keep their attention mass under other methods?", y=1.03)
     return io.save_figure(fig, out_dir / "fig_special_tokens", formats)
 
 
@@ -173,9 +173,10 @@ def plot_example_maps(maps: pd.DataFrame, out_dir: Path, formats: Formats = FORM
         return []
     sentences = list(dict.fromkeys(maps.sentence))
     methods = list(dict.fromkeys(maps.method))
-    fig, axes = plt.subplots(len(sentences), len(methods), figsize=(3.3 * len(methods), 3.2 * len(sentences)),
+    # square panels: the figure's aspect follows the grid, so rows do not float apart
+    fig, axes = plt.subplots(len(sentences), len(methods), figsize=(2.4 * len(methods), 2.1 * len(sentences) + 0.6),
                              squeeze=False)  # fmt: skip
-    fig.subplots_adjust(wspace=0.5, hspace=0.45)
+    fig.subplots_adjust(wspace=0.45, hspace=0.6, top=0.86)
     image = None
     for r, sid in enumerate(sentences):
         for c, m in enumerate(methods):
@@ -196,7 +197,7 @@ def plot_example_maps(maps: pd.DataFrame, out_dir: Path, formats: Formats = FORM
                 ax.set_xlabel("contributing token", fontsize=7)
     layer = int(maps.layer.max())
     fig.suptitle(f"Where each token's layer-{layer} representation comes from, by method")
-    fig.colorbar(image, ax=axes, shrink=0.6, label="share of the row")
+    fig.colorbar(image, ax=axes, fraction=0.012, pad=0.015, label="share of the row")
     return io.save_figure(fig, out_dir / "fig_example_maps", formats)
 
 
