@@ -14,6 +14,7 @@ from bertscope.experiments import structure
 from bertscope.experiments.options import Inputs, RunOptions, UsageError, corpus_summary, model_summary
 from bertscope.experiments.runner import run_experiment
 from bertscope.probes import structural as st
+from bertscope.probes import structural_fit as fit
 from bertscope.probes.structural import StructuralProbe
 from scipy.sparse.csgraph import shortest_path
 from scipy.stats import spearmanr
@@ -143,9 +144,12 @@ def test_metrics_match_the_reporter_on_random_predictions():
 def test_loss_is_the_reference_l1_normalised_by_length():
     xs = [np.random.default_rng(i).normal(size=(len(h), 6)) for i, h in enumerate(HEADS[:5])]
     b = torch.tensor(np.random.default_rng(9).normal(size=(1, 6, 3)), dtype=torch.float32)
-    for kind, power in (("distance", 2), ("depth", 1)):
-        packed = st._Packed(xs, HEADS[:5], kind, torch.device("cpu"))
-        got = packed.loss(np.arange(5), b, torch.tensor([0]))
+    packed = fit.Sentences.from_list(xs, HEADS[:5])
+    specs = [fit.ProbeSpec("distance"), fit.ProbeSpec("depth")]
+    both = torch.cat([b, b], dim=-1)  # the two probes side by side, as fit_probes holds them
+    losses = fit.batch_loss(packed, np.arange(5), both, None, specs, [slice(0, 3), slice(3, 6)])
+    for p, (kind, power) in enumerate((("distance", 2), ("depth", 1))):
+        got = losses[:, p]
         per_sent = []
         for x, h in zip(xs, HEADS[:5], strict=True):
             t = x @ b[0].double().numpy()
@@ -248,7 +252,13 @@ def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypat
     assert summary["layer"].tolist() == [0, 1, 2]
     sweep = pd.read_parquet(out / "rank_sweep.parquet")
     assert sorted(sweep["rank"].unique()) == [1, 4, 32]
-    assert sweep.groupby(["metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4 and full, per metric
+    assert set(sweep["encoder"]) == {"trained", "random_weights"}
+    assert sweep.groupby(["encoder", "metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4, full per metric
+    training = pd.read_parquet(out / "training.parquet")
+    assert {"best_epoch", "stopped_epoch", "early_stopped", "max_epochs"} <= set(training.columns)
+    assert (training["stopped_epoch"] <= training["max_epochs"]).all()
+    assert (training["best_epoch"] < training["stopped_epoch"]).all()
+    assert ((training["stopped_epoch"] < training["max_epochs"]) == training["early_stopped"]).all()
     best = summary.loc[summary["smallest_rank"].notna()]
     for r in best.itertuples():  # the smallest rank's UUAS reaches the full-rank interval
         assert r.uuas_at_smallest_rank >= r.uuas_ci_low - 1e-12
