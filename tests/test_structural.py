@@ -162,7 +162,7 @@ def test_loss_is_the_reference_l1_normalised_by_length():
         assert float(got[0]) == pytest.approx(np.mean(per_sent), rel=1e-4)
 
 
-def test_isometric_tree_embedding_gives_exact_scores_and_is_learned():
+def test_isometric_tree_embedding_gives_exact_scores_and_is_learned_with_default_settings():
     xs = [path_embedding(h) for h in HEADS]
     exact_d = [((x[:, None] - x[None]) ** 2).sum(-1) for x in xs]
     exact_n = [(x**2).sum(-1) for x in xs]
@@ -170,12 +170,62 @@ def test_isometric_tree_embedding_gives_exact_scores_and_is_learned():
     assert st.distance_spearman(exact_d, HEADS) == pytest.approx(1.0)
     assert st.root_accuracy(exact_n, HEADS, PUNCT) == 1.0
     assert st.norm_spearman(exact_n, HEADS) == pytest.approx(1.0)
-    probe = StructuralProbe("distance", max_epochs=8, seed=0).fit(xs[:100], HEADS[:100])
+    # The default regimen (the paper's, trained to early stopping) learns the known answer from the same
+    # embedding rotated and scaled (squared distances = 16 x tree distances; real features are not axis-aligned
+    # 0/1 vectors) and stops by itself, well before the max_epochs cap.
+    rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(48, 48)))[0]
+    xs = [4 * x @ rotation for x in xs]
+    probe = StructuralProbe("distance", seed=0).fit(xs[:100], HEADS[:100])
+    assert probe.early_stopped_.all() and probe.n_epochs_ < probe.max_epochs / 2
+    assert probe.stopped_epoch_[0] == probe.best_epoch_[0] + probe.patience + 2  # best epoch, then patience + 1
     pred = probe.predict(xs[100:])
-    assert st.uuas(pred, HEADS[100:], PUNCT[100:]) > 0.97
+    assert st.uuas(pred, HEADS[100:], PUNCT[100:]) == 1.0
     assert st.distance_spearman(pred, HEADS[100:]) > 0.9
-    depth = StructuralProbe("depth", max_epochs=8, seed=0).fit(xs[:100], HEADS[:100])
-    assert st.root_accuracy(depth.predict(xs[100:]), HEADS[100:], PUNCT[100:]) > 0.95
+    depth = StructuralProbe("depth", seed=0).fit(xs[:100], HEADS[:100])
+    assert depth.early_stopped_.all() and depth.n_epochs_ < depth.max_epochs / 2
+    assert st.root_accuracy(depth.predict(xs[100:]), HEADS[100:], PUNCT[100:]) == 1.0
+    assert st.norm_spearman(depth.predict(xs[100:]), HEADS[100:]) > 0.9
+
+
+def test_metrics_score_many_predictions_at_once_as_one_by_one():
+    rng = np.random.default_rng(5)
+    heads, punct = HEADS[:40], PUNCT[:40]
+    dists = [rng.random((3, 2, len(h), len(h))) + 0.2 * st.tree_distances(h) for h in heads]  # [probe, site, n, n]
+    dists = [a + np.swapaxes(a, -1, -2) for a in dists]  # predicted distances are symmetric
+    depths = [rng.random((3, 2, len(h))) + 0.2 * st.tree_depths(h) for h in heads]
+    got_u = st.uuas(dists, heads, punct)
+    got_d = st.distance_spearman(dists, heads)
+    got_r, got_n = st.root_accuracy(depths, heads, punct), st.norm_spearman(depths, heads)
+    assert got_u.shape == got_d.shape == got_r.shape == (3, 2)
+    for a in range(3):
+        for b in range(2):
+            one = [x[a, b] for x in dists]
+            assert got_u[a, b] == pytest.approx(st.uuas(one, heads, punct))
+            assert got_u[a, b] == pytest.approx(reporter_uuas(one, heads, punct))
+            assert got_d[a, b] == pytest.approx(st.distance_spearman(one, heads))
+            assert got_r[a, b] == pytest.approx(st.root_accuracy([x[a, b] for x in depths], heads, punct))
+            assert got_n[a, b] == pytest.approx(st.norm_spearman([x[a, b] for x in depths], heads))
+    forest = st.mst_forest(np.stack([x[0, 0] for x in dists[:1]] * 2), ~punct[0])
+    edges = st.mst_edges(dists[0][0, 0], ~punct[0])
+    for t in range(2):
+        assert {(int(i), int(j)) for k, i, j in zip(*forest, strict=True) if k == t} == edges
+
+
+def test_kinds_and_ranks_trained_in_one_pass_equal_each_trained_alone():
+    rng = np.random.default_rng(3)
+    xs = [np.stack([path_embedding(h) + 0.1 * rng.normal(size=(len(h), 48)), rng.normal(size=(len(h), 48))])
+          for h in HEADS[:50]]
+    train = fit.Sentences.from_list(xs[:40], HEADS[:40])
+    dev = fit.Sentences.from_list(xs[40:], HEADS[40:50])
+    specs = [fit.ProbeSpec("distance"), fit.ProbeSpec("depth"), fit.ProbeSpec("distance", 4)]
+    reg = fit.Regimen(max_epochs=12, seed=1)
+    together = fit.fit_probes(train, dev, specs, reg)
+    for spec, res in zip(specs, together, strict=True):
+        (alone,) = fit.fit_probes(train, dev, [spec], reg)
+        torch.testing.assert_close(res.proj, alone.proj, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(res.best_epoch, alone.best_epoch)
+        np.testing.assert_array_equal(res.n_epochs, alone.n_epochs)
+        assert res.proj.shape == (2, 48, 48 if spec.rank is None else spec.rank)
 
 
 def test_shuffled_features_fall_to_the_random_tree_level():

@@ -29,6 +29,8 @@ def plot(out_dir: Path) -> list[Path]:
     written = _layers(results, out_dir)
     if (out_dir / "rank_sweep.parquet").is_file():
         sweep = pd.read_parquet(out_dir / "rank_sweep.parquet")
+        if "encoder" in sweep:
+            sweep = sweep[sweep["encoder"] == "trained"]
         written += _ranks(sweep[sweep["metric"] == "uuas"], out_dir)
     if (out_dir / "example_edges.parquet").is_file():
         written += _trees(pd.read_parquet(out_dir / "examples.parquet"),
