@@ -226,19 +226,25 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
     order_gen = torch.Generator().manual_seed(int(reg.seed) + 1)
     for epoch in range(reg.max_epochs):
         live = np.flatnonzero(active.any(1))  # sites still training at least one probe
+        probes = np.flatnonzero(active.any(0))  # probes still training at one site at least
         sites = None if len(live) == S else torch.as_tensor(live, device=train.device)
+        cols = None if len(probes) == P else torch.as_tensor(
+            np.concatenate([np.arange(blocks[p].start, blocks[p].stop) for p in probes]), device=train.device)
+        sub_specs = [specs[p] for p in probes]
+        sub_edges = np.concatenate([[0], np.cumsum([ranks[p] for p in probes])])
+        sub_blocks = [slice(int(a), int(b)) for a, b in zip(sub_edges[:-1], sub_edges[1:], strict=True)]
         adam.lr = torch.as_tensor(lr, dtype=torch.float32, device=train.device)[:, col_probe][:, None, :]
         perm = torch.randperm(train.n_sent, generator=order_gen).numpy()
         train_loss = np.zeros((S, P))
         for start in range(0, train.n_sent, reg.batch_size):
             rows = perm[start : start + reg.batch_size]
-            sub = (weight if sites is None else weight[sites]).detach().requires_grad_(True)
-            loss = batch_loss(train, rows, sub, sites, specs, blocks)
+            sub = _take(weight, sites, cols).detach().requires_grad_(True)
+            loss = batch_loss(train, rows, sub, sites, sub_specs, sub_blocks)
             (grad,) = torch.autograd.grad(loss.sum(), sub)
-            adam.step(sites, grad)
-            train_loss[live] += loss.detach().cpu().numpy() * len(rows)
+            adam.step(sites, cols, grad)
+            train_loss[np.ix_(live, probes)] += loss.detach().cpu().numpy() * len(rows)
         dev_loss = np.full((S, P), np.nan)
-        dev_loss[live] = _mean_loss(dev, weight, sites, specs, blocks)
+        dev_loss[np.ix_(live, probes)] = _mean_loss(dev, _take(weight, sites, cols), sites, sub_specs, sub_blocks)
         n_epochs[active] = epoch + 1
         history.append({"train_loss": train_loss / train.n_sent, "dev_loss": dev_loss, "active": active.copy()})
         improved_sched = active & (dev_loss < sched_best * (1 - reg.tol))  # ReduceLROnPlateau(patience=0)
@@ -258,10 +264,16 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
             for p, spec in enumerate(specs)]
 
 
-def _mean_loss(sent: Sentences, weight: torch.Tensor, sites: torch.Tensor | None, specs: Sequence[ProbeSpec],
-               blocks: Sequence[slice], chunk: int = 40) -> np.ndarray:
-    """``[sites, n_probes]`` mean loss over all sentences of ``sent`` (no gradient)."""
+def _take(weight: torch.Tensor, sites: torch.Tensor | None, cols: torch.Tensor | None) -> torch.Tensor:
+    """``weight[sites][:, :, cols]`` (None: all) -> ``[n_sites_taken, d, n_cols_taken]``."""
     w = weight if sites is None else weight[sites]
+    return w if cols is None else w[:, :, cols]
+
+
+def _mean_loss(sent: Sentences, w: torch.Tensor, sites: torch.Tensor | None, specs: Sequence[ProbeSpec],
+               blocks: Sequence[slice], chunk: int = 40) -> np.ndarray:
+    """``[sites, n_probes]`` mean loss over all sentences of ``sent`` (no gradient); ``w``: the sites' and
+    probes' columns of the parameter."""
     total = torch.zeros(w.shape[0], len(specs), device=w.device)
     with torch.no_grad():
         for start in range(0, sent.n_sent, chunk):
@@ -290,22 +302,28 @@ class _Adam:
         self.t = 0
 
     @torch.no_grad()
-    def step(self, sites: torch.Tensor | None, grad: torch.Tensor) -> None:
-        """One update of ``param[sites]`` with ``grad`` (``[len(sites), d, C]``). Every site stepped shares
-        the step count (a site that is left out has stopped for good)."""
+    def step(self, sites: torch.Tensor | None, cols: torch.Tensor | None, grad: torch.Tensor) -> None:
+        """One update of ``param[sites][:, :, cols]`` (None: all) with ``grad`` (``[n_sites, d, n_cols]``).
+        Every entry stepped shares the step count (an entry left out belongs to a probe that has stopped for
+        good at every site it is left out of)."""
         b1, b2 = self.betas
         self.t += 1
         bc1, bc2 = 1 - b1**self.t, 1 - b2**self.t
-        if sites is None:
+        if sites is None and cols is None:
             m, v, p, lr = self.m, self.v, self.param, self.lr
             m.mul_(b1).add_(grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
             p.sub_(lr * (m / bc1) / ((v / bc2).sqrt_().add_(self.eps)))
             return
-        m = self.m[sites].mul_(b1).add_(grad, alpha=1 - b1)
-        v = self.v[sites].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        self.m[sites], self.v[sites] = m, v
-        self.param[sites] -= self.lr[sites] * (m / bc1) / ((v / bc2).sqrt() + self.eps)
+        n_sites, n_cols = self.param.shape[0], self.param.shape[2]
+        s = torch.arange(n_sites, device=grad.device) if sites is None else sites
+        c = torch.arange(n_cols, device=grad.device) if cols is None else cols
+        idx = (s[:, None], slice(None), c[None, :])  # advanced indices around a slice: [n_sites, n_cols, d]
+        g = grad.permute(0, 2, 1)
+        m = self.m[idx].mul_(b1).add_(g, alpha=1 - b1)
+        v = self.v[idx].mul_(b2).addcmul_(g, g, value=1 - b2)
+        self.m[idx], self.v[idx] = m, v
+        self.param[idx] -= self.lr[idx] * (m / bc1) / ((v / bc2).sqrt() + self.eps)
 
 
 __all__ = ["FitResult", "ProbeSpec", "Regimen", "Sentences", "batch_loss", "fit_probes", "project_all", "squared",

@@ -212,20 +212,34 @@ def test_metrics_score_many_predictions_at_once_as_one_by_one():
 
 
 def test_kinds_and_ranks_trained_in_one_pass_equal_each_trained_alone():
+    """Probes stop at different epochs; the pass drops stopped probes' columns and stopped sites, and every
+    probe is still exactly the one trained alone."""
     rng = np.random.default_rng(3)
-    xs = [np.stack([path_embedding(h) + 0.1 * rng.normal(size=(len(h), 48)), rng.normal(size=(len(h), 48))])
-          for h in HEADS[:50]]
-    train = fit.Sentences.from_list(xs[:40], HEADS[:40])
-    dev = fit.Sentences.from_list(xs[40:], HEADS[40:50])
-    specs = [fit.ProbeSpec("distance"), fit.ProbeSpec("depth"), fit.ProbeSpec("distance", 4)]
-    reg = fit.Regimen(max_epochs=12, seed=1)
-    together = fit.fit_probes(train, dev, specs, reg)
+    noise = [rng.normal(size=(2, len(h), 48)) for h in HEADS[:50]]
+    path = [path_embedding(h)[None] + 0.1 * rng.normal(size=(1, len(h), 48)) for h in HEADS[:50]]
+    reg = fit.Regimen(max_epochs=16, seed=1)
+
+    def sets(xs):
+        return fit.Sentences.from_list(xs[:40], HEADS[:40]), fit.Sentences.from_list(xs[40:], HEADS[40:50])
+
+    # two noise sites: the full-rank probes stop early at both (columns dropped), the rank-2 probe goes on
+    specs = [fit.ProbeSpec("distance"), fit.ProbeSpec("depth"), fit.ProbeSpec("distance", 2)]
+    together = fit.fit_probes(*sets(noise), specs, reg)
+    assert together[0].n_epochs.max() < together[2].n_epochs.min() and together[1].early_stopped.all()
     for spec, res in zip(specs, together, strict=True):
-        (alone,) = fit.fit_probes(train, dev, [spec], reg)
+        (alone,) = fit.fit_probes(*sets(noise), [spec], reg)
         torch.testing.assert_close(res.proj, alone.proj, rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(res.best_epoch, alone.best_epoch)
         np.testing.assert_array_equal(res.n_epochs, alone.n_epochs)
         assert res.proj.shape == (2, 48, 48 if spec.rank is None else spec.rank)
+    # a tree site and a noise site: the noise site stops first and leaves the pass
+    mixed = [np.concatenate([p, n[:1]]) for p, n in zip(path, noise, strict=True)]
+    (both,) = fit.fit_probes(*sets(mixed), [fit.ProbeSpec("distance")], reg)
+    assert both.n_epochs[1] < both.n_epochs[0]
+    for site in range(2):
+        (alone,) = fit.fit_probes(*sets([x[site] for x in mixed]), [fit.ProbeSpec("distance")], reg)
+        torch.testing.assert_close(both.proj[site], alone.proj[0], rtol=1e-4, atol=1e-5)
+        assert both.n_epochs[site] == alone.n_epochs[0]
 
 
 def test_shuffled_features_fall_to_the_random_tree_level():
