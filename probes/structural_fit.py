@@ -182,8 +182,12 @@ def batch_loss(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sites: t
     n = t.shape[2]
     lengths = torch.as_tensor(sent.lengths[rows], dtype=t.dtype, device=t.device)
     out = []
-    for spec, block in zip(specs, blocks, strict=True):
-        pred = squared(t[..., block], spec.kind)
+    sizes = [b.stop - b.start for b in blocks]
+    if blocks[0].start != 0 or sum(sizes) != t.shape[-1]:
+        raise ValueError("blocks must cover the parameter's columns in order")
+    # one split, not a slice per probe: a slice's backward fills a full-size zero tensor per probe
+    for spec, part in zip(specs, t.split(sizes, dim=-1), strict=True):
+        pred = squared(part, spec.kind)
         if spec.kind == "distance":
             gold = sent.distances[rows, :n, :n]
             err = ((pred - gold).abs() * (gold >= 0)).sum((-1, -2)) / lengths**2
