@@ -204,7 +204,8 @@ def batch_loss(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sites: t
 def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
                regimen: Regimen = Regimen()) -> list[FitResult]:
     """Train every probe of ``specs`` at every site of ``train`` in one pass, early-stopped on ``dev``;
-    returns one `FitResult` per spec (in order)."""
+    returns one `FitResult` per spec (in order). Each epoch trains only the sites and probe columns still
+    active somewhere. (Longer than 60 lines: the epoch loop and its per-probe bookkeeping read best as one.)"""
     if dev.n_sites != train.n_sites or dev.d != train.d:
         raise ValueError("dev vectors must have the training vectors' sites and dimension")
     if train.n_sent < 1 or dev.n_sent < 1:
