@@ -12,7 +12,7 @@ import pandas as pd
 METRIC_LABEL = {"uuas": "UUAS (distance probe)", "dspr": "DSpr. (distance Spearman)",
                 "root_acc": "root accuracy (depth probe)", "nspr": "NSpr. (norm Spearman)"}
 FORMATS = ("png", "pdf")  # figure files written per figure
-SUBLAYER_X = {"attn_out": -0.5, "resid_mid": -0.5, "mlp_out": -0.25}
+SUBLAYER_X = {"attn_out": -0.65, "resid_mid": -0.5, "mlp_out": -0.35}  # inside block k: between k - 1 and k
 SUBLAYER_STYLE = {"attn_out": dict(color="C1", marker="^"), "resid_mid": dict(color="C4", marker="s"),
                   "mlp_out": dict(color="C6", marker="v")}
 
