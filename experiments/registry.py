@@ -38,8 +38,9 @@ HELP: dict[str, str] = {
     "[CLS]/[SEP]/punctuation, and faithfulness against leave-one-out. Writes OUT/mixing/: results, summary and "
     "example-map tables, figures, manifest.json.",
     "structure": "Is the parse tree in each layer's geometry? Hewitt & Manning (2019) structural probes (UUAS, "
-    "distance Spearman, root accuracy, norm Spearman) per layer, against the embedding layer, random weights and "
-    "linear-chain trees, with a rank sweep. Needs gold trees (builtin or CoNLL-U). Writes OUT/structure/: "
+    "distance Spearman, root accuracy, norm Spearman) per layer and sublayer site, trained to early stopping, "
+    "against the embedding layer, random weights and linear-chain trees, with a rank sweep. Needs gold trees "
+    "(builtin or CoNLL-U). Writes OUT/structure/: "
     "results, summary, rank-sweep and example tables, figures, manifest.json.",
 }
 #: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on

@@ -14,6 +14,7 @@ from bertscope.experiments import structure
 from bertscope.experiments.options import Inputs, RunOptions, UsageError, corpus_summary, model_summary
 from bertscope.experiments.runner import run_experiment
 from bertscope.probes import structural as st
+from bertscope.probes import structural_fit as fit
 from bertscope.probes.structural import StructuralProbe
 from scipy.sparse.csgraph import shortest_path
 from scipy.stats import spearmanr
@@ -143,9 +144,12 @@ def test_metrics_match_the_reporter_on_random_predictions():
 def test_loss_is_the_reference_l1_normalised_by_length():
     xs = [np.random.default_rng(i).normal(size=(len(h), 6)) for i, h in enumerate(HEADS[:5])]
     b = torch.tensor(np.random.default_rng(9).normal(size=(1, 6, 3)), dtype=torch.float32)
-    for kind, power in (("distance", 2), ("depth", 1)):
-        packed = st._Packed(xs, HEADS[:5], kind, torch.device("cpu"))
-        got = packed.loss(np.arange(5), b, torch.tensor([0]))
+    packed = fit.Sentences.from_list(xs, HEADS[:5])
+    specs = [fit.ProbeSpec("distance"), fit.ProbeSpec("depth")]
+    both = torch.cat([b, b], dim=-1)  # the two probes side by side, as fit_probes holds them
+    losses = fit.batch_loss(packed, np.arange(5), both, None, specs, [slice(0, 3), slice(3, 6)])
+    for p, (kind, power) in enumerate((("distance", 2), ("depth", 1))):
+        got = losses[:, p]
         per_sent = []
         for x, h in zip(xs, HEADS[:5], strict=True):
             t = x @ b[0].double().numpy()
@@ -158,7 +162,7 @@ def test_loss_is_the_reference_l1_normalised_by_length():
         assert float(got[0]) == pytest.approx(np.mean(per_sent), rel=1e-4)
 
 
-def test_isometric_tree_embedding_gives_exact_scores_and_is_learned():
+def test_isometric_tree_embedding_gives_exact_scores_and_is_learned_with_default_settings():
     xs = [path_embedding(h) for h in HEADS]
     exact_d = [((x[:, None] - x[None]) ** 2).sum(-1) for x in xs]
     exact_n = [(x**2).sum(-1) for x in xs]
@@ -166,12 +170,76 @@ def test_isometric_tree_embedding_gives_exact_scores_and_is_learned():
     assert st.distance_spearman(exact_d, HEADS) == pytest.approx(1.0)
     assert st.root_accuracy(exact_n, HEADS, PUNCT) == 1.0
     assert st.norm_spearman(exact_n, HEADS) == pytest.approx(1.0)
-    probe = StructuralProbe("distance", max_epochs=8, seed=0).fit(xs[:100], HEADS[:100])
+    # The default regimen (the paper's, trained to early stopping) learns the known answer from the same
+    # embedding rotated and scaled (squared distances = 16 x tree distances; real features are not axis-aligned
+    # 0/1 vectors) and stops by itself, well before the max_epochs cap.
+    rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(48, 48)))[0]
+    xs = [4 * x @ rotation for x in xs]
+    probe = StructuralProbe("distance", seed=0).fit(xs[:100], HEADS[:100])
+    assert probe.early_stopped_.all() and probe.n_epochs_ < probe.max_epochs / 2
+    assert probe.stopped_epoch_[0] == probe.best_epoch_[0] + probe.patience + 2  # best epoch, then patience + 1
     pred = probe.predict(xs[100:])
-    assert st.uuas(pred, HEADS[100:], PUNCT[100:]) > 0.97
+    assert st.uuas(pred, HEADS[100:], PUNCT[100:]) == 1.0
     assert st.distance_spearman(pred, HEADS[100:]) > 0.9
-    depth = StructuralProbe("depth", max_epochs=8, seed=0).fit(xs[:100], HEADS[:100])
-    assert st.root_accuracy(depth.predict(xs[100:]), HEADS[100:], PUNCT[100:]) > 0.95
+    depth = StructuralProbe("depth", seed=0).fit(xs[:100], HEADS[:100])
+    assert depth.early_stopped_.all() and depth.n_epochs_ < depth.max_epochs / 2
+    assert st.root_accuracy(depth.predict(xs[100:]), HEADS[100:], PUNCT[100:]) == 1.0
+    assert st.norm_spearman(depth.predict(xs[100:]), HEADS[100:]) > 0.9
+
+
+def test_metrics_score_many_predictions_at_once_as_one_by_one():
+    rng = np.random.default_rng(5)
+    heads, punct = HEADS[:40], PUNCT[:40]
+    dists = [rng.random((3, 2, len(h), len(h))) + 0.2 * st.tree_distances(h) for h in heads]  # [probe, site, n, n]
+    dists = [a + np.swapaxes(a, -1, -2) for a in dists]  # predicted distances are symmetric
+    depths = [rng.random((3, 2, len(h))) + 0.2 * st.tree_depths(h) for h in heads]
+    got_u = st.uuas(dists, heads, punct)
+    got_d = st.distance_spearman(dists, heads)
+    got_r, got_n = st.root_accuracy(depths, heads, punct), st.norm_spearman(depths, heads)
+    assert got_u.shape == got_d.shape == got_r.shape == (3, 2)
+    for a in range(3):
+        for b in range(2):
+            one = [x[a, b] for x in dists]
+            assert got_u[a, b] == pytest.approx(st.uuas(one, heads, punct))
+            assert got_u[a, b] == pytest.approx(reporter_uuas(one, heads, punct))
+            assert got_d[a, b] == pytest.approx(st.distance_spearman(one, heads))
+            assert got_r[a, b] == pytest.approx(st.root_accuracy([x[a, b] for x in depths], heads, punct))
+            assert got_n[a, b] == pytest.approx(st.norm_spearman([x[a, b] for x in depths], heads))
+    forest = st.mst_forest(np.stack([x[0, 0] for x in dists[:1]] * 2), ~punct[0])
+    edges = st.mst_edges(dists[0][0, 0], ~punct[0])
+    for t in range(2):
+        assert {(int(i), int(j)) for k, i, j in zip(*forest, strict=True) if k == t} == edges
+
+
+def test_kinds_and_ranks_trained_in_one_pass_equal_each_trained_alone():
+    """Probes stop at different epochs; the pass drops stopped probes' columns and stopped sites, and every
+    probe is still exactly the one trained alone."""
+    rng = np.random.default_rng(3)
+    noise = [rng.normal(size=(2, len(h), 48)) for h in HEADS[:50]]
+    path = [path_embedding(h)[None] + 0.1 * rng.normal(size=(1, len(h), 48)) for h in HEADS[:50]]
+    reg = fit.Regimen(max_epochs=16, seed=1)
+
+    def sets(xs):
+        return fit.Sentences.from_list(xs[:40], HEADS[:40]), fit.Sentences.from_list(xs[40:], HEADS[40:50])
+
+    # two noise sites: the full-rank probes stop early at both (columns dropped), the rank-2 probe goes on
+    specs = [fit.ProbeSpec("distance"), fit.ProbeSpec("depth"), fit.ProbeSpec("distance", 2)]
+    together = fit.fit_probes(*sets(noise), specs, reg)
+    assert together[0].n_epochs.max() < together[2].n_epochs.min() and together[1].early_stopped.all()
+    for spec, res in zip(specs, together, strict=True):
+        (alone,) = fit.fit_probes(*sets(noise), [spec], reg)
+        torch.testing.assert_close(res.proj, alone.proj, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(res.best_epoch, alone.best_epoch)
+        np.testing.assert_array_equal(res.n_epochs, alone.n_epochs)
+        assert res.proj.shape == (2, 48, 48 if spec.rank is None else spec.rank)
+    # a tree site and a noise site: the noise site stops first and leaves the pass
+    mixed = [np.concatenate([p, n[:1]]) for p, n in zip(path, noise, strict=True)]
+    (both,) = fit.fit_probes(*sets(mixed), [fit.ProbeSpec("distance")], reg)
+    assert both.n_epochs[1] < both.n_epochs[0]
+    for site in range(2):
+        (alone,) = fit.fit_probes(*sets([x[site] for x in mixed]), [fit.ProbeSpec("distance")], reg)
+        torch.testing.assert_close(both.proj[site], alone.proj[0], rtol=1e-4, atol=1e-5)
+        assert both.n_epochs[site] == alone.n_epochs[0]
 
 
 def test_shuffled_features_fall_to_the_random_tree_level():
@@ -248,7 +316,13 @@ def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypat
     assert summary["layer"].tolist() == [0, 1, 2]
     sweep = pd.read_parquet(out / "rank_sweep.parquet")
     assert sorted(sweep["rank"].unique()) == [1, 4, 32]
-    assert sweep.groupby(["metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4 and full, per metric
+    assert set(sweep["encoder"]) == {"trained", "random_weights"}
+    assert sweep.groupby(["encoder", "metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4, full per metric
+    training = pd.read_parquet(out / "training.parquet")
+    assert {"best_epoch", "stopped_epoch", "early_stopped", "max_epochs"} <= set(training.columns)
+    assert (training["stopped_epoch"] <= training["max_epochs"]).all()
+    assert (training["best_epoch"] < training["stopped_epoch"]).all()
+    assert ((training["stopped_epoch"] < training["max_epochs"]) == training["early_stopped"]).all()
     best = summary.loc[summary["smallest_rank"].notna()]
     for r in best.itertuples():  # the smallest rank's UUAS reaches the full-rank interval
         assert r.uuas_at_smallest_rank >= r.uuas_ci_low - 1e-12

@@ -9,7 +9,7 @@ left out (and counted in the manifest).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,22 +74,27 @@ def split_sentences(n_available: int, n_train: int, n_dev: int, n_test: int, rng
 
 @dataclass
 class WordVectors:
-    """Word vectors of some sentences at some sites: ``per_sentence[i]`` is ``[n_sites, n_words, d]`` (float32)
-    for corpus sentence ``sentence_index[i]``."""
+    """Word vectors of the chosen sentences at some sites, packed: ``words`` ``[n_sites, n_words_total, d]``
+    (float32, sentence after sentence), ``lengths`` ``[n_sent]`` (0 for a sentence left out)."""
 
-    sites: list[str]
-    sentence_index: np.ndarray
-    per_sentence: list[np.ndarray]
+    words: np.ndarray
+    lengths: np.ndarray
+
+    def take(self, rows: np.ndarray, site_index: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(words [n_sites, n_words_of_rows, d], lengths [len(rows)])`` of the sentences ``rows``."""
+        offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        flat = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in rows])
+        words = self.words[:, flat] if site_index is None else self.words[np.asarray(site_index)[:, None], flat]
+        return words, self.lengths[rows]
 
 
-def collect(model: Any, encoded: Any, sites: Sequence[str],
-            n_words: Sequence[int]) -> tuple[dict[int, np.ndarray], list[int]]:
+def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[int]) -> tuple[WordVectors, list[int]]:
     """Run ``model`` over the batches of ``encoded`` and mean-pool pieces into words at ``sites``.
 
-    Returns ``{corpus sentence index: [n_sites, n_words, d]}`` and the indices of truncated sentences (left
-    out). ``n_words``: the corpus's word count per sentence index (to detect truncation)."""
+    Returns the packed `WordVectors` of the sentences in corpus order (``n_words``: the chosen sentences' word
+    counts) and the indices of truncated sentences (left out: length 0)."""
     device = next(model.parameters()).device
-    out: dict[int, np.ndarray] = {}
+    pooled: dict[int, np.ndarray] = {}
     truncated: list[int] = []
     with torch.no_grad():
         for batch in encoded:
@@ -100,16 +105,10 @@ def collect(model: Any, encoded: Any, sites: Sequence[str],
                 if batch.n_words[r] != n_words[si]:
                     truncated.append(si)
                     continue
-                out[si] = word_pool(stacked[r], batch.word_ids[r].to(stacked.device)).cpu().numpy()
-    return out, truncated
-
-
-def gather(vectors: dict[int, np.ndarray], index: np.ndarray,
-           site_index: Sequence[int] | None = None) -> list[np.ndarray]:
-    """``[n_sites, n_words, d]`` per sentence of ``index`` (optionally only the sites ``site_index``)."""
-    if site_index is None:
-        return [vectors[int(i)] for i in index]
-    return [vectors[int(i)][list(site_index)] for i in index]
+                pooled[si] = word_pool(stacked[r], batch.word_ids[r].to(stacked.device)).cpu().numpy()
+    lengths = np.array([pooled[i].shape[1] if i in pooled else 0 for i in range(len(n_words))], dtype=np.int64)
+    words = np.concatenate([pooled[i] for i in range(len(n_words)) if i in pooled], axis=1)
+    return WordVectors(words, lengths), sorted(truncated)
 
 
 def punct_masks(sentences: Sequence[Any]) -> list[np.ndarray]:
@@ -117,11 +116,3 @@ def punct_masks(sentences: Sequence[Any]) -> list[np.ndarray]:
     the corpus has no UPOS."""
     return [np.array([u == "PUNCT" for u in s.upos], dtype=bool) if s.upos is not None
             else np.zeros(len(s), dtype=bool) for s in sentences]
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """``(fn(), seconds)``."""
-    import time
-
-    t0 = time.perf_counter()
-    return fn(), time.perf_counter() - t0

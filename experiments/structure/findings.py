@@ -57,8 +57,27 @@ def findings(out_dir: Path) -> list[Finding]:
                            f"{fmt_ci(b['root_acc'], b['root_acc_ci_low'], b['root_acc_ci_high'])}, NSpr "
                            f"{fmt_ci(b['nspr'], b['nspr_ci_low'], b['nspr_ci_high'])}.",
                            numbers={"root_layer": int(b["layer"]), "root_acc": float(b["root_acc"])}))
+    out += _training(Path(out_dir))
     if pd.notna(best.get("smallest_rank")):
         out.append(Finding(f"At layer {layer} a rank-{int(best['smallest_rank'])} probe already reaches the "
                            f"full-rank interval (UUAS {float(best['uuas_at_smallest_rank']):.2f}).",
                            numbers={"smallest_rank": int(best["smallest_rank"])}))
     return out
+
+
+def _training(out_dir: Path) -> list[Finding]:
+    """How the probes stopped (from ``training``): all early-stopped, or how many hit the epoch cap."""
+    path = out_dir / "training.parquet"
+    if not path.is_file():
+        return []
+    t = pd.read_parquet(path)
+    if t.empty:
+        return []
+    n, early = len(t), int(t["early_stopped"].sum())
+    lo, hi = int(t["stopped_epoch"].min()), int(t["stopped_epoch"].max())
+    cap = int(t["max_epochs"].iloc[0])
+    text = (f"All {n} probes stopped early on the dev loss, after {lo} to {hi} epochs (cap {cap})." if early == n
+            else f"{n - early} of {n} probes reached the {cap}-epoch cap before early stopping (epochs {lo} to "
+            f"{hi}): their numbers are those of probes still improving.")
+    return [Finding(text, numbers={"probes": n, "early_stopped": early, "stopped_epoch_min": lo,
+                                   "stopped_epoch_max": hi})]

@@ -12,7 +12,7 @@ import pandas as pd
 METRIC_LABEL = {"uuas": "UUAS (distance probe)", "dspr": "DSpr. (distance Spearman)",
                 "root_acc": "root accuracy (depth probe)", "nspr": "NSpr. (norm Spearman)"}
 FORMATS = ("png", "pdf")  # figure files written per figure
-SUBLAYER_X = {"attn_out": -0.5, "resid_mid": -0.5, "mlp_out": -0.25}
+SUBLAYER_X = {"attn_out": -0.65, "resid_mid": -0.5, "mlp_out": -0.35}  # inside block k: between k - 1 and k
 SUBLAYER_STYLE = {"attn_out": dict(color="C1", marker="^"), "resid_mid": dict(color="C4", marker="s"),
                   "mlp_out": dict(color="C6", marker="v")}
 
@@ -29,6 +29,8 @@ def plot(out_dir: Path) -> list[Path]:
     written = _layers(results, out_dir)
     if (out_dir / "rank_sweep.parquet").is_file():
         sweep = pd.read_parquet(out_dir / "rank_sweep.parquet")
+        if "encoder" in sweep:
+            sweep = sweep[sweep["encoder"] == "trained"]
         written += _ranks(sweep[sweep["metric"] == "uuas"], out_dir)
     if (out_dir / "example_edges.parquet").is_file():
         written += _trees(pd.read_parquet(out_dir / "examples.parquet"),

@@ -1,0 +1,103 @@
+"""Training passes of the structure experiment and their scores.
+
+A pass trains every probe it names (`probes.structural_fit.ProbeSpec`: kind and rank) at every one of its sites
+in one batched `fit_probes` call: the *residual* pass holds the trained model's and the random-weights model's
+residual sites with the full-rank distance and depth probes and the distance rank sweep; the *sublayer* pass holds
+the trained model's ``attn_out``, ``resid_mid`` and ``mlp_out`` sites with the full-rank probes. Each pass is one
+cached step (its projections and stopping record), so an interrupted run resumes after the passes it finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from bertscope.experiments.structure import data, measures
+from bertscope.probes.structural_fit import KINDS, ProbeSpec, Regimen, Sentences, fit_probes, project_all, squared
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One batched training pass: its ``name``, its sites as ``(encoder, site)`` pairs, and its probes."""
+
+    name: str
+    sites: tuple[tuple[str, str], ...]
+    specs: tuple[ProbeSpec, ...]
+
+
+def pass_words(p: Pass, vectors: dict[str, data.WordVectors], site_names: dict[str, list[str]],
+               rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(words [n_pass_sites, n_words, d], lengths)`` of the sentences ``rows`` at the pass's sites."""
+    parts, lengths = [], None
+    for encoder in dict.fromkeys(e for e, _ in p.sites):
+        idx = [site_names[encoder].index(s) for e, s in p.sites if e == encoder]
+        words, lengths = vectors[encoder].take(rows, idx)
+        parts.append(words)
+    return np.concatenate(parts, axis=0), lengths
+
+
+def train(ctx: Any, settings: Any, p: Pass, vectors: dict, site_names: dict, parts: dict,
+          heads: list) -> dict[str, np.ndarray]:
+    """The pass's fitted probes (cached step): per probe ``i``: ``proj{i}`` ``[n_sites, d, k]``, ``best_epoch{i}``,
+    ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}`` (each ``[n_sites]``)."""
+    regimen = Regimen(lr=settings.lr, batch_size=settings.batch_size, max_epochs=settings.max_epochs,
+                      patience=settings.patience, seed=ctx.seed)
+
+    def fit() -> dict[str, np.ndarray]:
+        sets = {}
+        for name in ("train", "dev"):
+            words, lengths = pass_words(p, vectors, site_names, parts[name])
+            sets[name] = Sentences(words, lengths, [heads[i] for i in parts[name]], ctx.device)
+        out = {}
+        for i, r in enumerate(fit_probes(sets["train"], sets["dev"], p.specs, regimen)):
+            out.update({f"proj{i}": r.proj.cpu().numpy(), f"best_epoch{i}": r.best_epoch,
+                        f"n_epochs{i}": r.n_epochs, f"early_stopped{i}": r.early_stopped,
+                        f"dev_loss{i}": r.dev_loss})
+        return out
+
+    return ctx.step_arrays("probes", fit, group=p.name, sites=[list(s) for s in p.sites],
+                           specs=[[s.kind, s.rank] for s in p.specs])
+
+
+def predictions(p: Pass, arrays: dict, test: Sentences, kind: str) -> tuple[list[int], list[np.ndarray]]:
+    """The pass's probes of ``kind`` (their indices) and per test sentence their predictions stacked:
+    ``[n_probes, n_sites, n, n]`` (distance) or ``[n_probes, n_sites, n]`` (depth)."""
+    idx = [i for i, s in enumerate(p.specs) if s.kind == kind]
+    per_probe = []
+    with torch.no_grad():
+        for i in idx:
+            t = project_all(test, torch.as_tensor(arrays[f"proj{i}"]))
+            per_probe.append([squared(x, kind).double().cpu().numpy() for x in t])
+    return idx, [np.stack(ps) for ps in zip(*per_probe, strict=True)]
+
+
+def score(p: Pass, arrays: dict, test: Sentences, heads: list, punct: list, weights: np.ndarray, ci: float,
+          info: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Long rows (every probe, site and metric with intervals), the training record of every probe, and the
+    per-sentence distance predictions of the full-rank probes (``{(encoder, site): [[n, n], ...]}``)."""
+    rows, training, full = [], [], {}
+    for kind in KINDS:
+        idx, pred = predictions(p, arrays, test, kind)
+        scored = measures.score(pred, heads, punct, kind, weights, ci)
+        for a, i in enumerate(idx):
+            rank = int(arrays[f"proj{i}"].shape[-1])
+            for j, (encoder, site) in enumerate(p.sites):
+                layer, component = data.site_layer(site)
+                where = {**info, "encoder": encoder, "site": site, "layer": layer, "component": component,
+                         "kind": kind, "rank": rank}
+                for metric, sc in scored.items():
+                    rows.append({**where, "metric": metric, "value": float(sc.value[a, j]),
+                                 "ci_low": float(sc.ci_low[a, j]), "ci_high": float(sc.ci_high[a, j]),
+                                 "n_sentences": len(pred)})
+                training.append({"encoder": encoder, "kind": kind, "site": site, "layer": layer,
+                                 "component": component, "rank": rank,
+                                 "best_epoch": int(arrays[f"best_epoch{i}"][j]),
+                                 "stopped_epoch": int(arrays[f"n_epochs{i}"][j]),
+                                 "early_stopped": bool(arrays[f"early_stopped{i}"][j]),
+                                 "dev_loss": float(arrays[f"dev_loss{i}"][j])})
+                if kind == "distance" and p.specs[i].rank is None:
+                    full[(encoder, site)] = [x[a, j] for x in pred]
+    return pd.DataFrame(rows), pd.DataFrame(training), full
