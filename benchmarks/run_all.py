@@ -2,6 +2,7 @@
 
     python benchmarks/run_all.py                      # time `run all` (fresh output folder), print a table
     python benchmarks/run_all.py --record             # also write experiments/run_times.json for `run NAME --help`
+    python benchmarks/run_all.py --from OUT --record  # record from a finished `bertscope run all --out OUT`
 
 `run all` runs in a child process with a fresh output folder (nothing cached); wall seconds per experiment come
 from each manifest's ``seconds``, CPU seconds of the whole child from ``getrusage``. The load average before and
@@ -52,17 +53,34 @@ def time_run_all(extra: list[str]) -> dict:
         }
 
 
+def read_run(out: Path) -> dict:
+    """Per-experiment seconds from the manifests of a finished ``bertscope run all --out OUT`` (no CPU time or
+    load average: those were not observed)."""
+    per = {}
+    for manifest in sorted(Path(out).glob("*/manifest.json")):
+        data = json.loads(manifest.read_text())
+        if data.get("status") != "complete":
+            sys.exit(f"{manifest}: status {data.get('status')!r}; record only complete runs")
+        per[data["experiment"]] = {"seconds": data["seconds"], "status": data["status"]}
+    if not per:
+        sys.exit(f"no manifests under {out}")
+    total = round(sum(row["seconds"] for row in per.values()), 1)
+    return {"wall_seconds": total, "cpu_seconds": None, "experiments": per, "load_before": None, "load_after": None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="write experiments/run_times.json")
     parser.add_argument("--max-load", type=float, default=0.5, help="refuse --record above this load (default 0.5)")
+    parser.add_argument("--from", dest="source", type=Path, help="read a finished run's manifests instead of running")
     parser.add_argument("extra", nargs="*", help="more `bertscope run` options, after --")
     args = parser.parse_args()
-    if args.record and os.getloadavg()[0] > args.max_load:
+    if args.record and args.source is None and os.getloadavg()[0] > args.max_load:
         sys.exit(f"load average {os.getloadavg()[0]:.2f} > {args.max_load}: timings would not be honest; not recording")
-    result = time_run_all(args.extra)
-    print(f"run all: {result['wall_seconds']:.0f} s wall, {result['cpu_seconds']:.0f} s CPU "
-          f"(load before {result['load_before']}, after {result['load_after']})")
+    result = read_run(args.source) if args.source else time_run_all(args.extra)
+    cpu = "" if result["cpu_seconds"] is None else f", {result['cpu_seconds']:.0f} s CPU"
+    print(f"run all: {result['wall_seconds']:.0f} s wall{cpu} (load before {result['load_before']}, "
+          f"after {result['load_after']})")
     for name, row in result["experiments"].items():
         print(f"  {name:<12} {row['seconds']:>7.1f} s  {row['status']}")
     if args.record:
