@@ -46,7 +46,7 @@ MAX_LENGTH = 48
 #: the smallest settings that still exercise every step (an experiment ignores names it does not have)
 TINY = dict(
     max_sentences=N_SENTENCES, n_boot=20, ci=0.9,
-    vocab_sample=30, example_max_tokens=14, random_corpus="repeated-random:m=4",  # same-token
+    vocab_sample=30, example_max_tokens=14, random_corpus="repeated-random:m=3",  # same-token
     distance_sentences=4, importance_sentences=3, importance_batch=4, n_projections=1, pruning_points=2,  # heads
     window_len=4, max_windows=8, tune_windows=4, n_folds=2, pairs_per_window=2, table_pairs=20,  # positions
     mdl_blocks=2, alphas=(1.0,), ridge_alphas=(1.0,),
