@@ -248,7 +248,7 @@ def plot_syntax(syntax: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS)
     ax.set_xlabel("accuracy on the held-out half (arcs whose head the argmax names)")
     ax.set_ylabel("relation (arcs)  head chosen on all sentences")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
-    ax.set_title("Dependency relations: best attention head vs fixed-offset baseline (punct, root left out)")
+    ax.set_title("Dependency relations: best attention head vs fixed-offset baseline\n(punct and root left out)")
     fig.tight_layout()
     return io.save_figure(fig, out_dir / "fig_syntax", formats=formats)
 
