@@ -143,25 +143,24 @@ class Sentences:
                              "and dimension")
         return cls(torch.cat(mats, dim=1), [m.shape[1] for m in mats], trees, device)
 
-    def layout(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """For the sentences ``rows``: their words' indices ``[n_batch_words]`` and, for each sentence and
-        position, the row of that word among them (``[batch, n_max]``, ``n_batch_words`` = padding)."""
+    def layout(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """For the sentences ``rows``: their words' indices ``[n_batch_words]``; for each sentence and position
+        the row of that word among them (``[batch, n_max]``, ``n_batch_words`` = padding); and for each of the
+        words its place in the flattened ``[batch * n_max]`` padded grid (the inverse of the previous map)."""
         lengths = self.lengths[rows]
         n_max = int(lengths.max())
         flat = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in rows])
         starts = np.cumsum(lengths) - lengths
         pos = np.arange(n_max)[None, :]
-        padded = np.where(pos < lengths[:, None], starts[:, None] + pos, len(flat))
-        return (torch.as_tensor(flat, device=self.device), torch.as_tensor(padded, device=self.device), n_max)
+        inside = pos < lengths[:, None]
+        padded = np.where(inside, starts[:, None] + pos, len(flat))
+        grid = np.flatnonzero(inside.ravel())  # row-major: sentence after sentence, word after word = flat order
+        return (torch.as_tensor(flat, device=self.device), torch.as_tensor(padded, device=self.device),
+                torch.as_tensor(grid, device=self.device), n_max)
 
-    def project(self, rows: np.ndarray, weight: torch.Tensor, sites: torch.Tensor | None) -> torch.Tensor:
-        """``B^T h`` for the words of ``rows`` at ``sites`` (None: all), padded: ``[sites, batch, n_max, C]``
-        (zeros at padding). ``weight``: ``[sites, d, C]``."""
-        flat, padded, _ = self.layout(rows)
-        x = self.words[:, flat] if sites is None else self.words[sites[:, None], flat[None, :]]
-        t = torch.bmm(x, weight)  # [sites, batch words, C]
-        t = torch.cat([t, t.new_zeros(t.shape[0], 1, t.shape[2])], dim=1)
-        return t[:, padded]
+    def take(self, flat: torch.Tensor, sites: torch.Tensor | None) -> torch.Tensor:
+        """The word vectors ``flat`` at ``sites`` (None: all): ``[n_sites, n_flat, d]``."""
+        return self.words[:, flat] if sites is None else self.words[sites[:, None], flat[None, :]]
 
 
 def squared(t: torch.Tensor, kind: str) -> torch.Tensor:
@@ -176,26 +175,78 @@ def squared(t: torch.Tensor, kind: str) -> torch.Tensor:
 def batch_loss(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sites: torch.Tensor | None,
                specs: Sequence[ProbeSpec], blocks: Sequence[slice]) -> torch.Tensor:
     """Mean over the sentences ``rows`` of each probe's length-normalised L1 loss: ``[sites, n_probes]``.
+    ``weight``: ``[sites, d, C]``, the probes side by side in the column ``blocks``.
 
     Distance: ``sum_ij |d_pred - d_gold| / n^2``; depth: ``sum_i |n_pred - n_gold| / n`` (``loss.py``)."""
-    t = sent.project(rows, weight, sites)  # [s, b, n, C]
-    n = t.shape[2]
-    lengths = torch.as_tensor(sent.lengths[rows], dtype=t.dtype, device=t.device)
-    out = []
+    batch = Batch(sent, rows)
+    x = batch.x if sites is None else batch.x[sites]
+    return torch.stack([batch.loss_grad(x, weight[..., blk], spec.kind, grad=False)[0]
+                        for spec, blk in zip(specs, _check_blocks(blocks, weight), strict=True)], dim=-1)
+
+
+def batch_loss_grad(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sites: torch.Tensor | None,
+                    specs: Sequence[ProbeSpec], blocks: Sequence[slice]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch_loss` ``[sites, n_probes]`` and the gradient of its sum with respect to ``weight``
+    (``[sites, d, C]``), in closed form (`Batch.loss_grad`)."""
+    batch = Batch(sent, rows)
+    x = batch.x if sites is None else batch.x[sites]
+    out = [batch.loss_grad(x, weight[..., blk], spec.kind, grad=True)
+           for spec, blk in zip(specs, _check_blocks(blocks, weight), strict=True)]
+    return torch.stack([o[0] for o in out], dim=-1), torch.cat([o[1] for o in out], dim=-1)
+
+
+def _check_blocks(blocks: Sequence[slice], weight: torch.Tensor) -> Sequence[slice]:
     sizes = [b.stop - b.start for b in blocks]
-    if blocks[0].start != 0 or sum(sizes) != t.shape[-1]:
+    if blocks[0].start != 0 or sum(sizes) != weight.shape[-1]:
         raise ValueError("blocks must cover the parameter's columns in order")
-    # one split, not a slice per probe: a slice's backward fills a full-size zero tensor per probe
-    for spec, part in zip(specs, t.split(sizes, dim=-1), strict=True):
-        pred = squared(part, spec.kind)
-        if spec.kind == "distance":
-            gold = sent.distances[rows, :n, :n]
-            err = ((pred - gold).abs() * (gold >= 0)).sum((-1, -2)) / lengths**2
+    return blocks
+
+
+class Batch:
+    """One batch of sentences ``rows`` of ``sent``, laid out once for every probe and site: ``x`` the words at
+    every site ``[n_sites, n_words, d]``, the padded layout, and the gold distances and depths with their masks
+    and length normalisers."""
+
+    def __init__(self, sent: Sentences, rows: np.ndarray) -> None:
+        flat, padded, self.grid, self.n = sent.layout(rows)
+        self.b, self.n_words = len(rows), len(flat)
+        self.x = sent.take(flat, None)
+        self.padded = padded.clamp_max(len(flat) - 1).flatten()  # padding copies a real row; the masks zero it
+        lengths = torch.as_tensor(sent.lengths[rows], dtype=torch.float32, device=sent.device)
+        n = self.n
+        self.gold_d, self.gold_n = sent.distances[rows, :n, :n], sent.depths[rows, :n]
+        self.mask_d, self.mask_n = self.gold_d >= 0, self.gold_n >= 0
+        self.scale_d, self.scale_n = 1 / lengths[:, None, None] ** 2, 1 / lengths[:, None]
+
+    def loss_grad(self, x: torch.Tensor, weight: torch.Tensor, kind: str,
+                  grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One probe's mean loss ``[sites]`` and (``grad``) its gradient ``[sites, d, k]`` with respect to
+        ``weight`` (``[sites, d, k]``), ``x`` being ``self.x`` at the same sites.
+
+        With ``T = H B`` a sentence's projected words and ``G = dL/dD`` the loss's (sub)gradient with respect to
+        the predicted squared distances ``D_ij = |t_i - t_j|^2`` (``sign(D - D_gold) / (n^2 batch)``),
+        ``dL/dT = 2 (diag(S 1) - S) T`` with ``S = G + G^T``; for depths ``N_i = |t_i|^2``,
+        ``dL/dt_i = 2 g_i t_i``; then ``dL/dB = H^T dL/dT``. Autograd computes the same (tested) but pays for
+        scattering the padded layout back and for every intermediate: here each word's row is gathered once."""
+        t = torch.bmm(x, weight).index_select(1, self.padded).unflatten(1, (self.b, self.n))  # [s, b, n, k]
+        if kind == "distance":
+            gram = t @ t.transpose(-1, -2)  # [s, b, n, n]
+            sq = gram.diagonal(dim1=-2, dim2=-1)
+            diff = ((sq[..., :, None] + sq[..., None, :] - 2 * gram).clamp_min_(0) - self.gold_d) * self.mask_d
+            loss = (diff.abs() * self.scale_d).sum((-1, -2)).mean(-1)
+            if not grad:
+                return loss, None
+            g = diff.sign_().mul_(self.scale_d * (2 / self.b))
+            g = g + g.transpose(-1, -2)  # 2 S
+            dt = (torch.diag_embed(g.sum(-1)) - g) @ t
         else:
-            gold = sent.depths[rows, :n]
-            err = ((pred - gold).abs() * (gold >= 0)).sum(-1) / lengths
-        out.append(err.mean(-1))
-    return torch.stack(out, dim=-1)
+            diff = ((t * t).sum(-1) - self.gold_n) * self.mask_n  # [s, b, n]
+            loss = (diff.abs() * self.scale_n).sum(-1).mean(-1)
+            if not grad:
+                return loss, None
+            dt = diff.sign_().mul_(self.scale_n * (2 / self.b))[..., None] * t
+        dt = dt.flatten(1, 2).index_select(1, self.grid)  # [s, words, k], the words in x's order
+        return loss, torch.bmm(x.transpose(1, 2), dt)
 
 
 # ------------------------------------------------------------------------------------------------- fitting
@@ -204,8 +255,9 @@ def batch_loss(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sites: t
 def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
                regimen: Regimen = Regimen()) -> list[FitResult]:
     """Train every probe of ``specs`` at every site of ``train`` in one pass, early-stopped on ``dev``;
-    returns one `FitResult` per spec (in order). Each epoch trains only the sites and probe columns still
-    active somewhere. (Longer than 60 lines: the epoch loop and its per-probe bookkeeping read best as one.)"""
+    returns one `FitResult` per spec (in order). Each step computes only the (site, probe) pairs still
+    training: a probe's sites are one batched product, and a pair that stopped costs nothing. (Longer than 60
+    lines: the epoch loop and its per-probe bookkeeping read best as one.)"""
     if dev.n_sites != train.n_sites or dev.d != train.d:
         raise ValueError("dev vectors must have the training vectors' sites and dimension")
     if train.n_sent < 1 or dev.n_sent < 1:
@@ -215,14 +267,11 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
             raise ValueError(f"kind must be one of {KINDS}, got {spec.kind!r}")
     S, d, P, reg = train.n_sites, train.d, len(specs), regimen
     ranks = [d if s.rank is None else s.rank for s in specs]
-    edges = np.concatenate([[0], np.cumsum(ranks)])
-    blocks = [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    col_probe = torch.as_tensor(np.repeat(np.arange(P), ranks), device=train.device)  # probe of each column
-    inits = [(torch.rand(d, k, generator=torch.Generator().manual_seed(int(reg.seed))) * 2 - 1) * reg.init_scale
-             for k in ranks]  # each probe starts as it would alone, the same at every site
-    weight = torch.cat(inits, dim=1).expand(S, -1, -1).contiguous().to(train.device)  # [S, d, C]
-    adam = _Adam(weight, reg.lr)
-    best = weight.clone()
+    weights = [((torch.rand(d, k, generator=torch.Generator().manual_seed(int(reg.seed))) * 2 - 1)
+                * reg.init_scale).expand(S, -1, -1).contiguous().to(train.device)
+               for k in ranks]  # [S, d, k] per probe: each starts as it would alone, the same at every site
+    adams = [_Adam(w) for w in weights]
+    best = [w.clone() for w in weights]
     lr = np.full((S, P), reg.lr)
     best_loss, best_epoch = np.full((S, P), np.inf), np.full((S, P), -1)
     sched_best, active = np.full((S, P), np.inf), np.ones((S, P), dtype=bool)
@@ -230,26 +279,24 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
     history: list[dict[str, np.ndarray]] = []
     order_gen = torch.Generator().manual_seed(int(reg.seed) + 1)
     for epoch in range(reg.max_epochs):
-        live = np.flatnonzero(active.any(1))  # sites still training at least one probe
-        probes = np.flatnonzero(active.any(0))  # probes still training at one site at least
-        sites = None if len(live) == S else torch.as_tensor(live, device=train.device)
-        cols = None if len(probes) == P else torch.as_tensor(
-            np.concatenate([np.arange(blocks[p].start, blocks[p].stop) for p in probes]), device=train.device)
-        sub_specs = [specs[p] for p in probes]
-        sub_edges = np.concatenate([[0], np.cumsum([ranks[p] for p in probes])])
-        sub_blocks = [slice(int(a), int(b)) for a, b in zip(sub_edges[:-1], sub_edges[1:], strict=True)]
-        adam.lr = torch.as_tensor(lr, dtype=torch.float32, device=train.device)[:, col_probe][:, None, :]
+        groups = _groups(active, train.device)
         perm = torch.randperm(train.n_sent, generator=order_gen).numpy()
         train_loss = np.zeros((S, P))
         for start in range(0, train.n_sent, reg.batch_size):
-            rows = perm[start : start + reg.batch_size]
-            sub = _take(weight, sites, cols).detach().requires_grad_(True)
-            loss = batch_loss(train, rows, sub, sites, sub_specs, sub_blocks)
-            (grad,) = torch.autograd.grad(loss.sum(), sub)
-            adam.step(sites, cols, grad)
-            train_loss[np.ix_(live, probes)] += loss.detach().cpu().numpy() * len(rows)
-        dev_loss = np.full((S, P), np.nan)
-        dev_loss[np.ix_(live, probes)] = _mean_loss(dev, _take(weight, sites, cols), sites, sub_specs, sub_blocks)
+            batch = Batch(train, perm[start : start + reg.batch_size])
+            for p, sites, live in groups:
+                w, x = (weights[p], batch.x) if sites is None else (weights[p][sites], batch.x[sites])
+                loss, grad = batch.loss_grad(x, w, specs[p].kind, grad=True)
+                adams[p].step(sites, grad, torch.as_tensor(lr[live, p], dtype=w.dtype, device=w.device))
+                train_loss[live, p] += loss.cpu().numpy() * batch.b
+        dev_sum = np.zeros((S, P))
+        with torch.no_grad():
+            for start in range(0, dev.n_sent, 40):
+                batch = Batch(dev, np.arange(start, min(start + 40, dev.n_sent)))
+                for p, sites, live in groups:
+                    w, x = (weights[p], batch.x) if sites is None else (weights[p][sites], batch.x[sites])
+                    dev_sum[live, p] += batch.loss_grad(x, w, specs[p].kind, grad=False)[0].cpu().numpy() * batch.b
+        dev_loss = np.where(active, dev_sum / dev.n_sent, np.nan)
         n_epochs[active] = epoch + 1
         history.append({"train_loss": train_loss / train.n_sent, "dev_loss": dev_loss, "active": active.copy()})
         improved_sched = active & (dev_loss < sched_best * (1 - reg.tol))  # ReduceLROnPlateau(patience=0)
@@ -258,33 +305,25 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
         improved = active & (dev_loss < best_loss - reg.tol)
         best_loss = np.where(improved, dev_loss, best_loss)
         best_epoch = np.where(improved, epoch, best_epoch)
-        cols = torch.as_tensor(improved, device=train.device)[:, col_probe][:, None, :]
-        best = torch.where(cols, weight, best)
+        for p in np.flatnonzero(improved.any(0)):
+            keep = torch.as_tensor(np.flatnonzero(improved[:, p]), device=train.device)
+            best[p][keep] = weights[p][keep]
         active &= ~(~improved & (best_epoch < epoch - reg.patience))
         if not active.any():
             break
-    return [FitResult(spec, best[..., blocks[p]].clone(), best_epoch[:, p], n_epochs[:, p],
-                      n_epochs[:, p] < reg.max_epochs, best_loss[:, p],
-                      [{k: h[k][:, p] for k in ("train_loss", "dev_loss")} for h in history])
+    return [FitResult(spec, best[p], best_epoch[:, p], n_epochs[:, p], n_epochs[:, p] < reg.max_epochs,
+                      best_loss[:, p], [{k: h[k][:, p] for k in ("train_loss", "dev_loss")} for h in history])
             for p, spec in enumerate(specs)]
 
 
-def _take(weight: torch.Tensor, sites: torch.Tensor | None, cols: torch.Tensor | None) -> torch.Tensor:
-    """``weight[sites][:, :, cols]`` (None: all) -> ``[n_sites_taken, d, n_cols_taken]``."""
-    w = weight if sites is None else weight[sites]
-    return w if cols is None else w[:, :, cols]
-
-
-def _mean_loss(sent: Sentences, w: torch.Tensor, sites: torch.Tensor | None, specs: Sequence[ProbeSpec],
-               blocks: Sequence[slice], chunk: int = 40) -> np.ndarray:
-    """``[sites, n_probes]`` mean loss over all sentences of ``sent`` (no gradient); ``w``: the sites' and
-    probes' columns of the parameter."""
-    total = torch.zeros(w.shape[0], len(specs), device=w.device)
-    with torch.no_grad():
-        for start in range(0, sent.n_sent, chunk):
-            rows = np.arange(start, min(start + chunk, sent.n_sent))
-            total += batch_loss(sent, rows, w, sites, specs, blocks) * len(rows)
-    return (total / sent.n_sent).cpu().numpy()
+def _groups(active: np.ndarray, device: torch.device) -> list[tuple[int, torch.Tensor | None, np.ndarray]]:
+    """Per probe still training somewhere: ``(probe, sites, live)``, ``live`` its active sites ``[n]`` and
+    ``sites`` the same as a tensor (None: all sites)."""
+    out = []
+    for p in np.flatnonzero(active.any(0)):
+        live = np.flatnonzero(active[:, p])
+        out.append((int(p), None if len(live) == active.shape[0] else torch.as_tensor(live, device=device), live))
+    return out
 
 
 def project_all(sent: Sentences, proj: torch.Tensor) -> list[torch.Tensor]:
@@ -295,41 +334,33 @@ def project_all(sent: Sentences, proj: torch.Tensor) -> list[torch.Tensor]:
 
 
 class _Adam:
-    """Adam (torch's defaults: betas 0.9, 0.999, eps 1e-8) on ``param`` ``[n_sites, d, C]`` with a learning
-    rate per site and column (``lr``: ``[n_sites, 1, C]``); ``step(sites, grad)`` updates the given sites
-    (None: all). Written out rather than ``torch.optim.Adam`` for the per-column rates and site subsets."""
+    """Adam (torch's defaults: betas 0.9, 0.999, eps 1e-8) on one probe's ``param`` ``[n_sites, d, k]`` with a
+    learning rate per site; ``step(sites, grad, lr)`` updates the given sites (None: all). Written out rather
+    than ``torch.optim.Adam`` for the per-site rates and site subsets."""
 
-    def __init__(self, param: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8) -> None:
+    def __init__(self, param: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.param, self.betas, self.eps = param, betas, eps
-        self.lr = torch.full((param.shape[0], 1, param.shape[2]), lr, dtype=param.dtype, device=param.device)
         self.m, self.v = torch.zeros_like(param), torch.zeros_like(param)
         self.t = 0
 
     @torch.no_grad()
-    def step(self, sites: torch.Tensor | None, cols: torch.Tensor | None, grad: torch.Tensor) -> None:
-        """One update of ``param[sites][:, :, cols]`` (None: all) with ``grad`` (``[n_sites, d, n_cols]``).
-        Every entry stepped shares the step count (an entry left out belongs to a probe that has stopped for
-        good at every site it is left out of)."""
+    def step(self, sites: torch.Tensor | None, grad: torch.Tensor, lr: torch.Tensor) -> None:
+        """One update of ``param[sites]`` (None: all) with ``grad`` (``[n_sites, d, k]``) and per-site rates
+        ``lr`` (``[n_sites]``). Every site stepped shares the step count (a site left out has stopped for good)."""
         b1, b2 = self.betas
         self.t += 1
         bc1, bc2 = 1 - b1**self.t, 1 - b2**self.t
-        if sites is None and cols is None:
-            m, v, p, lr = self.m, self.v, self.param, self.lr
-            m.mul_(b1).add_(grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            p.sub_(lr * (m / bc1) / ((v / bc2).sqrt_().add_(self.eps)))
+        rate = (lr / bc1)[:, None, None]
+        if sites is None:
+            self.m.mul_(b1).add_(grad, alpha=1 - b1)
+            self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            self.param.sub_(rate * self.m / (self.v / bc2).sqrt_().add_(self.eps))
             return
-        n_sites, n_cols = self.param.shape[0], self.param.shape[2]
-        s = torch.arange(n_sites, device=grad.device) if sites is None else sites
-        c = torch.arange(n_cols, device=grad.device) if cols is None else cols
-        idx = (s[:, None], slice(None), c[None, :])  # advanced indices around a slice: [n_sites, n_cols, d]
-        g = grad.permute(0, 2, 1)
-        m = self.m[idx].mul_(b1).add_(g, alpha=1 - b1)
-        v = self.v[idx].mul_(b2).addcmul_(g, g, value=1 - b2)
-        self.m[idx], self.v[idx] = m, v
-        self.param[idx] -= self.lr[idx] * (m / bc1) / ((v / bc2).sqrt() + self.eps)
+        m = self.m[sites].mul_(b1).add_(grad, alpha=1 - b1)
+        v = self.v[sites].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        self.m[sites], self.v[sites] = m, v
+        self.param[sites] -= rate * m / (v / bc2).sqrt_().add_(self.eps)
 
 
-__all__ = ["FitResult", "ProbeSpec", "Regimen", "Sentences", "batch_loss", "fit_probes", "project_all", "squared",
-           "tree_depths", "tree_distances"]
+__all__ = ["Batch", "FitResult", "ProbeSpec", "Regimen", "Sentences", "batch_loss", "batch_loss_grad",
+           "fit_probes", "project_all", "squared", "tree_depths", "tree_distances"]
