@@ -357,13 +357,48 @@ def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypat
     assert (training["stopped_epoch"] <= training["max_epochs"]).all()
     assert (training["best_epoch"] < training["stopped_epoch"]).all()
     assert ((training["stopped_epoch"] < training["max_epochs"]) == training["early_stopped"]).all()
-    best = summary.loc[summary["smallest_rank"].notna()]
-    for r in best.itertuples():  # the smallest rank's UUAS reaches the full-rank interval
-        assert r.uuas_at_smallest_rank >= r.uuas_ci_low - 1e-12
+    probes = res[~res["encoder"].str.startswith("baseline:")]
+    assert probes[["dev_value", "dev_ci_low", "dev_ci_high"]].notna().all().all()
+    assert res.loc[res["encoder"].str.startswith("baseline:"), "dev_value"].isna().all()
+    for r in summary.loc[summary["smallest_rank"].notna()].itertuples():  # chosen on dev: reaches the dev interval
+        at = sweep[(sweep["site"] == r.site) & (sweep["metric"] == "uuas") & (sweep["encoder"] == "trained")]
+        full = at[at["rank"] == at["rank"].max()].iloc[0]
+        assert at.loc[at["rank"] == r.smallest_rank, "dev_value"].iloc[0] >= full["dev_ci_low"] - 1e-12
+        assert r.uuas_at_smallest_rank == at.loc[at["rank"] == r.smallest_rank, "value"].iloc[0]
+    assert (summary["best_on_dev"].str.contains("uuas")).sum() == 1
+    assert summary.loc[summary["best_on_dev"].str.contains("uuas"), "dev_uuas"].iloc[0] == summary["dev_uuas"].max()
     for stem in ("structure_layers", "structure_rank", "structure_trees"):
         assert (out / f"{stem}.png").is_file() and stem in structure.CAPTIONS
     found = structure.findings(out)
-    assert found and "UUAS peaks at layer" in found[0].text
+    assert found and "Chosen on the dev sentences" in found[0].text
+
+
+def test_best_layer_and_smallest_rank_are_chosen_on_dev_and_reported_on_test(tmp_path):
+    """Layer 2 is best on test but layer 1 on dev: the summary, the findings and the rank rule follow dev."""
+    rows = []
+    for layer, (test, dev) in enumerate([(0.5, 0.5), (0.6, 0.8), (0.9, 0.6)]):
+        site = "embed.hook_out" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+        comp = "embed" if layer == 0 else "resid_post"
+        for rank, scale in ((1, 0.5), (2, 1.0), (8, 1.0)):  # rank 2 matches full rank on dev only at layer 1
+            t, dv = test * (scale if rank < 8 else 1), dev * (scale if rank < 8 else 1)
+            dv = dv if (layer == 1 or rank == 8 or rank == 1) else dev * 0.7
+            rows.append({"encoder": "trained", "site": site, "layer": layer, "component": comp, "kind": "distance",
+                         "metric": "uuas", "rank": rank, "value": t, "ci_low": t - 0.02, "ci_high": t + 0.02,
+                         "dev_value": dv, "dev_ci_low": dv - 0.02, "dev_ci_high": dv + 0.02})
+    for name in ("linear_chain", "random_tree"):
+        rows.append({"encoder": f"baseline:{name}", "site": "", "layer": -1, "component": "", "kind": "distance",
+                     "metric": "uuas", "rank": 0, "value": 0.3, "ci_low": 0.28, "ci_high": 0.32, "dev_value": np.nan,
+                     "dev_ci_low": np.nan, "dev_ci_high": np.nan})
+    table = pd.DataFrame(rows)
+    sweep = table[table["encoder"] == "trained"]
+    results = table[(table["rank"] == 8) | table["encoder"].str.startswith("baseline:")]
+    summary = structure.experiment.summary_table(results, sweep)
+    assert summary["best_on_dev"].tolist() == ["", "uuas", ""]
+    assert summary.loc[1, "smallest_rank"] == 2 and summary.loc[1, "uuas_at_smallest_rank"] == pytest.approx(0.6)
+    assert summary.loc[2, "smallest_rank"] == 8  # on test rank 2 would reach; on dev it does not
+    summary.to_parquet(tmp_path / "summary.parquet")
+    found = structure.findings(tmp_path)
+    assert "layer 1 of 2" in found[0].text and found[0].numbers["peak_uuas"] == pytest.approx(0.6)
 
 
 def test_corpus_without_trees_is_a_usage_error(tiny, tmp_path):

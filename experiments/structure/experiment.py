@@ -17,7 +17,7 @@ Outputs in ``OUT/structure/``: ``results.parquet|csv`` (long table of the full-r
 columns `COLUMNS`), ``summary`` (per layer: the four metrics with intervals, the random-weights UUAS, the
 baselines, the smallest rank), ``rank_sweep`` (distance probes of every rank at the residual sites),
 ``examples`` and ``example_edges`` (gold and predicted trees of a few test sentences at the layer with the
-highest UUAS), ``training`` (per probe: best epoch, epochs trained, whether it stopped early, best dev loss),
+highest dev-split UUAS), ``training`` (per probe: best epoch, epochs trained, whether it stopped early, best dev loss),
 and the figures of `plot`. Word vectors and each pass are cached steps: an interrupted run resumes.
 """
 
@@ -40,7 +40,7 @@ NAME = "structure"
 DIRNAME = "structure"
 SUMMARY_TABLES = ["summary.csv"]
 COLUMNS = ["model", "corpus", "encoder", "site", "layer", "component", "kind", "metric", "rank", "value", "ci_low",
-           "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test"]
+           "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test", "dev_value", "dev_ci_low", "dev_ci_high"]
 
 
 @dataclass(frozen=True)
@@ -107,24 +107,31 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "split": "test",
                 "n_train": len(parts["train"]), "n_dev": len(parts["dev"]), "n_test": len(parts["test"])}
         test = parts["test"]
-        weights = measures.resample_weights(len(test), settings.n_boot, [ctx.seed, 18])
-        test_heads, test_punct = [heads[i] for i in test], [punct[i] for i in test]
-        rows, training, full = [], [], {}
+        scored = {name: (parts[name], measures.resample_weights(len(parts[name]), settings.n_boot, [ctx.seed, seed]))
+                  for name, seed in (("test", 18), ("dev", 19))}  # the dev split chooses, the test split reports
+        rows, dev_rows, training, full = [], [], [], {}
         for p in _passes(settings, site_names, ctx.model.config.d_model):
             t1 = time.perf_counter()
             arrays = passes.train(ctx, settings, p, vectors, site_names, parts, heads)
-            words, lengths = passes.pass_words(p, vectors, site_names, test)
-            r, tr, f = passes.score(p, arrays, Sentences(words, lengths, None, ctx.device), test_heads, test_punct,
-                                    weights, settings.ci, info)
-            rows.append(r)
-            training.append(tr)
-            full.update(f)
+            for name, (idx, weights) in scored.items():
+                words, lengths = passes.pass_words(p, vectors, site_names, idx)
+                r, tr, f = passes.score(p, arrays, Sentences(words, lengths, None, ctx.device),
+                                        [heads[i] for i in idx], [punct[i] for i in idx], weights, settings.ci,
+                                        {**info, "split": name})
+                if name == "test":
+                    rows.append(r)
+                    training.append(tr)
+                    full.update(f)
+                else:
+                    dev_rows.append(r)
             ctx.log(f"{p.name} pass: {len(p.specs)} probes at {len(p.sites)} sites, "
                     f"{int(tr['stopped_epoch'].max())} epochs at most ({time.perf_counter() - t1:.1f}s)")
-        rows.append(_baseline_rows(test_heads, test_punct, weights, settings.ci, info))
+        rows.append(_baseline_rows([heads[i] for i in test], [punct[i] for i in test], scored["test"][1],
+                                   settings.ci, info))
     finally:
         torch.set_num_threads(old_threads)
-    _write(ctx, settings, pd.concat(rows, ignore_index=True), pd.concat(training, ignore_index=True))
+    _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True), pd.concat(dev_rows, ignore_index=True)),
+           pd.concat(training, ignore_index=True))
     results = pd.read_parquet(ctx.out_dir / "results.parquet")
     examples, edges = _examples(results, full, test, chosen, heads, punct, settings.n_examples)
     ctx.write_table(examples, "examples")
@@ -218,9 +225,20 @@ def _local_parts(split: data.Split, truncated: set[int]) -> dict[str, np.ndarray
     return out
 
 
+def with_dev(test_rows: pd.DataFrame, dev_rows: pd.DataFrame) -> pd.DataFrame:
+    """The test rows with the same probe's dev-split score beside them (``dev_value``, ``dev_ci_low``,
+    ``dev_ci_high``; NaN for the baselines): what the run selects (best layer, smallest rank) is chosen on these."""
+    keys = ["encoder", "site", "kind", "metric", "rank"]
+    dev = dev_rows[keys + ["value", "ci_low", "ci_high"]].rename(
+        columns={"value": "dev_value", "ci_low": "dev_ci_low", "ci_high": "dev_ci_high"})
+    return test_rows.merge(dev, on=keys, how="left", validate="one_to_one")
+
+
 def summary_table(results: pd.DataFrame, rank_sweep: pd.DataFrame) -> pd.DataFrame:
-    """Per residual site (layer): UUAS, DSpr, root accuracy, NSpr with intervals, the random-weights UUAS, the
-    linear-chain and random-tree UUAS, and the smallest rank whose UUAS reaches the full-rank interval."""
+    """Per residual site (layer): UUAS, DSpr, root accuracy, NSpr on the test split with intervals, the same on
+    the dev split (``dev_*``, the values any selection uses), the random-weights model's, the linear-chain and
+    random-tree UUAS, and the smallest rank whose *dev* UUAS reaches the full-rank probe's dev interval, with
+    that rank's *test* UUAS. ``best_on_dev``: the metrics for which this layer scores highest on the dev split."""
     res = results[results["component"].isin(["embed", "resid_post"])]
     rank_sweep = rank_sweep[rank_sweep["encoder"] == "trained"]
     base = {r.encoder.split(":", 1)[1]: r.value for r in results[results["encoder"].str.startswith("baseline:")]
@@ -230,30 +248,38 @@ def summary_table(results: pd.DataFrame, rank_sweep: pd.DataFrame) -> pd.DataFra
         row: dict[str, Any] = {"site": site, "layer": layer}
         for r in g[g["encoder"] == "trained"].itertuples():
             row[r.metric], row[f"{r.metric}_ci_low"], row[f"{r.metric}_ci_high"] = r.value, r.ci_low, r.ci_high
+            row[f"dev_{r.metric}"] = getattr(r, "dev_value", np.nan)
         for r in g[g["encoder"] == "random_weights"].itertuples():
             row[f"random_{r.metric}"] = r.value
         row["linear_chain_uuas"] = base.get("linear_chain", np.nan)
         row["random_tree_uuas"] = base.get("random_tree", np.nan)
         sw = rank_sweep[(rank_sweep["site"] == site) & (rank_sweep["metric"] == "uuas")]
         full = sw[sw["rank"] == sw["rank"].max()]
-        k = measures.smallest_rank(dict(zip(sw["rank"], sw["value"], strict=True)),
-                                   float(full["ci_low"].iloc[0])) if len(full) else None
+        k = None
+        if len(full) and "dev_value" in sw:
+            k = measures.smallest_rank(dict(zip(sw["rank"], sw["dev_value"], strict=True)),
+                                       float(full["dev_ci_low"].iloc[0]))
         row["smallest_rank"] = k if k is not None else np.nan
         row["uuas_at_smallest_rank"] = float(sw.loc[sw["rank"] == k, "value"].iloc[0]) if k is not None else np.nan
         out.append(row)
-    return pd.DataFrame(out).sort_values("layer", kind="stable").reset_index(drop=True)
+    table = pd.DataFrame(out).sort_values("layer", kind="stable").reset_index(drop=True)
+    best = {m: table[f"dev_{m}"].idxmax() for m in ("uuas", "dspr", "root_acc", "nspr")
+            if f"dev_{m}" in table and table[f"dev_{m}"].notna().any()}
+    table["best_on_dev"] = [",".join(m for m, i in best.items() if i == j) for j in table.index]
+    table["selection"] = "best layer and smallest rank chosen on the dev sentences; values on the test sentences"
+    return table
 
 
 def _examples(results: pd.DataFrame, full: dict, test: np.ndarray, chosen: list, heads: list, punct: list,
               n_examples: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Words and gold / predicted MST edges (no punctuation) of a few short test sentences at the residual
-    site with the highest UUAS."""
+    site with the highest dev-split UUAS."""
     uuas = results[(results["encoder"] == "trained") & (results["metric"] == "uuas")
                    & results["component"].isin(["embed", "resid_post"])]  # fmt: skip
     words_rows, edge_rows = [], []
     if uuas.empty or n_examples < 1:
         return pd.DataFrame(words_rows), pd.DataFrame(edge_rows)
-    best = uuas.loc[uuas["value"].idxmax()]
+    best = uuas.loc[uuas["dev_value" if "dev_value" in uuas else "value"].idxmax()]
     picks = [j for j, i in enumerate(test) if 7 <= len(heads[i]) <= 14][:n_examples]
     for e, j in enumerate(picks):
         i = int(test[j])
