@@ -350,7 +350,7 @@ def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypat
     assert summary["layer"].tolist() == [0, 1, 2]
     sweep = pd.read_parquet(out / "rank_sweep.parquet")
     assert sorted(sweep["rank"].unique()) == [1, 4, 32]
-    assert set(sweep["encoder"]) == {"trained", "random_weights"}
+    assert set(sweep["encoder"]) == {"trained"}  # the rank sweep is the trained model's
     assert sweep.groupby(["encoder", "metric", "site"]).size().eq(3).all()  # each site: ranks 1, 4, full per metric
     training = pd.read_parquet(out / "training.parquet")
     assert {"best_epoch", "stopped_epoch", "early_stopped", "max_epochs"} <= set(training.columns)

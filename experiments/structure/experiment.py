@@ -4,20 +4,22 @@ For every site (the embedding output, each block's output, and each block's ``at
 ``mlp_out``) a distance probe (UUAS, DSpr) and a depth probe (root accuracy, NSpr) are trained on word vectors
 (mean of each word's pieces) of ``n_train`` sentences, early-stopped on ``n_dev`` others and scored on ``n_test``
 held-out sentences (a seeded split by sentence, stated in every row). Conventions: `bertscope.probes.structural`
-(the authors' loss, regimen and reporter). Training: two batched passes (`passes`), every site, kind and rank of
+(the authors' loss, regimen and reporter). Training: three batched passes (`passes`), every site, kind and rank of
 a pass at once, each probe trained to early stopping.
 
 Controls: the embedding layer (non-contextual: layer 0); the same architecture with random weights
 (``models.random_encoder``) at the residual sites; trees that use no representation (the linear chain, each
 word attached to the next, and the expected UUAS of a random spanning tree); and a rank sweep (k = 1, 2, 4, ...
-below d, plus full rank) of the distance probe at the residual sites, so a UUAS is also reported at the smallest
-rank that reaches the full-rank interval. Intervals: group bootstrap over test sentences.
+below d, plus full rank) of the distance probe at the trained model's residual sites, so a UUAS is also reported
+at the smallest rank that reaches the full-rank interval (chosen on the dev sentences). Intervals: group
+bootstrap over test sentences; every probe is also scored on the dev sentences, where the run selects.
 
 Outputs in ``OUT/structure/``: ``results.parquet|csv`` (long table of the full-rank probes and the baselines,
 columns `COLUMNS`), ``summary`` (per layer: the four metrics with intervals, the random-weights UUAS, the
-baselines, the smallest rank), ``rank_sweep`` (distance probes of every rank at the residual sites),
+baselines, the smallest rank), ``rank_sweep`` (distance probes of every rank at the trained model's residual sites),
 ``examples`` and ``example_edges`` (gold and predicted trees of a few test sentences at the layer with the
-highest dev-split UUAS), ``training`` (per probe: best epoch, epochs trained, whether it stopped early, best dev loss),
+highest dev-split UUAS), ``training`` (per probe: best epoch, epochs trained, whether it stopped early, best
+dev loss),
 and the figures of `plot`. Word vectors and each pass are cached steps: an interrupted run resumes.
 """
 
@@ -175,13 +177,16 @@ def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]]) -> tuple
 
 
 def _passes(settings: Settings, site_names: dict[str, list[str]], d: int) -> list[passes.Pass]:
-    """The residual pass (trained and random-weights residual sites; full-rank probes and the rank sweep) and
-    the sublayer pass (trained sublayer sites; full-rank probes)."""
+    """The residual pass (the trained model's residual sites: full-rank probes and the rank sweep), the
+    random-weights pass (its residual sites: full-rank probes) and the sublayer pass (the trained model's
+    sublayer sites: full-rank probes)."""
     full = (ProbeSpec("distance"), ProbeSpec("depth"))
     sweep = tuple(ProbeSpec("distance", k) for k in settings.ranks if k < d)
     residual = [s for s in site_names["trained"] if data.site_layer(s)[1] in ("embed", "resid_post")]
-    sites = [("trained", s) for s in residual] + [("random_weights", s) for s in site_names.get("random_weights", [])]
-    out = [passes.Pass("residual", tuple(sites), full + sweep)]
+    out = [passes.Pass("residual", tuple(("trained", s) for s in residual), full + sweep)]
+    if site_names.get("random_weights"):
+        out.append(passes.Pass("random_weights", tuple(("random_weights", s) for s in site_names["random_weights"]),
+                               full))
     sub = [("trained", s) for s in site_names["trained"] if s not in residual]
     if sub:
         out.append(passes.Pass("sublayer", tuple(sub), full))
@@ -203,7 +208,7 @@ def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFr
     d = ctx.model.config.d_model
     results = rows[(rows["rank"] == d) | rows["encoder"].str.startswith("baseline:")][COLUMNS]
     sweep = rows[(rows["kind"] == "distance") & rows["component"].isin(["embed", "resid_post"])
-                 & ~rows["encoder"].str.startswith("baseline:")][COLUMNS]  # fmt: skip
+                 & (rows["encoder"] == "trained")][COLUMNS]  # fmt: skip
     ctx.write_table(results.reset_index(drop=True), "results")
     ctx.write_table(sweep.reset_index(drop=True), "rank_sweep")
     ctx.write_table(summary_table(results, sweep), "summary")
