@@ -327,6 +327,15 @@ SMALL = structure.Settings(n_train=30, n_dev=10, n_test=20, max_epochs=3, ranks=
                            sublayers=True)
 
 
+def test_sublayer_sites_can_be_chosen_by_name():
+    from bertscope.experiments.structure import data
+
+    assert data.sublayer_sites(2, ("resid_mid",)) == ["blocks.0.hook_resid_mid", "blocks.1.hook_resid_mid"]
+    assert len(data.sublayer_sites(2)) == 6
+    with pytest.raises(ValueError, match="sublayers must be"):
+        structure.Settings(sublayers=("resid_post",))
+
+
 def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypatch):
     from bertscope.experiments.structure import plots
 

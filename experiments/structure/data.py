@@ -27,9 +27,9 @@ def residual_sites(n_layers: int) -> list[str]:
     return [EMBED_SITE] + [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
 
 
-def sublayer_sites(n_layers: int) -> list[str]:
-    """Inside every block: ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``."""
-    return [f"blocks.{layer}.hook_{c}" for layer in range(n_layers) for c in BLOCK_COMPONENTS[:3]]
+def sublayer_sites(n_layers: int, components: Sequence[str] = BLOCK_COMPONENTS[:3]) -> list[str]:
+    """Inside every block: ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out`` (or the ``components`` named)."""
+    return [f"blocks.{layer}.hook_{c}" for layer in range(n_layers) for c in BLOCK_COMPONENTS[:3] if c in components]
 
 
 def site_layer(site: str) -> tuple[int, str]:

@@ -58,7 +58,9 @@ class Settings:
     patience: int = 4  # stop when the best dev epoch is more than this many epochs old (regimen.py)
     batch_size: int = 20  # sentences per step (the paper's config)
     lr: float = 1e-3  # Adam (regimen.py)
-    sublayers: bool = True  # also probe attn_out, resid_mid, mlp_out of every block (as positions does)
+    # also probe these sites inside every block (as positions does): True = attn_out, resid_mid and mlp_out,
+    # False = none, or a tuple of some of those names
+    sublayers: bool | tuple[str, ...] = True
     random_weights: bool = True  # the random-weights control at the residual sites
     ranks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # rank sweep, plus full rank (ranks >= d are skipped)
     n_boot: int = 1000  # group-bootstrap resamples (sentences)
@@ -74,6 +76,11 @@ class Settings:
             raise ValueError("max_epochs and batch_size must be >= 1, patience >= 0")
         if any(k < 1 for k in self.ranks):
             raise ValueError(f"ranks must be positive, got {self.ranks}")
+        if not isinstance(self.sublayers, bool):
+            unknown = set(self.sublayers) - set(data.BLOCK_COMPONENTS[:3])
+            if unknown:
+                raise ValueError(f"sublayers must be True, False or names among {data.BLOCK_COMPONENTS[:3]}, got "
+                                 f"{sorted(unknown)}")
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -91,8 +98,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     split = data.split_sentences(len(ctx.corpus), settings.n_train, settings.n_dev, settings.n_test,
                                  ctx.rng("split"))  # fmt: skip
     chosen = [ctx.corpus[int(i)] for i in split.all()]
-    site_names = {"trained": data.residual_sites(n_layers) + (data.sublayer_sites(n_layers)
-                                                              if settings.sublayers else [])}
+    components = (data.BLOCK_COMPONENTS[:3] if settings.sublayers is True
+                  else () if settings.sublayers is False else tuple(settings.sublayers))
+    site_names = {"trained": data.residual_sites(n_layers) + data.sublayer_sites(n_layers, components)}
     if settings.random_weights:
         site_names["random_weights"] = data.residual_sites(n_layers)
     old_threads = torch.get_num_threads()
