@@ -112,11 +112,14 @@ def log_bucket(relative: torch.Tensor, bucket_size: int, max_position: int) -> t
 
 
 def relative_positions(n: int, cfg: EncoderConfig, device: torch.device) -> torch.Tensor:
-    """``bucket(i - j)`` for query i and key j, ``[q, k]`` long."""
+    """``bucket(i - j)`` for query i and key j, ``[q, k]`` long. Log buckets need ``position_buckets``; their
+    ``max_position`` is ``max_relative_positions``, or ``max_positions`` when that is unset (< 1), as transformers
+    resolves it (DeBERTa-v3 checkpoints ship ``max_relative_positions: -1`` with 256 buckets)."""
     idx = torch.arange(n, device=device)
     rel = idx[:, None] - idx[None, :]
-    if cfg.position_buckets > 0 and cfg.max_relative_positions > 0:
-        rel = log_bucket(rel, cfg.position_buckets, cfg.max_relative_positions)
+    max_position = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_positions
+    if cfg.position_buckets > 0 and max_position > 0:
+        rel = log_bucket(rel, cfg.position_buckets, max_position)
     return rel
 
 

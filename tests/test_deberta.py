@@ -89,12 +89,14 @@ def test_random_encoder_builds_the_family():
         dict(share_att_key=False, pos_att_type=["c2p"], norm_rel_ebd="none", position_biased_input=True),
         dict(share_att_key=False, pos_att_type=["p2c", "c2p"], position_buckets=-1, max_relative_positions=5),
         dict(relative_attention=False, position_biased_input=True, pos_att_type=None),
+        dict(max_relative_positions=-1),  # DeBERTa-v3's config.json: log buckets up to max_position_embeddings
     ],
-    ids=["c2p-own-keys-abs-pos", "unbucketed-clamped", "no-relative"],
+    ids=["c2p-own-keys-abs-pos", "unbucketed-clamped", "no-relative", "buckets-max-relative-unset"],
 )
 def test_variants_match(tmp_path, variant):
     hf = save_tiny_deberta(tmp_path, transformers.DebertaV2Model, **variant)
     ours = models.load(tmp_path)
+    assert _batch(ours, pairs=False)["input_ids"].shape[1] > 4 + 1  # offsets beyond the exact buckets (mid 4)
     assert_parity(ours, hf, _batch(ours, pairs=False))
     with torch.no_grad():
         ref = hf(**_batch(ours, pairs=False)).last_hidden_state
