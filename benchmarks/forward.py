@@ -24,8 +24,8 @@ from benchutils import make_batch, reference_model, time_interleaved
 from bertscope import models
 
 # Random configs per architecture: "base" is the released base model's shape (ALBERT-base, ELECTRA-base
-# discriminator, DistilBERT-base, XLM-R-base's 250k vocabulary); "tiny" a small one where per-call overhead
-# dominates.
+# discriminator, DistilBERT-base, XLM-R-base's 250k vocabulary, DeBERTa-v3-base); "tiny" a small one where
+# per-call overhead dominates.
 _TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=5000)
 ARCHS: dict[str, tuple[str, dict, dict]] = {  # name -> (transformers config class, base shape, tiny shape)
     "bert": ("BertConfig", {}, _TINY),
@@ -38,13 +38,16 @@ ARCHS: dict[str, tuple[str, dict, dict]] = {  # name -> (transformers config cla
                                     embedding_size=128), dict(_TINY, embedding_size=64)),
     "electra": ("ElectraConfig", dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                                       embedding_size=768), dict(_TINY, embedding_size=64)),
-    "deberta-v2": ("DebertaV2Config", dict(type_vocab_size=0), dict(_TINY, type_vocab_size=0)),  # v3-shaped
+    # DebertaV2Config's defaults are v2-xlarge's shape (1536 x 24 layers): "base" names DeBERTa-v3-base's
+    "deberta-v2": ("DebertaV2Config", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                           intermediate_size=3072, type_vocab_size=0),
+                   dict(_TINY, type_vocab_size=0)),
     "modernbert": ("ModernBertConfig", dict(num_hidden_layers=22, intermediate_size=1152),
                    dict(_TINY, num_hidden_layers=3)),
 }
 #: family settings on top of the shapes (DeBERTa-v3-base's relative attention; ModernBERT-base's local windows)
 _EXTRA = {
-    "deberta-v2": dict(relative_attention=True, position_buckets=256, max_relative_positions=512,
+    "deberta-v2": dict(relative_attention=True, position_buckets=256, max_relative_positions=-1,
                        pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
                        position_biased_input=False, layer_norm_eps=1e-7),
     "modernbert": dict(max_position_embeddings=8192, local_attention=128, global_attn_every_n_layers=3,

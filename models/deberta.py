@@ -112,22 +112,38 @@ def log_bucket(relative: torch.Tensor, bucket_size: int, max_position: int) -> t
 
 
 def relative_positions(n: int, cfg: EncoderConfig, device: torch.device) -> torch.Tensor:
-    """``bucket(i - j)`` for query i and key j, ``[q, k]`` long."""
+    """``bucket(i - j)`` for query i and key j, ``[q, k]`` long. Log buckets need ``position_buckets``; their
+    ``max_position`` is ``max_relative_positions``, or ``max_positions`` when that is unset (< 1), as transformers
+    resolves it (DeBERTa-v3 checkpoints ship ``max_relative_positions: -1`` with 256 buckets)."""
     idx = torch.arange(n, device=device)
     rel = idx[:, None] - idx[None, :]
-    if cfg.position_buckets > 0 and cfg.max_relative_positions > 0:
-        rel = log_bucket(rel, cfg.position_buckets, cfg.max_relative_positions)
+    max_position = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_positions
+    if cfg.position_buckets > 0 and max_position > 0:
+        rel = log_bucket(rel, cfg.position_buckets, max_position)
     return rel
+
+
+def _position_scores(x: torch.Tensor, pos: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``out[b, h, i, j] = x[b, h, i] . pos[index[i, j], h]`` for ``x`` ``[b, h, p, d]``, ``pos`` ``[r, h, d]``,
+    ``index`` ``[p, p']`` -> ``[b, h, p, p']``. One matmul per head over every (batch, position) row, then the
+    gather of each pair's relative row."""
+    b, h = x.shape[:2]
+    scores = torch.bmm(rearrange(x, "b h p d -> h (b p) d"), rearrange(pos, "r h d -> h d r"))  # [h, b p, r]
+    scores = rearrange(scores, "h (b p) r -> h b p r", b=b)
+    return rearrange(torch.gather(scores, -1, index.expand(h, b, -1, -1)), "h b p k -> b h p k")
 
 
 @dataclass
 class DebertaContext:
     """What every layer needs, computed once per forward: ``keep`` ``[b, 1, q, k]`` bool (real query and real
-    key) or None; ``rel`` ``[r, m]`` relative embeddings; ``c2p_index`` ``[q, k]`` and ``p2c_index`` ``[k, q]``
-    rows of ``rel`` (``delta(i, j)`` and, for the key side, ``delta(j, i)``)."""
+    key) or None; ``rel`` ``[r, m]`` relative embeddings; ``rows`` the rows of ``rel`` this sequence length can
+    reach (offsets ``-(n-1)..n-1`` after bucketing and clamping: ``2n - 1`` of the ``2 span`` rows when
+    ``n <= span``); ``c2p_index`` ``[q, k]`` and ``p2c_index`` ``[k, q]`` index ``rel[rows]`` (``delta(i, j)``
+    and, for the key side, ``delta(j, i)``, minus ``rows.start``)."""
 
     keep: torch.Tensor | None
     rel: torch.Tensor | None
+    rows: slice | None
     c2p_index: torch.Tensor | None
     p2c_index: torch.Tensor | None
 
@@ -218,23 +234,27 @@ class DisentangledAttention(Attention):
     def _relative_bias(self, q: torch.Tensor, k: torch.Tensor, ctx: DebertaContext, scale: torch.Tensor):
         """``c2p + p2c`` ``[b, h, q, k]`` (each divided by ``scale``), or None without relative terms."""
         bias = None
-        d = self.cfg.d_model
         if self.use_c2p:
-            w, b = (self.qkv.weight[d : 2 * d], self.qkv.bias[d : 2 * d]) if self.share_att_key else (
-                self.pos_key_proj.weight, self.pos_key_proj.bias)
-            pos_k = self.hook_pos_k(rearrange(F.linear(ctx.rel, w, b), "r (h d) -> r h d", h=self.n_heads))
-            c2p = torch.matmul(q, rearrange(pos_k, "r h d -> h d r"))  # [b, h, q, r]
-            index = ctx.c2p_index.expand(q.shape[0], self.n_heads, -1, -1)
-            bias = self.hook_c2p(torch.gather(c2p, -1, index) / scale)
+            pos_k = self._relative_proj(ctx, 1, "pos_key_proj", self.hook_pos_k)
+            bias = self.hook_c2p(_position_scores(q, pos_k / scale, ctx.c2p_index))
         if self.use_p2c:
-            w, b = (self.qkv.weight[:d], self.qkv.bias[:d]) if self.share_att_key else (
-                self.pos_query_proj.weight, self.pos_query_proj.bias)
-            pos_q = self.hook_pos_q(rearrange(F.linear(ctx.rel, w, b), "r (h d) -> r h d", h=self.n_heads))
-            p2c = torch.matmul(k, rearrange(pos_q, "r h d -> h d r"))  # [b, h, k, r]
-            index = ctx.p2c_index.expand(k.shape[0], self.n_heads, -1, -1)
-            p2c = self.hook_p2c(torch.gather(p2c, -1, index).transpose(-1, -2) / scale)
+            pos_q = self._relative_proj(ctx, 0, "pos_query_proj", self.hook_pos_q)
+            p2c = self.hook_p2c(_position_scores(k, pos_q / scale, ctx.p2c_index).transpose(-1, -2))
             bias = p2c if bias is None else bias + p2c
         return bias
+
+    def _relative_proj(self, ctx: DebertaContext, which: int, own: str, hook: HookPoint) -> torch.Tensor:
+        """``Kr`` (``which`` 1) or ``Qr`` (0) on the rows ``ctx.rows`` ``[r', h, d]``: the content key/query
+        projection when ``share_att_key``, else the layer ``own``. The hook sees every row ``[2 span, h, d]``; the
+        unhooked path projects only the rows this sequence length reads."""
+        d = self.cfg.d_model
+        if self.share_att_key:
+            w, b = self.qkv.weight[which * d : (which + 1) * d], self.qkv.bias[which * d : (which + 1) * d]
+        else:
+            w, b = getattr(self, own).weight, getattr(self, own).bias
+        if hook.is_hooked:
+            return hook(rearrange(F.linear(ctx.rel, w, b), "r (h d) -> r h d", h=self.n_heads))[ctx.rows]
+        return rearrange(F.linear(ctx.rel[ctx.rows], w, b), "r (h d) -> r h d", h=self.n_heads)
 
     def forward(self, x: torch.Tensor, ctx: DebertaContext) -> torch.Tensor:  # type: ignore[override]
         """``x`` ``[batch, pos, d_model]`` -> attention sublayer output ``[batch, pos, d_model]``."""
@@ -307,13 +327,7 @@ class DebertaEncoder(Encoder):
         self.ln_final = None
         self.pooler = None
         self.mlm_head = MLMHead(config) if mlm_head else None
-        self.tokenizer: Any = None
-        self.source = "random initialisation"
-        self.weight_files = []
-        self._weights_sha256 = None
-        self.setup_hooks()
-        self.hook_dict = {n: self.hook_dict[n] for n in hook_order(list(self.hook_dict), _ORDER)}
-        self.init_weights()
+        self._finish_init(lambda names: hook_order(names, _ORDER))
 
     def forward(
         self,
@@ -338,14 +352,17 @@ class DebertaEncoder(Encoder):
             real = attention_mask.to(x.device).bool()
             keep = rearrange(real, "b q -> b 1 q 1") & rearrange(real, "b k -> b 1 1 k")
         if self.rel_embed is None:
-            return DebertaContext(keep, None, None, None)
+            return DebertaContext(keep, None, None, None, None)
         span = relative_span(self.config)
-        rel_pos = relative_positions(x.shape[1], self.config, x.device)
-        c2p_index = torch.clamp(rel_pos + span, 0, 2 * span - 1)
-        p2c_index = torch.clamp(-rel_pos + span, 0, 2 * span - 1)
+        rel_pos = relative_positions(x.shape[1], self.config, torch.device("cpu"))
+        # bucket() is odd and monotone: the last query's offset to the first key is the largest one
+        reach = int(rel_pos[-1, 0])
+        rows = slice(max(span - reach, 0), min(span + reach, 2 * span - 1) + 1)
+        c2p_index = torch.clamp(rel_pos + span, 0, 2 * span - 1) - rows.start
+        p2c_index = torch.clamp(-rel_pos + span, 0, 2 * span - 1) - rows.start
         rel = self.rel_embed()
         # the reference drops positions beyond 2 span rows; the table has exactly that many
-        return DebertaContext(keep, rel.to(x.dtype), c2p_index, p2c_index)
+        return DebertaContext(keep, rel.to(x.dtype), rows, c2p_index.to(x.device), p2c_index.to(x.device))
 
     @property
     def W_rel(self) -> torch.Tensor | None:

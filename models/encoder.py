@@ -40,13 +40,19 @@ class Encoder(HookedModule):
         self.ln_final = LayerNorm(config.d_model, config.layer_norm_eps) if config.norm_placement == "pre" else None
         self.pooler = Pooler(config) if pooler else None
         self.mlm_head = MLMHead(config) if mlm_head else None
+        self._finish_init(lambda names: sorted(names, key=lambda name: _forward_rank(name, config)))
+
+    def _finish_init(self, forward_order: Callable[[list[str]], list[str]]) -> None:
+        """The end of every encoder's ``__init__`` (this class's, DeBERTa's, ModernBERT's), once its modules exist:
+        no tokenizer or weight files yet, hook points named and listed in the order ``forward_order`` gives (hook
+        names -> the same names in the order the forward pass reaches them), BERT's initialisation."""
         self.tokenizer: Any = None
         self.current_attention_mask: torch.Tensor | None = None  # set while blocks run: [batch, pos] or None
         self.source: str = "random initialisation"
         self.weight_files: list[Path] = []
         self._weights_sha256: str | None = None
         self.setup_hooks()
-        self.hook_dict = dict(sorted(self.hook_dict.items(), key=lambda kv: _forward_rank(kv[0], config)))
+        self.hook_dict = {name: self.hook_dict[name] for name in forward_order(list(self.hook_dict))}
         self.init_weights()
 
     # ------------------------------------------------------------------ forward

@@ -266,13 +266,7 @@ class ModernBertEncoder(Encoder):
         self.ln_final = LayerNorm(config.d_model, config.layer_norm_eps, bias=config.norm_bias)
         self.pooler = None
         self.mlm_head = ModernBertMLMHead(config) if mlm_head else None
-        self.tokenizer: Any = None
-        self.source = "random initialisation"
-        self.weight_files = []
-        self._weights_sha256 = None
-        self.setup_hooks()
-        self.hook_dict = {n: self.hook_dict[n] for n in hook_order(list(self.hook_dict), _ORDER)}
-        self.init_weights()
+        self._finish_init(lambda names: hook_order(names, _ORDER))
 
     def forward(
         self,

@@ -89,12 +89,14 @@ def test_random_encoder_builds_the_family():
         dict(share_att_key=False, pos_att_type=["c2p"], norm_rel_ebd="none", position_biased_input=True),
         dict(share_att_key=False, pos_att_type=["p2c", "c2p"], position_buckets=-1, max_relative_positions=5),
         dict(relative_attention=False, position_biased_input=True, pos_att_type=None),
+        dict(max_relative_positions=-1),  # DeBERTa-v3's config.json: log buckets up to max_position_embeddings
     ],
-    ids=["c2p-own-keys-abs-pos", "unbucketed-clamped", "no-relative"],
+    ids=["c2p-own-keys-abs-pos", "unbucketed-clamped", "no-relative", "buckets-max-relative-unset"],
 )
 def test_variants_match(tmp_path, variant):
     hf = save_tiny_deberta(tmp_path, transformers.DebertaV2Model, **variant)
     ours = models.load(tmp_path)
+    assert _batch(ours, pairs=False)["input_ids"].shape[1] > 4 + 1  # offsets beyond the exact buckets (mid 4)
     assert_parity(ours, hf, _batch(ours, pairs=False))
     with torch.no_grad():
         ref = hf(**_batch(ours, pairs=False)).last_hidden_state
@@ -183,3 +185,24 @@ def test_docs_list_every_deberta_hook(mlm_dir):
     documented = set(re.findall(r"`((?:embed|rel_embed|blocks\.L|mlm_head)\.[a-z_0-9.]+)`", section))
     generic = {re.sub(r"^blocks\.\d+\.", "blocks.L.", n) for n in ours.hook_names()}
     assert generic <= documented, generic - documented
+
+
+def test_relative_rows_reached_by_the_sequence(mlm_dir):
+    """Known answer: 8 buckets (span 8, mid 4), max_relative_positions 64: a length-n sequence reaches offsets
+    bucket(+-(n-1)), so rows span - bucket(n-1) .. span + bucket(n-1) of the 16; the unhooked forward projects only
+    those, and observing hook_pos_k/hook_pos_q (which see all 16 rows) changes nothing."""
+    folder, _ = mlm_dir
+    ours = models.load(folder)
+    x = torch.zeros(1, 3, ours.config.d_model)
+    assert ours.context(x, None).rows == slice(6, 11)  # offsets -2..2
+    x = torch.zeros(1, 18, ours.config.d_model)  # bucket(17) = 6 (test_log_buckets_known_values)
+    ctx = ours.context(x, None)
+    assert ctx.rows == slice(2, 15) and int(ctx.c2p_index.min()) == 0 and int(ctx.c2p_index.max()) == 12
+    batch = _batch(ours)
+    seen = []
+    with torch.no_grad():
+        plain = ours(**batch)
+        with ours.hooks([("blocks.*.attn.hook_pos_[kq]", lambda t, hook: seen.append(t.shape))]):
+            observed = ours(**batch)
+    assert seen == [(16, 4, 8)] * 2 * ours.config.n_layers
+    torch.testing.assert_close(observed, plain, atol=1e-6, rtol=0)
