@@ -70,13 +70,16 @@ def table_probes(
     kw = dict(n_folds=n_folds, n_boot=n_boot, seed=seed, inner_folds=3)
     pairs, pair_groups = table_pairs(n_pos, 2 * pair_folds, n_pairs, seed=seed)
     pair_kw = {**kw, "n_folds": pair_folds, "inner_folds": 2, "alphas": list(pair_alphas)}
+    # pair probes on float32 features, like every activation probe (float64 rows doubled their cost; the
+    # logistic loss is accumulated in float64 either way)
+    table32 = table.astype(np.float32)
     fns = [partial(_evaluate_quiet, table, y, np.arange(n_pos), task="regression", alphas=list(alphas),
                    metrics=list(REGRESSION_METRICS), **kw),
            partial(table_exact, table, alphas=alphas, n_folds=n_folds, n_boot=n_boot, seed=seed)]  # fmt: skip
     names = []
     for features in ("concat", "diff"):
         for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
-            fns.append(partial(_evaluate_quiet, partial(pair_features, table[None], pairs, features), labels,
+            fns.append(partial(_evaluate_quiet, partial(pair_features, table32[None], pairs, features), labels,
                                pair_groups, metrics=["accuracy", "macro_f1"], **pair_kw))  # fmt: skip
             names.append((target, features))
     cost = [1.0, 1.0] + [10.0 * (2 if f == "concat" else 1) for _, f in names]
