@@ -29,6 +29,10 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
 - **MDL**: online codelength / compression of absolute position and of its control task per layer, alpha
   chosen per block from the prefix (a valid online code).
 
+Run time: every probe is independent and deterministic (one BLAS thread, a seed), so the probes of each step
+run on ``n_jobs`` worker processes (`parallel`; default: every core this process may use), costliest first,
+each cached as it arrives; the tables equal the serial run's bit for bit (``n_jobs=1``).
+
 The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
 chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
 ``embed.hook_out``, the middle and the last block; pairs at the middle block only), and then held fixed
@@ -78,8 +82,8 @@ ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
 
 @dataclass(frozen=True)
 class Settings:
-    """Sizes of the positions run. The defaults fit the default-run budget (about 3 min on 2 CPU cores with
-    the bundled model and the builtin corpus)."""
+    """Sizes of the positions run (bundled model, builtin corpus: about 370 CPU s, which the probes spread over
+    ``n_jobs`` cores; docs/experiments/positions.md has the measured times)."""
 
     window_len: int = 32  # P content pieces per window; each window is fed as [CLS] + P + [SEP]
     max_windows: int = 128  # windows drawn (seeded) from the corpus stream for the probes
