@@ -215,8 +215,10 @@ def test_zeroed_position_embeddings_leave_no_position_at_embed_out_on_shuffled_w
 SMALL = positions.Settings(
     window_len=8, max_windows=24, tune_windows=12, max_sentences=40, n_folds=3, n_boot=50, pairs_per_window=6,
     table_pairs=300, mdl_blocks=4, sublayer_controls=True, alphas=(1.0, 10.0), ridge_alphas=(1.0, 100.0),
-    sweep_alphas=(0.1, 10.0), repeats=2, sweep_boot=20,
+    sweep_alphas=(0.1, 10.0), repeats=2, sweep_boot=20, n_jobs=1,
 )  # fmt: skip
+# n_jobs=1: the probes run in the test's process (no worker start per test); tests/test_positions_parallel.py
+# checks that worker processes give the same tables
 
 
 def test_full_run_writes_tables_and_figures_with_controls(tmp_path, tokenizer, tiny_config, monkeypatch):

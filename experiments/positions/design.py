@@ -7,20 +7,17 @@ are a cached step of their own. Measurement itself is in `probing` (probes) and 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from bertscope.experiments.positions import probing
 from bertscope.experiments.positions.data import CLS, CONTENT, SEP, Activations, site_layer
-from bertscope.experiments.positions.measures import (
-    linear_cka,
-    pair_features,
-    permute_positions,
-    sample_pairs,
-    variance_share,
-)
+from bertscope.experiments.positions.design_more import MoreSteps
+from bertscope.experiments.positions.measures import pair_features, sample_pairs
+from bertscope.experiments.positions.parallel import Job, parallel_map, run_jobs
 
 COLUMNS = [
     "model", "corpus", "data", "token", "site", "layer", "component", "target", "features", "probe", "control",
@@ -34,20 +31,24 @@ COLUMNS = [
 # inner grouped CV on its training split; "sweep": a grid point of the capacity sweep, not chosen).
 
 
-class ProbeDesign:
+class ProbeDesign(MoreSteps):
     """The probes of one run, sharing sites, settings and the per-family alpha choices.
 
-    Gets plain values and three callables from the run (never the run context): ``step(name, fn, **key)``
-    caches one result (every probe is its own step, so an interrupted run keeps the probes it finished),
-    ``progress(iterable, desc)`` wraps a loop, ``note(key, value)`` records a fact for the manifest.
+    Gets plain values and callables from the run (never the run context): ``step(name, fn, **key)`` caches one
+    result (every probe is its own step, so an interrupted run keeps the probes it finished), ``cached(name,
+    **key)`` says whether a step is cached already (None: never), ``progress(iterable, desc)`` wraps a loop,
+    ``note(key, value)`` records a fact for the manifest. Independent probes run on ``settings.n_jobs`` worker
+    processes (`parallel`), with the serial run's results.
     """
 
     def __init__(
         self, settings: Any, labels: dict[str, str], sites: list[str], residual: list[str], *, seed: int,
         step: Callable[..., pd.DataFrame], progress: Callable[..., Any], note: Callable[[str, Any], None],
+        cached: Callable[..., bool] | None = None,
     ) -> None:  # fmt: skip
         self.s, self.labels, self.seed = settings, labels, seed
         self.step, self.progress, self.note = step, progress, note
+        self.cached = cached or (lambda name, **key: False)
         self.sites, self.residual = sites, residual
         self.reference = residual[1 + len(residual) // 2] if len(residual) > 2 else residual[-1]
         # alphas are chosen on these sites of the tuning windows: the bottom, the middle and the top
@@ -57,23 +58,38 @@ class ProbeDesign:
 
     # -- absolute position
     def absolute_windows(self, acts: dict) -> pd.DataFrame:
-        s, parts = self.s, []
+        s, jobs = self.s, []
         real = acts[("windows", "none")]
         sel = real.kind == CONTENT
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
         control = self._control_fn(types, y)
         a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")
-        for site in self.progress(self.sites, "absolute position (windows)"):
+        for site in self.sites:
             X = real.feats[site][sel]
             headline = s.repeats if site in self.residual else 1  # the summary rows get repeated CV
-            parts.append(self.score(X, y, groups, "classification", a_cls, control=control, repeats=headline,
-                                    data="windows", site=site, target="abs_class"))  # fmt: skip
-            parts.append(self.score(X, y.astype(float), groups, "regression", a_reg,
-                                    control=lambda r: control(r).astype(float),
-                                    data="windows", site=site, target="abs_reg"))  # fmt: skip
+            jobs.append(self.score_job(X, y, groups, "classification", a_cls, control=control, repeats=headline,
+                                       data="windows", site=site, target="abs_class"))  # fmt: skip
+            jobs.append(self.score_job(X, y.astype(float), groups, "regression", a_reg,
+                                       control=partial(_as_float, control),
+                                       data="windows", site=site, target="abs_reg"))  # fmt: skip
+        n_real = len(jobs)
+        control_sites = self.sites if s.sublayer_controls else self.residual
+        for condition in ("shuffled", "zeroed_positions"):
+            if ("windows", condition) not in acts:  # no zeroed-position null without position embeddings
+                continue
+            other = acts[("windows", condition)]
+            osel = other.kind == CONTENT
+            yo, go = other.pos[osel] - 1, other.group[osel]
+            for site in control_sites:
+                X = other.feats[site][osel]
+                jobs.append(self.score_job(X, yo, go, "classification", a_cls, data="windows", site=site,
+                                           target="abs_class", control_name=condition))  # fmt: skip
+                jobs.append(self.score_job(X, yo.astype(float), go, "regression", a_reg, data="windows",
+                                           site=site, target="abs_reg", control_name=condition))  # fmt: skip
+        parts = self.run(jobs, "absolute position (windows)")
         ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
                                                repeats=s.repeats)  # fmt: skip
-        parts.append(self._frame(pd.DataFrame([
+        parts.insert(n_real, self._frame(pd.DataFrame([
             {"data": "windows", "token": "content", "site": site, "target": "abs_class", "features": "h",
              "probe": "memorisation",
              "control": "memorisation_ceiling", "metric": "accuracy", "value": ceiling["value"],
@@ -81,47 +97,30 @@ class ProbeDesign:
              "n_groups": len(np.unique(groups)), "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}
             for site in self.residual
         ])))  # fmt: skip
-        control_sites = self.sites if s.sublayer_controls else self.residual
-        for condition in ("shuffled", "zeroed_positions"):
-            if ("windows", condition) not in acts:  # no zeroed-position null without position embeddings
-                continue
-            other = acts[("windows", condition)]
-            osel = other.kind == CONTENT
-            for site in self.progress(control_sites, f"absolute position ({condition})"):
-                X = other.feats[site][osel]
-                yo, go = other.pos[osel] - 1, other.group[osel]
-                parts.append(self.score(X, yo, go, "classification", a_cls, data="windows", site=site,
-                                        target="abs_class", control_name=condition))  # fmt: skip
-                parts.append(self.score(X, yo.astype(float), go, "regression", a_reg, data="windows", site=site,
-                                        target="abs_reg", control_name=condition))  # fmt: skip
         return pd.concat(parts, ignore_index=True)
 
     def absolute_sentences(self, acts: dict) -> pd.DataFrame:
         """Natural sentences: content pieces at positions 0 .. P-1 as classes (later pieces are left out of
         the class probe), every content piece for the regression probe."""
-        parts = []
+        jobs = []
         for condition in ("none", "shuffled"):
             a = acts[("sentences", condition)]
             content = a.kind == CONTENT
             y_all = a.pos - 1
             in_range = content & (y_all < self.s.window_len)
             control = self._control_fn(a.token[in_range], y_all[in_range])
-            ctl_reg = self._control_fn(a.token[content], y_all[content])
-
-            def control_reg(r: int, ctl_reg=ctl_reg) -> np.ndarray:
-                return ctl_reg(r).astype(float)
-
+            control_reg = partial(_as_float, self._control_fn(a.token[content], y_all[content]))
             a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")  # the families tuned on windows
-            for site in self.progress(self.residual, f"absolute position (sentences, {condition})"):
+            for site in self.residual:
                 X = a.feats[site]
                 kw = dict(data="sentences", site=site, control_name=condition)
-                parts.append(self.score(X[in_range], y_all[in_range], a.group[in_range], "classification", a_cls,
-                                        control=control if condition == "none" else None,
-                                        target="abs_class", **kw))  # fmt: skip
-                parts.append(self.score(X[content], y_all[content].astype(float), a.group[content], "regression",
-                                        a_reg, control=control_reg if condition == "none" else None,
-                                        target="abs_reg", **kw))  # fmt: skip
-        return pd.concat(parts, ignore_index=True)
+                jobs.append(self.score_job(X[in_range], y_all[in_range], a.group[in_range], "classification",
+                                           a_cls, control=control if condition == "none" else None,
+                                           target="abs_class", **kw))  # fmt: skip
+                jobs.append(self.score_job(X[content], y_all[content].astype(float), a.group[content],
+                                           "regression", a_reg, control=control_reg if condition == "none" else None,
+                                           target="abs_reg", **kw))  # fmt: skip
+        return pd.concat(self.run(jobs, "absolute position (sentences)"), ignore_index=True)
 
     def specials(self, acts: dict) -> pd.DataFrame:
         """[CLS] and the final [SEP], reported apart: in natural sentences, the [SEP]'s own position and the
@@ -130,123 +129,18 @@ class ProbeDesign:
         No tuning windows exist for these targets, so alpha is chosen by properly nested CV: per outer fold, by
         an inner grouped CV on that fold's training split only (``chosen="nested"``; the ``alpha`` column is
         the median of the per-fold choices)."""
-        parts = []
+        jobs = []
         grid = tuple(self.s.ridge_alphas)
         for condition in ("none", "shuffled"):
             a = acts[("sentences", condition)]
             for kind, target, label in ((SEP, "sep_position", a.pos), (CLS, "cls_length", a.length - 2)):
                 sel = a.kind == kind
                 y, groups = label[sel].astype(float), a.group[sel]
-                alpha = grid
                 for site in self.residual:
-                    parts.append(self.score(a.feats[site][sel], y, groups, "regression", alpha,
-                                            data="sentences", site=site, target=target, control_name=condition,
-                                            token="sep" if kind == SEP else "cls"))  # fmt: skip
-        return pd.concat(parts, ignore_index=True)
-
-    # -- relative position
-    def relative_pairs(self, acts: dict) -> pd.DataFrame:
-        s, parts = self.s, []
-        real = acts[("windows", "none")]
-        n_win = len(np.unique(real.seq))
-        pairs = sample_pairs(n_win, s.window_len, s.pairs_per_window, seed=self.seed)
-        content = real.kind == CONTENT  # rows of content_grid: windows in order, then positions
-        groups = real.group[content].reshape(n_win, -1)[:, 0][pairs.seq]
-        tokens = real.token[content].reshape(n_win, -1)
-        # Hewitt-Liang control for pairs: a fixed random label per (type_i, type_j)
-        pair_types = tokens[pairs.seq, pairs.i] * (int(tokens.max()) + 1) + tokens[pairs.seq, pairs.j]
-        for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
-            control = self._control_fn(pair_types, labels)
-            for features in ("concat", "diff"):
-                alpha = self.alpha(f"{target}_{features}")
-                # shuffled / random-weights pair probes for the order target only (budget)
-                conditions = ("none", "shuffled", "zeroed_positions") if target == "order" else ("none",)
-                for condition in conditions:
-                    if ("windows", condition) not in acts:  # no zeroed-position null without position embeddings
-                        continue
-                    a = acts[("windows", condition)]
-                    for site in self.progress(self.residual, f"pairs {target}/{features} ({condition})"):
-                        X = pair_features(a.content_grid(site), pairs, features)
-                        parts.append(self.score(X, labels, groups, "classification", alpha,
-                                                control=control if condition == "none" else None,
-                                                data="windows", site=site, target=target, features=features,
-                                                token="pair", control_name=condition,
-                                                metrics=("accuracy", "macro_f1")))  # fmt: skip
-        return pd.concat(parts, ignore_index=True)
-
-    # -- probe-free
-    def probe_free(self, acts: dict, tables: dict[str, np.ndarray] | None) -> pd.DataFrame:
-        s, rows = self.s, []
-        P = s.window_len
-        for condition in ("none", "shuffled", "zeroed_positions", "permuted_positions"):
-            key = ("windows", "none" if condition == "permuted_positions" else condition)
-            if key not in acts:  # no zeroed-position null without position embeddings
-                continue
-            a = acts[key]
-            # no table (rotary/relative positions): variance share only, no CKA with the table
-            table = None if tables is None else tables["W_pos"][1 : P + 1]
-            sites = self.sites if condition == "none" or s.sublayer_controls else self.residual
-            for site in self.progress(sites, f"probe-free ({condition})"):
-                grid = a.content_grid(site)
-                if condition == "permuted_positions":
-                    grid = permute_positions(grid, seed=self.seed)
-                n = grid.shape[0] * grid.shape[1]
-                share = variance_share(grid, n_boot=s.n_boot, seed=self.seed)
-                meta = dict(data="windows", site=site, target="abs_position", features="h", probe="none",
-                            control=condition, n_test=n, n_groups=grid.shape[0])  # fmt: skip
-                rows.append({**meta, "metric": "variance_share", "value": share["value"],
-                             "ci_low": share["ci_low"], "ci_high": share["ci_high"], "n_boot": s.n_boot})
-                rows.append({**meta, "metric": "variance_share_raw", "value": share["raw"]})
-                if table is not None:
-                    cka = linear_cka(grid, table)
-                    rows.append({**meta, "metric": "cka_position_embedding", "value": cka["value"],
-                                 "ci_low": cka["ci_low"], "ci_high": cka["ci_high"]})  # fmt: skip
-        return self._frame(pd.DataFrame(rows))
-
-    # -- position table
-    def position_table(self, table: np.ndarray) -> pd.DataFrame:
-        s = self.s
-        res = probing.table_probes(table, n_folds=max(s.n_folds, 5), n_boot=s.n_boot, n_pairs=s.table_pairs,
-                           pair_alphas=s.alphas, pair_folds=s.n_folds, seed=self.seed)  # fmt: skip
-        res = res.assign(data="table", token="table", site="position_table", control="position_table")
-        return self._frame(res.drop(columns=["labels"], errors="ignore"))
-
-    # -- MDL
-    def mdl(self, acts: dict) -> pd.DataFrame:
-        """Online codelength of absolute position and of its control task per residual site (one step each)."""
-        real = acts[("windows", "none")]
-        sel = real.kind == CONTENT
-        y, groups = real.pos[sel] - 1, real.group[sel]
-        control = self._control_labels(real.token[sel], y)
-        parts = [
-            self.step("mdl", lambda site=site: self._mdl_site(real.feats[site][sel], y, groups, control, site),
-                      site=site, alphas="per_block_prefix")  # fmt: skip
-            for site in self.progress(self.residual, "MDL")
-        ]
-        return pd.concat(parts, ignore_index=True)
-
-    def _mdl_site(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray,
-                  site: str) -> pd.DataFrame:  # fmt: skip
-        """Online codes of position and its control at one site (`probing.mdl_rows`)."""
-        rows = probing.mdl_rows(X, y, groups, control, n_blocks=self.s.mdl_blocks, seed=self.seed)
-        return self._frame(rows.assign(data="windows", site=site, target="abs_class", features="h"))
-
-    # -- heatmaps
-    def confusion(self, acts: dict) -> pd.DataFrame:
-        real = acts[("windows", "none")]
-        sel = real.kind == CONTENT
-        y, groups = real.pos[sel] - 1, real.group[sel]
-        alpha = self.alpha("abs_class")
-        chosen = self.s.heatmap_sites or (self.residual[1], self.reference, self.residual[-1])
-        parts = []
-        for site in chosen:
-            pred = probing.grouped_oof_predict(real.feats[site][sel], y, groups, task="classification", alpha=alpha,
-                                       n_folds=self.s.n_folds, seed=self.seed)  # fmt: skip
-            counts = pd.crosstab(y, pred).stack().rename("count").reset_index()
-            counts.columns = ["true", "pred", "count"]
-            layer, component = site_layer(site)
-            parts.append(counts.assign(site=site, layer=layer, component=component, **self.labels))
-        return pd.concat(parts, ignore_index=True)
+                    jobs.append(self.score_job(a.feats[site][sel], y, groups, "regression", grid,
+                                               data="sentences", site=site, target=target, control_name=condition,
+                                               token="sep" if kind == SEP else "cls"))  # fmt: skip
+        return pd.concat(self.run(jobs, "[CLS]/[SEP]"), ignore_index=True)
 
     # -- helpers
     def tune(self, tuning: Activations) -> None:
@@ -258,21 +152,35 @@ class ProbeDesign:
             self.note(f"alpha_{row.family}", {"alpha": float(row.alpha), "cv_score_by_alpha": json.loads(row.scores)})
 
     def _tune(self, tuning: Activations) -> pd.DataFrame:
-        self._scores: dict[str, dict[str, float]] = {}
+        """Grouped-CV scores of every family's alpha grid at each of its tuning sites (one parallel job per
+        family and site, `probing.alpha_scores`), averaged over the sites and chosen (`probing.choose_alpha`)."""
         sel = tuning.kind == CONTENT
         y, groups = tuning.pos[sel] - 1, tuning.group[sel]
-        feats = [tuning.feats[site][sel] for site in self.tuning_sites]
-        self._choose("abs_class", feats, y, groups, "classification")
-        self._choose("abs_reg", feats, y.astype(float), groups, "regression", alphas=self.s.ridge_alphas)
         n_win = len(np.unique(tuning.seq))
         pairs = sample_pairs(n_win, self.s.window_len, self.s.pairs_per_window, seed=self.seed + 1)
         pair_groups = tuning.group[sel].reshape(n_win, -1)[:, 0][pairs.seq]
+        families: dict[str, list] = {}  # family -> [(X or a callable making X, labels, groups, task, alphas)]
+        for family, task, target, alphas in (("abs_class", "classification", y, self.s.alphas),
+                                             ("abs_reg", "regression", y.astype(float), self.s.ridge_alphas)):
+            families[family] = [(tuning.feats[site][sel], target, groups, task, alphas) for site in self.tuning_sites]
         for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
             for features in ("concat", "diff"):  # pairs: tuned at the middle site only (budget)
-                X = [pair_features(tuning.content_grid(self.reference), pairs, features)]
-                self._choose(f"{target}_{features}", X, labels, pair_groups, "classification")
-        return pd.DataFrame([{"family": f, "alpha": a, "scores": json.dumps(self._scores[f])}
-                             for f, a in self._alphas.items()])  # fmt: skip
+                X = partial(pair_features, tuning.content_grid(self.reference), pairs, features)
+                families[f"{target}_{features}"] = [(X, labels, pair_groups, "classification", self.s.alphas)]
+        jobs = [(f, i, partial(probing.alpha_scores, *args, n_folds=self.s.n_folds, seed=self.seed))
+                for f, sets in families.items() for i, args in enumerate(sets)]  # fmt: skip
+        cost = [_size(families[f][i][0]) * (0.1 if families[f][i][3] == "regression" else 1) for f, i, _ in jobs]
+        scores: dict[tuple[str, int], np.ndarray] = {}
+        for k, res in parallel_map([fn for _, _, fn in jobs], n_jobs=self.s.n_jobs, threads=self.s.blas_threads,
+                                   cost=cost):  # fmt: skip
+            scores[jobs[k][:2]] = res
+        rows = []
+        for family, sets in families.items():
+            alphas = sets[0][4]
+            alpha, by_alpha = probing.choose_alpha([scores[family, i] for i in range(len(sets))], alphas)
+            self._alphas[family] = alpha
+            rows.append({"family": family, "alpha": alpha, "scores": json.dumps(by_alpha)})
+        return pd.DataFrame(rows)
 
     def alpha(self, family: str) -> float:
         """The alpha of a probe family, chosen by `tune` on the tuning windows."""
@@ -280,27 +188,28 @@ class ProbeDesign:
             raise KeyError(f"no alpha for probe family {family!r}; call tune() first")
         return self._alphas[family]
 
-    def _choose(
-        self, family: str, feats: list[np.ndarray], y: np.ndarray, groups: np.ndarray, task: str,
-        alphas: tuple[float, ...] | None = None,
-    ) -> None:  # fmt: skip
-        alpha, scores = probing.select_alpha(feats, y, groups, task=task, alphas=alphas or self.s.alphas,
-                                             n_folds=self.s.n_folds, seed=self.seed)  # fmt: skip
-        self._alphas[family] = alpha
-        self._scores[family] = scores
+    def run(self, jobs: Sequence[Job], desc: str) -> list[pd.DataFrame]:
+        """The jobs' tables in order, the uncached ones computed on ``n_jobs`` workers (`parallel.run_jobs`)."""
+        return run_jobs(jobs, step=self.step, cached=self.cached, n_jobs=self.s.n_jobs, threads=self.s.blas_threads,
+                        progress=self.progress, desc=desc)  # fmt: skip
 
-    def score(
+    def score(self, X: Any, y: np.ndarray, groups: np.ndarray, task: str, alpha: float | tuple,
+              **kw: Any) -> pd.DataFrame:  # fmt: skip
+        """One probe's scores, computed here (`score_job`, same arguments) or read from its cached step."""
+        return self.run([self.score_job(X, y, groups, task, alpha, **kw)], "probe")[0]
+
+    def score_job(
         self,
-        X: np.ndarray,
+        X: Any,
         y: np.ndarray,
         groups: np.ndarray,
         task: str,
-        alpha: float,
+        alpha: float | tuple,
         *,
         data: str,
         site: str,
         target: str,
-        control: np.ndarray | None = None,
+        control: Any = None,
         control_name: str = "none",
         features: str = "h",
         token: str = "content",
@@ -308,29 +217,31 @@ class ProbeDesign:
         repeats: int = 1,
         n_boot: int | None = None,
         chosen: str | None = None,
-    ) -> pd.DataFrame:
-        """One probe's scores (`probing.probe_scores`), cached as its own step: a rerun after Ctrl-C keeps every
-        probe that finished. The key names the probe (data, site, target, features, token, condition, task,
-        alpha, metrics, whether a control task runs, repeats); its inputs follow from those and the run's settings.
+    ) -> Job:
+        """One probe's scores (`probing.probe_scores`) as a job cached as its own step: a rerun after Ctrl-C
+        keeps every probe that finished. The key names the probe (data, site, target, features, token,
+        condition, task, alpha, metrics, whether a control task runs, repeats); its inputs follow from those and
+        the run's settings.
 
-        ``alpha``: a number (chosen on the tuning windows) or a tuple (nested CV per outer fold); ``control``:
-        labels, or a function seed -> labels so that each repeat redraws the control task."""
+        ``X``: ``[n, d]`` features, or a picklable callable making them (in the worker); ``alpha``: a number
+        (chosen on the tuning windows) or a tuple (nested CV per outer fold); ``control``: labels, or a
+        function seed -> labels so that each repeat redraws the control task."""
         n_boot = self.s.n_boot if n_boot is None else n_boot
         if chosen is None:
             chosen = "nested" if isinstance(alpha, tuple) else "tuning_accuracy"
         key = dict(data=data, site=site, target=target, features=features, token=token, control=control_name,
                    task=task, alpha=alpha, metrics=metrics, with_control=control is not None, repeats=repeats,
                    n_boot=n_boot)  # fmt: skip
+        fn = partial(_probe_scores, X, y, groups, task=task, alpha=list(alpha) if isinstance(alpha, tuple)
+                     else alpha, n_folds=self.s.n_folds, n_boot=n_boot, seed=self.seed, control=control,
+                     control_name=control_name, metrics=metrics, repeats=repeats)  # fmt: skip
 
-        def fit() -> pd.DataFrame:
-            res = probing.probe_scores(X, y, groups, task=task, alpha=list(alpha) if isinstance(alpha, tuple)
-                                       else alpha, n_folds=self.s.n_folds, n_boot=n_boot, seed=self.seed,
-                                       control=control, control_name=control_name, metrics=metrics,
-                                       repeats=repeats)  # fmt: skip
+        def post(res: pd.DataFrame) -> pd.DataFrame:
             return self._frame(res.assign(data=data, site=site, token=token, target=target, features=features,
                                           chosen=chosen))  # fmt: skip
 
-        return self.step("probe", fit, **key)
+        fits = repeats * (2 if control is not None else 1) * (len(alpha) + 1 if isinstance(alpha, tuple) else 1)
+        return Job("probe", key, fn, post, cost=_size(X) * fits * (1.0 if task == "classification" else 0.05))
 
     def _control_labels(self, types: np.ndarray, y: np.ndarray) -> np.ndarray:
         from bertscope.probes import control_labels
@@ -343,47 +254,6 @@ class ProbeDesign:
 
         return lambda r: control_labels(types, y, seed=r)
 
-    # -- capacity sweep (Hewitt & Liang 2019): `capacity` fits one alpha path per fold
-    def tune_capacity(self, tuning: Activations) -> float:
-        """Choose the operating point of the absolute-position probe by selectivity on the tuning windows
-        (`capacity.sweep_scores` at every tuning site, mean selectivity, ties to the stronger L2). One cached
-        step per site; the scores go to the notes."""
-        from bertscope.experiments.positions import capacity
-
-        sel = tuning.kind == CONTENT
-        y, groups, types = tuning.pos[sel] - 1, tuning.group[sel], tuning.token[sel]
-        control = self._control_labels(types, y)
-        scores = pd.concat([self.step("capacity_tuning", lambda site=site: capacity.sweep_scores(
-            tuning.feats[site][sel], y, groups, control, alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
-            seed=self.seed, n_boot=0), site=site, alphas=tuple(self.s.sweep_alphas)) for site in self.tuning_sites])
-        self._capacity = capacity.choose_capacity(scores)
-        mean = scores[scores["control"] == "selectivity"].groupby("alpha")["value"].mean()
-        self.note("capacity_choice", {"alpha": self._capacity, "tuning_selectivity_by_alpha":
-                                      {f"{a:g}": round(float(v), 4) for a, v in mean.items()}})  # fmt: skip
-        return self._capacity
-
-    def capacity_sweep(self, acts: dict) -> pd.DataFrame:
-        """Accuracy, control accuracy and selectivity of the absolute-position probe along ``sweep_alphas``
-        at the sweep sites of the probed windows (``probe="sweep"``, one cached step per site); the alpha
-        chosen on the tuning windows (`tune_capacity`) is marked ``chosen="tuning_selectivity"``, the others
-        ``"sweep"``."""
-        from bertscope.experiments.positions import capacity
-
-        real = acts[("windows", "none")]
-        sel = real.kind == CONTENT
-        y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
-        control = self._control_labels(types, y)
-        sites = list(self.s.sweep_sites or (self.residual[1], self.residual[-1]))
-        parts = []
-        for site in self.progress(sites, "capacity sweep"):
-            res = self.step("capacity_sweep", lambda site=site: self._frame(capacity.sweep_scores(
-                real.feats[site][sel], y, groups, control, alphas=self.s.sweep_alphas, n_folds=self.s.n_folds,
-                seed=self.seed, n_boot=self.s.sweep_boot).assign(data="windows", site=site, token="content",
-                target="abs_class", features="h")), site=site, alphas=tuple(self.s.sweep_alphas),
-                n_boot=self.s.sweep_boot)  # fmt: skip
-            parts.append(res.assign(chosen=np.where(res["alpha"] == self._capacity, "tuning_selectivity", "sweep")))
-        return pd.concat(parts, ignore_index=True)
-
     def _frame(self, df: pd.DataFrame) -> pd.DataFrame:
         df = df.copy()
         for col, value in self.labels.items():
@@ -395,3 +265,21 @@ class ProbeDesign:
             if col not in df:
                 df[col] = np.nan
         return df[COLUMNS]
+
+
+def _probe_scores(X: Any, *args: Any, **kwargs: Any) -> pd.DataFrame:
+    """`probing.probe_scores` on X, or on ``X()`` when X is a callable making the features (in the worker)."""
+    return probing.probe_scores(X() if callable(X) else X, *args, **kwargs)
+
+
+def _as_float(control: Callable[[int], np.ndarray], seed: int) -> np.ndarray:
+    """Control labels of repeat ``seed`` as floats (the regression probes' control task)."""
+    return control(seed).astype(float)
+
+
+def _size(X: Any) -> float:
+    """Rows x features of X (or of the features a `functools.partial` of `pair_features` makes): a job's cost."""
+    if isinstance(X, partial):
+        grid, pairs, kind = X.args
+        return float(len(pairs.i) * grid.shape[-1] * (2 if kind == "concat" else 1))
+    return float(np.prod(np.shape(X)))

@@ -29,6 +29,10 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
 - **MDL**: online codelength / compression of absolute position and of its control task per layer, alpha
   chosen per block from the prefix (a valid online code).
 
+Run time: every probe is independent and deterministic (one BLAS thread, a seed), so the probes of each step
+run on ``n_jobs`` worker processes (`parallel`; default: every core this process may use), costliest first,
+each cached as it arrives; the tables equal the serial run's bit for bit (``n_jobs=1``).
+
 The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
 chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
 ``embed.hook_out``, the middle and the last block; pairs at the middle block only), and then held fixed
@@ -78,8 +82,8 @@ ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
 
 @dataclass(frozen=True)
 class Settings:
-    """Sizes of the positions run. The defaults fit the default-run budget (about 3 min on 2 CPU cores with
-    the bundled model and the builtin corpus)."""
+    """Sizes of the positions run (bundled model, builtin corpus: about 370 CPU s, which the probes spread over
+    ``n_jobs`` cores; docs/experiments/positions.md has the measured times)."""
 
     window_len: int = 32  # P content pieces per window; each window is fed as [CLS] + P + [SEP]
     max_windows: int = 128  # windows drawn (seeded) from the corpus stream for the probes
@@ -105,7 +109,10 @@ class Settings:
     sublayer_controls: bool = False  # shuffled / zeroed-position probes at the sublayer sites too
     heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
     batch_size: int = 32
-    blas_threads: int | None = 1  # BLAS threads while probing (None: leave as is)
+    blas_threads: int | None = 1  # BLAS threads per probe (None: leave as is)
+    # worker processes for independent probes (None: the cores this process may use; 1: all in this process).
+    # The results do not depend on it: every probe is a deterministic function of its data and seed (`parallel`)
+    n_jobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.window_len < 4:
@@ -114,6 +121,8 @@ class Settings:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds must be >= 2, got {self.n_folds}")
+        if self.n_jobs is not None and self.n_jobs < 1:
+            raise ValueError(f"n_jobs must be >= 1 or None, got {self.n_jobs}")
         for name in ("max_windows", "tune_windows"):
             if getattr(self, name) < 2 * self.n_folds:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be at least 2 * n_folds ({self.n_folds})")
@@ -143,7 +152,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
     ctx.note("window_len", settings.window_len)
     design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
-                         seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note)  # fmt: skip
+                         seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note,
+                         cached=lambda name, **key: ctx.step_path(name, "parquet", **key).is_file())  # fmt: skip
     kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))

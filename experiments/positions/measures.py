@@ -78,23 +78,34 @@ def linear_cka(
     n_win, n_pos, d = grid.shape
     yc = table - table.mean(0)
     yty = np.linalg.norm(yc.T @ yc)  # for one window; the count scales it and cancels in the ratio
-    g32 = grid.astype(np.float32)
-    gram = rearrange(np.matmul(g32.transpose(0, 2, 1), g32), "w d e -> w (d e)")  # [W, d*d]
+    # sufficient statistics per jackknife group of windows (the unit the jackknife deletes): window counts,
+    # per-position sums [G, p*d] and Gram matrices [G, d*d] (float32 products, summed in float64)
+    n_units = min(n_groups, n_win)
+    group = np.arange(n_win) * n_units // n_win  # contiguous groups, as `_jackknife` deletes them
+    windows = np.bincount(group, minlength=n_units).astype(np.float64)
     flat = rearrange(grid, "w p d -> w (p d)")
+    sums_g = np.stack([flat[group == g].sum(0) for g in range(n_units)])
+    g32 = rearrange(grid.astype(np.float32), "w p d -> w (p d)")
+    gram = np.stack([_gram(rearrange(g32[group == g], "w (p d) -> (w p) d", p=n_pos)) for g in range(n_units)])
 
-    def cka(counts: np.ndarray) -> np.ndarray:  # counts [B, W] -> [B]
-        c_tot = counts.sum(1)
-        sums = rearrange(counts @ flat, "b (p d) -> b d p", p=n_pos)  # per-position sums over windows
+    def cka(counts: np.ndarray) -> np.ndarray:  # counts [B, G] weights of the groups -> [B]
+        c_tot = counts @ windows
+        sums = rearrange(counts @ sums_g, "b (p d) -> b d p", p=n_pos)  # per-position sums over windows
         mean = sums.sum(2) / (c_tot * n_pos)[:, None]  # [B, d]
-        xtx = rearrange(counts.astype(np.float32) @ gram, "b (d e) -> b d e", d=d).astype(np.float64)
+        xtx = rearrange(counts @ gram, "b (d e) -> b d e", d=d)
         xtx -= (c_tot * n_pos)[:, None, None] * mean[:, :, None] * mean[:, None, :]
         # sum_t (x_t - mean)^T yc_t = sum_t x_t^T yc_t, because yc sums to zero over every window
         xty = np.matmul(sums, yc)  # [B, d, d_table]
         return (xty**2).sum((1, 2)) / (np.linalg.norm(xtx, axis=(1, 2)) * c_tot * yty)
 
-    value = float(cka(np.ones((1, n_win)))[0])
-    low, high = _jackknife(cka, value, n_win, n_groups, ci)
+    value = float(cka(np.ones((1, n_units)))[0])
+    low, high = _jackknife(cka, value, n_units, n_units, ci)
     return {"value": value, "ci_low": low, "ci_high": high}
+
+
+def _gram(x: np.ndarray) -> np.ndarray:
+    """``x^T x`` of ``x [n, d]`` (float32 product) as a flat float64 ``[d * d]``."""
+    return (x.T @ x).astype(np.float64).reshape(-1)
 
 
 def permute_positions(grid: np.ndarray, seed: int = 0) -> np.ndarray:

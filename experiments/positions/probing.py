@@ -4,6 +4,8 @@ tuning data, and the position-table probes (Wang & Chen 2020). Every split is gr
 from __future__ import annotations
 
 import warnings
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,6 +49,8 @@ def table_probes(
     pair_alphas: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1),
     pair_folds: int = 3,
     seed: int = 0,
+    n_jobs: int | None = 1,
+    threads: int | None = None,
 ) -> pd.DataFrame:
     """Probe a position table ``[positions, d]`` itself (Wang & Chen 2020).
 
@@ -55,18 +59,32 @@ def table_probes(
     Relative: logistic pair probes (is j before i; distance bucket) on ``[p_i; p_j]`` and ``p_i - p_j``,
     grouped so no position is in two folds (``pair_folds`` outer folds, alpha by a 2-fold inner CV over
     ``pair_alphas``). Returns `probes.evaluate` rows tagged with ``target``,
-    ``features`` and ``probe`` (the caller adds site, model, ...).
+    ``features`` and ``probe`` (the caller adds site, model, ...). The six probes are independent and run on
+    ``n_jobs`` worker processes (`parallel.parallel_map`; ``threads``: BLAS threads in each).
     """
-    from bertscope.probes import evaluate
+    from bertscope.experiments.positions.parallel import parallel_map
 
     table = np.asarray(table, dtype=np.float64)
     n_pos = table.shape[0]
     y = np.arange(n_pos, dtype=np.float64)
-    groups = np.arange(n_pos)
     kw = dict(n_folds=n_folds, n_boot=n_boot, seed=seed, inner_folds=3)
-    absolute = evaluate(table, y, groups, task="regression", alphas=list(alphas),
-                        metrics=list(REGRESSION_METRICS), **kw)  # fmt: skip
-    exact = table_exact(table, alphas=alphas, n_folds=n_folds, n_boot=n_boot, seed=seed)
+    pairs, pair_groups = table_pairs(n_pos, 2 * pair_folds, n_pairs, seed=seed)
+    pair_kw = {**kw, "n_folds": pair_folds, "inner_folds": 2, "alphas": list(pair_alphas)}
+    # pair probes on float32 features, like every activation probe (float64 rows doubled their cost; the
+    # logistic loss is accumulated in float64 either way)
+    table32 = table.astype(np.float32)
+    fns = [partial(_evaluate_quiet, table, y, np.arange(n_pos), task="regression", alphas=list(alphas),
+                   metrics=list(REGRESSION_METRICS), **kw),
+           partial(table_exact, table, alphas=alphas, n_folds=n_folds, n_boot=n_boot, seed=seed)]  # fmt: skip
+    names = []
+    for features in ("concat", "diff"):
+        for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
+            fns.append(partial(_evaluate_quiet, partial(pair_features, table32[None], pairs, features), labels,
+                               pair_groups, metrics=["accuracy", "macro_f1"], **pair_kw))  # fmt: skip
+            names.append((target, features))
+    cost = [1.0, 1.0] + [10.0 * (2 if f == "concat" else 1) for _, f in names]
+    out = dict(parallel_map(fns, n_jobs=n_jobs, threads=threads, cost=cost))
+    absolute, exact = out[0], out[1]
     parts = [
         absolute.assign(target="abs_reg", features="table", probe="ridge", chosen="nested"),
         pd.DataFrame([{**absolute.iloc[0].to_dict(), "labels": "task", "metric": "exact", "value": exact["value"],
@@ -75,18 +93,18 @@ def table_probes(
                        "baseline_chance": np.nan, "target": "abs_reg", "features": "table",
                        "probe": "ridge"}]),  # fmt: skip
     ]
-    pairs, pair_groups = table_pairs(n_pos, 2 * pair_folds, n_pairs, seed=seed)
-    grid = table[None]
-    kw.update(n_folds=pair_folds, inner_folds=2)
-    for features in ("concat", "diff"):
-        X = pair_features(grid, pairs, features)
-        for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = evaluate(X, labels, pair_groups, alphas=list(pair_alphas), metrics=["accuracy", "macro_f1"],
-                               **kw)  # fmt: skip
-            parts.append(res.assign(target=target, features=features, probe="logistic", chosen="nested"))
+    for k, (target, features) in enumerate(names):
+        parts.append(out[2 + k].assign(target=target, features=features, probe="logistic", chosen="nested"))
     return pd.concat(parts, ignore_index=True)
+
+
+def _evaluate_quiet(X: Any, y: np.ndarray, groups: np.ndarray, **kwargs: Any) -> pd.DataFrame:
+    """`probes.evaluate` on X (or on ``X()`` when X is a callable making the features), warnings silenced."""
+    from bertscope.probes import evaluate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return evaluate(X() if callable(X) else X, y, groups, **kwargs)
 
 
 def table_exact(
@@ -191,22 +209,40 @@ def select_alpha(
     feature sets ``feats`` (each ``[n, d]``, same rows ``y``/``groups``); ties go to the stronger L2.
 
     Meant for held-out tuning data, so the chosen alpha never saw the rows it is later scored on. Returns
-    ``(alpha, {str(alpha): mean score})``.
+    ``(alpha, {str(alpha): mean score})``. `alpha_scores` per feature set, then `choose_alpha` (the run
+    computes the feature sets' scores in parallel).
     """
+    return choose_alpha([alpha_scores(X, y, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed)
+                         for X in feats], alphas)  # fmt: skip
+
+
+def alpha_scores(
+    X: Any, y: np.ndarray, groups: np.ndarray, task: str, alphas: tuple[float, ...], *, n_folds: int = 3,
+    seed: int = 0,
+) -> np.ndarray:
+    """Grouped-CV score ``[A]`` of each alpha on one feature set X ``[n, d]`` (or a callable making it):
+    out-of-fold accuracy, or R^2 for regression, from one warm-started alpha path per fold
+    (`capacity.oof_path`)."""
     from bertscope.experiments.positions.capacity import oof_path
 
-    scores = np.zeros(len(alphas))
-    for X in feats:  # one warm-started alpha path per fold (`capacity.oof_path`)
-        pred = oof_path(X, {"y": y}, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed)["pred"]["y"]
-        if task == "classification":
-            scores += (pred == np.asarray(y)[None]).mean(1)
-        else:
-            resid = ((pred - np.asarray(y, dtype=float)[None]) ** 2).sum(1)
-            scores += 1 - resid / ((y - np.mean(y)) ** 2).sum()
-    scores /= len(feats)
-    best = scores.max()
-    chosen = max(a for a, v in zip(alphas, scores, strict=True) if v == best)
-    return float(chosen), {f"{a:g}": float(v) for a, v in zip(alphas, scores, strict=True)}
+    X = X() if callable(X) else X
+    pred = oof_path(X, {"y": y}, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed)["pred"]["y"]
+    if task == "classification":
+        return (pred == np.asarray(y)[None]).mean(1)
+    resid = ((pred - np.asarray(y, dtype=float)[None]) ** 2).sum(1)
+    return 1 - resid / ((y - np.mean(y)) ** 2).sum()
+
+
+def choose_alpha(scores: list[np.ndarray], alphas: tuple[float, ...]) -> tuple[float, dict[str, float]]:
+    """`select_alpha`'s choice from per-feature-set scores ``[A]`` (`alpha_scores`): the best mean, ties to
+    the stronger L2. Returns ``(alpha, {str(alpha): mean score})``."""
+    total = np.zeros(len(alphas))
+    for part in scores:  # summed in the order given, as the serial loop did
+        total += part
+    total /= len(scores)
+    best = total.max()
+    chosen = max(a for a, v in zip(alphas, total, strict=True) if v == best)
+    return float(chosen), {f"{a:g}": float(v) for a, v in zip(alphas, total, strict=True)}
 
 
 def mdl_rows(
