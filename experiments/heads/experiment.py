@@ -54,7 +54,9 @@ class Settings:
     max_sentences: int = 400  # attention statistics and syntax
     distance_sentences: int = 128  # head-by-head distances (cost grows with heads^2 * length^2)
     importance_sentences: int = 32  # ablation (3 methods x every head), gradients, pruning
-    importance_batch: int = 16  # sentences per forward pass of the ablation runs (replicated x n_heads)
+    # Sentences per forward pass of the ablation and pruning runs (each replicated x copies). Sorted by length,
+    # batches of 4 carry about 10% padding against 50% for 16 (measured: a third less CPU, same effects to 1e-7).
+    importance_batch: int = 4
     methods: tuple[str, ...] = imp.METHODS
     n_boot: int = 1000
     ci: float = 0.95

@@ -66,13 +66,13 @@ def attention_pass(
         W_O = [block.attn.W_O.detach().cpu() for block in model.blocks]
         _batch_statistics(out, patterns, values, W_O, batch, special, max_offset)
         for b, si in enumerate(np.asarray(batch.sentence_index).tolist()):
+            real = batch.attention_mask[b].cpu().bool()
+            sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n], padding dropped
             if si < len(out["distances"]):
-                real = batch.attention_mask[b].cpu().bool()
-                sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
                 out["distances"][si] = sim.head_distances(
                     einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
                 ).numpy()
-            hits = _arc_hits(patterns[:, b], batch, b, corpus[si], si, settings.collapse_subtypes)
+            hits = _arc_hits(sentence_pattern, batch, b, real, corpus[si], si, settings.collapse_subtypes)
             skipped_syntax += hits == "truncated"
             if isinstance(hits, syn.ArcHits):
                 arc_parts.append(hits)
@@ -114,17 +114,23 @@ def _batch_statistics(
 
 
 def _arc_hits(
-    patterns: torch.Tensor, batch: Any, b: int, sentence: Any, si: int, collapse_subtypes: bool = False
+    patterns: torch.Tensor,
+    batch: Any,
+    b: int,
+    real: torch.Tensor,
+    sentence: Any,
+    si: int,
+    collapse_subtypes: bool = False,
 ) -> syn.ArcHits | str | None:
-    """Arc hits of row ``b`` (patterns ``[layer, head, q, k]``); None without a gold tree, "truncated" when
-    words were cut (the gold tree no longer fits)."""
+    """Arc hits of row ``b`` (patterns ``[layer, head, q, k]`` over its real tokens ``real [pos]``, padding
+    dropped); None without a gold tree, "truncated" when words were cut (the gold tree no longer fits)."""
     from bertscope.experiments.corpus import word_attention
 
     if sentence.heads is None:
         return None
     if batch.truncated[b]:
         return "truncated"
-    word_maps = word_attention(patterns, batch.word_ids[b].cpu())
+    word_maps = word_attention(patterns, batch.word_ids[b].cpu()[real])  # padding has no word: same maps
     return syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si,
                                  collapse_subtypes=collapse_subtypes)  # fmt: skip
 
