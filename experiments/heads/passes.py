@@ -143,9 +143,12 @@ def importance_pass(
     seed: int,
     rng: np.random.Generator,
     progress: Progress = _no_progress,
+    gradient_batches: Sequence[Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Ablation effects, gradient importance and pruning curves on ``batches``, rows in corpus order.
 
+    ``gradient_batches``: the same sentences batched for the gradient pass (default ``batches``); the projection
+    objective draws its random directions batch by batch, so its batching is part of the seeded result.
     ``rng`` draws the ``settings.pruning_random_orders`` random pruning orders. Returns ``effects [sentence,
     method, layer, head, measure]``, ``grad [sentence, layer, head]``, ``pruning [sentence, order, count,
     measure]`` (importance orders chosen held-out), ``pruning_random [sentence, random order, count, measure]``,
@@ -156,14 +159,16 @@ def importance_pass(
     effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=seed,
                                              progress=lambda it: progress(it, "ablation", len(it)))  # fmt: skip
     michel = {}
+    gradient_batches = batches if gradient_batches is None else gradient_batches
+    grad_inverse = np.argsort(np.concatenate([b.sentence_index for b in gradient_batches]))
     if imp.has_mlm_head(model):
-        sums, tokens = grads.michel_importance(model, batches, seed=seed)
+        sums, tokens = grads.michel_importance(model, gradient_batches, seed=seed)
         grad, objective = sums / tokens[:, None, None], "mlm"
-        michel = {"michel_sums": sums[inverse], "michel_tokens": tokens[inverse]}
+        michel = {"michel_sums": sums[grad_inverse], "michel_tokens": tokens[grad_inverse]}
     else:
-        grad, objective = grads.gradient_importance(model, batches, objective="projection",
+        grad, objective = grads.gradient_importance(model, gradient_batches, objective="projection",
                                                     n_projections=settings.n_projections, seed=seed)  # fmt: skip
-    effects, grad = effects[inverse], grad[inverse]
+    effects, grad = effects[inverse], grad[grad_inverse]
     out = {
         "effects": effects,
         "measures": np.asarray(measures, dtype=str),
