@@ -66,13 +66,13 @@ def attention_pass(
         W_O = [block.attn.W_O.detach().cpu() for block in model.blocks]
         _batch_statistics(out, patterns, values, W_O, batch, special, max_offset)
         for b, si in enumerate(np.asarray(batch.sentence_index).tolist()):
+            real = batch.attention_mask[b].cpu().bool()
+            sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n], padding dropped
             if si < len(out["distances"]):
-                real = batch.attention_mask[b].cpu().bool()
-                sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n]
                 out["distances"][si] = sim.head_distances(
                     einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
                 ).numpy()
-            hits = _arc_hits(patterns[:, b], batch, b, corpus[si], si, settings.collapse_subtypes)
+            hits = _arc_hits(sentence_pattern, batch, b, real, corpus[si], si, settings.collapse_subtypes)
             skipped_syntax += hits == "truncated"
             if isinstance(hits, syn.ArcHits):
                 arc_parts.append(hits)
@@ -114,17 +114,23 @@ def _batch_statistics(
 
 
 def _arc_hits(
-    patterns: torch.Tensor, batch: Any, b: int, sentence: Any, si: int, collapse_subtypes: bool = False
+    patterns: torch.Tensor,
+    batch: Any,
+    b: int,
+    real: torch.Tensor,
+    sentence: Any,
+    si: int,
+    collapse_subtypes: bool = False,
 ) -> syn.ArcHits | str | None:
-    """Arc hits of row ``b`` (patterns ``[layer, head, q, k]``); None without a gold tree, "truncated" when
-    words were cut (the gold tree no longer fits)."""
+    """Arc hits of row ``b`` (patterns ``[layer, head, q, k]`` over its real tokens ``real [pos]``, padding
+    dropped); None without a gold tree, "truncated" when words were cut (the gold tree no longer fits)."""
     from bertscope.experiments.corpus import word_attention
 
     if sentence.heads is None:
         return None
     if batch.truncated[b]:
         return "truncated"
-    word_maps = word_attention(patterns, batch.word_ids[b].cpu())
+    word_maps = word_attention(patterns, batch.word_ids[b].cpu()[real])  # padding has no word: same maps
     return syn.sentence_arc_hits(word_maps, sentence.heads, sentence.deprels, si,
                                  collapse_subtypes=collapse_subtypes)  # fmt: skip
 
@@ -137,9 +143,12 @@ def importance_pass(
     seed: int,
     rng: np.random.Generator,
     progress: Progress = _no_progress,
+    gradient_batches: Sequence[Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Ablation effects, gradient importance and pruning curves on ``batches``, rows in corpus order.
 
+    ``gradient_batches``: the same sentences batched for the gradient pass (default ``batches``); the projection
+    objective draws its random directions batch by batch, so its batching is part of the seeded result.
     ``rng`` draws the ``settings.pruning_random_orders`` random pruning orders. Returns ``effects [sentence,
     method, layer, head, measure]``, ``grad [sentence, layer, head]``, ``pruning [sentence, order, count,
     measure]`` (importance orders chosen held-out), ``pruning_random [sentence, random order, count, measure]``,
@@ -150,14 +159,16 @@ def importance_pass(
     effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=seed,
                                              progress=lambda it: progress(it, "ablation", len(it)))  # fmt: skip
     michel = {}
+    gradient_batches = batches if gradient_batches is None else gradient_batches
+    grad_inverse = np.argsort(np.concatenate([b.sentence_index for b in gradient_batches]))
     if imp.has_mlm_head(model):
-        sums, tokens = grads.michel_importance(model, batches, seed=seed)
+        sums, tokens = grads.michel_importance(model, gradient_batches, seed=seed)
         grad, objective = sums / tokens[:, None, None], "mlm"
-        michel = {"michel_sums": sums[inverse], "michel_tokens": tokens[inverse]}
+        michel = {"michel_sums": sums[grad_inverse], "michel_tokens": tokens[grad_inverse]}
     else:
-        grad, objective = grads.gradient_importance(model, batches, objective="projection",
+        grad, objective = grads.gradient_importance(model, gradient_batches, objective="projection",
                                                     n_projections=settings.n_projections, seed=seed)  # fmt: skip
-    effects, grad = effects[inverse], grad[inverse]
+    effects, grad = effects[inverse], grad[grad_inverse]
     out = {
         "effects": effects,
         "measures": np.asarray(measures, dtype=str),
