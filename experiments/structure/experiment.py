@@ -60,7 +60,7 @@ class Settings:
     lr: float = 1e-3  # Adam (regimen.py)
     # also probe these sites inside every block (as positions does): True = attn_out, resid_mid and mlp_out,
     # False = none, or a tuple of some of those names
-    sublayers: bool | tuple[str, ...] = True
+    sublayers: bool | tuple[str, ...] = ("resid_mid",)
     random_weights: bool = True  # the random-weights control at the residual sites
     ranks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # rank sweep, plus full rank (ranks >= d are skipped)
     n_boot: int = 1000  # group-bootstrap resamples (sentences)
