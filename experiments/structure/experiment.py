@@ -1,7 +1,7 @@
 """Is the parse tree in each layer's geometry? Structural probes (Hewitt & Manning 2019) with controls.
 
-For every site (the embedding output, each block's output, and each block's ``attn_out``, ``resid_mid`` and
-``mlp_out``) a distance probe (UUAS, DSpr) and a depth probe (root accuracy, NSpr) are trained on word vectors
+For every site (the embedding output, each block's output, and inside each block ``resid_mid``, plus
+``attn_out`` and ``mlp_out`` with ``Settings(sublayers=True)``) a distance probe (UUAS, DSpr) and a depth probe (root accuracy, NSpr) are trained on word vectors
 (mean of each word's pieces) of ``n_train`` sentences, early-stopped on ``n_dev`` others and scored on ``n_test``
 held-out sentences (a seeded split by sentence, stated in every row). Conventions: `bertscope.probes.structural`
 (the authors' loss, regimen and reporter). Training: three batched passes (`passes`), every site, kind and rank of
