@@ -1,11 +1,11 @@
 """Is the parse tree in each layer's geometry? Structural probes (Hewitt & Manning 2019) with controls.
 
-For every site (the embedding output, each block's output, and inside each block ``resid_mid``, plus
-``attn_out`` and ``mlp_out`` with ``Settings(sublayers=True)``) a distance probe (UUAS, DSpr) and a depth probe (root accuracy, NSpr) are trained on word vectors
-(mean of each word's pieces) of ``n_train`` sentences, early-stopped on ``n_dev`` others and scored on ``n_test``
-held-out sentences (a seeded split by sentence, stated in every row). Conventions: `bertscope.probes.structural`
-(the authors' loss, regimen and reporter). Training: three batched passes (`passes`), every site, kind and rank of
-a pass at once, each probe trained to early stopping.
+For every site (the embedding output, each block's output, and inside each block ``resid_mid``, plus ``attn_out``
+and ``mlp_out`` with ``Settings(sublayers=True)``) a distance probe (UUAS, DSpr) and a depth probe (root accuracy,
+NSpr) are trained on word vectors (mean of each word's pieces) of ``n_train`` sentences, early-stopped on ``n_dev``
+others and scored on ``n_test`` held-out sentences (a seeded split by sentence, stated in every row). Conventions:
+`bertscope.probes.structural` (the authors' loss, regimen and reporter). Training: three batched passes (`passes`),
+every site, kind and rank of a pass at once, each probe trained to early stopping.
 
 Controls: the embedding layer (non-contextual: layer 0); the same architecture with random weights
 (``models.random_encoder``) at the residual sites; trees that use no representation (the linear chain, each

@@ -1,11 +1,11 @@
 """Training passes of the structure experiment and their scores.
 
-A pass trains every probe it names (`probes.structural_fit.ProbeSpec`: kind and rank) at every one of its sites
-in one batched `fit_probes` call: the *residual* pass holds the trained model's residual sites with the full-rank
-distance and depth probes and the distance rank sweep; the *random_weights* pass the random-weights model's
-residual sites with the full-rank probes; the *sublayer* pass the trained model's sites inside the blocks
-(``resid_mid``; also ``attn_out`` and ``mlp_out`` with ``Settings(sublayers=True)``) with the full-rank probes.
-Each pass is one cached step (its projections and stopping record), so an interrupted run resumes after the passes it finished.
+A pass trains every probe it names (`probes.structural_fit.ProbeSpec`: kind and rank) at every one of its sites in
+one batched `fit_probes` call: the *residual* pass holds the trained model's residual sites with the full-rank
+distance and depth probes and the distance rank sweep; the *random_weights* pass the random-weights model's residual
+sites with the full-rank probes; the *sublayer* pass the trained model's sites inside the blocks (``resid_mid``;
+also ``attn_out`` and ``mlp_out`` with ``Settings(sublayers=True)``) with the full-rank probes. Each pass is one
+cached step (its projections and stopping record), so an interrupted run resumes after the passes it finished.
 """
 
 from __future__ import annotations
