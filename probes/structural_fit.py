@@ -1,11 +1,11 @@
 """Training structural probes in one batched pass: every site, both kinds and every rank at once.
 
 A *probe* here is one ``(kind, rank)`` pair (``ProbeSpec``); ``fit_probes`` trains each of them at every site of
-``Sentences`` (``[n_sites, n_words, d]`` word vectors). The parameters of all probes of a site sit side by side in
-one matrix ``W`` (``[n_sites, d, C]``, ``C`` = the sum of the ranks), so one step is one batched matrix product
-``[sites, words, d] x [sites, d, C]`` and its transpose. The loss is the sum of the probes' losses and Adam is
-element-wise, so each probe's gradient, moments, learning rate and early stopping are its own: each probe is
-exactly the one it would be trained alone with the same seed (tested).
+``Sentences`` (``[n_sites, n_words, d]`` word vectors). Each probe holds one parameter ``[n_sites, d, k]``, so one
+step of a probe is one batched matrix product ``[sites, words, d] x [sites, d, k]`` over the sites it still trains
+at, and its transpose for the gradient (written out: `Batch.loss_grad`). Each probe's gradient, Adam moments,
+learning rate and early stopping are its own at every site: each probe is exactly the one it would be trained
+alone with the same seed (tested).
 
 Regimen (john-hewitt/structural-probes, ``regimen.py`` and the configs): ``B ~ U(-0.05, 0.05)``; Adam lr 1e-3;
 batches of 20 sentences shuffled each epoch; after each epoch the learning rate is multiplied by 0.1 when the
@@ -179,7 +179,7 @@ def batch_loss(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sites: t
 
     Distance: ``sum_ij |d_pred - d_gold| / n^2``; depth: ``sum_i |n_pred - n_gold| / n`` (``loss.py``)."""
     batch = Batch(sent, rows)
-    x = batch.x if sites is None else batch.x[sites]
+    (x,) = _at(sites, batch.x)
     return torch.stack([batch.loss_grad(x, weight[..., blk], spec.kind, grad=False)[0]
                         for spec, blk in zip(specs, _check_blocks(blocks, weight), strict=True)], dim=-1)
 
@@ -189,7 +189,7 @@ def batch_loss_grad(sent: Sentences, rows: np.ndarray, weight: torch.Tensor, sit
     """`batch_loss` ``[sites, n_probes]`` and the gradient of its sum with respect to ``weight``
     (``[sites, d, C]``), in closed form (`Batch.loss_grad`)."""
     batch = Batch(sent, rows)
-    x = batch.x if sites is None else batch.x[sites]
+    (x,) = _at(sites, batch.x)
     out = [batch.loss_grad(x, weight[..., blk], spec.kind, grad=True)
            for spec, blk in zip(specs, _check_blocks(blocks, weight), strict=True)]
     return torch.stack([o[0] for o in out], dim=-1), torch.cat([o[1] for o in out], dim=-1)
@@ -209,7 +209,7 @@ class Batch:
 
     def __init__(self, sent: Sentences, rows: np.ndarray) -> None:
         flat, padded, self.grid, self.n = sent.layout(rows)
-        self.b, self.n_words = len(rows), len(flat)
+        self.b = len(rows)
         self.x = sent.take(flat, None)
         self.padded = padded.clamp_max(len(flat) - 1).flatten()  # padding copies a real row; the masks zero it
         lengths = torch.as_tensor(sent.lengths[rows], dtype=torch.float32, device=sent.device)
@@ -285,8 +285,7 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
         for start in range(0, train.n_sent, reg.batch_size):
             batch = Batch(train, perm[start : start + reg.batch_size])
             for p, sites, live in groups:
-                w, x = (weights[p], batch.x) if sites is None else (weights[p][sites], batch.x[sites])
-                loss, grad = batch.loss_grad(x, w, specs[p].kind, grad=True)
+                loss, grad = batch.loss_grad(*_at(sites, batch.x, weights[p]), specs[p].kind, grad=True)
                 adams[p].step(live, grad, lr[live, p])
                 train_loss[live, p] += loss.cpu().numpy() * batch.b
         dev_sum = np.zeros((S, P))
@@ -294,8 +293,8 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
             for start in range(0, dev.n_sent, 40):
                 batch = Batch(dev, np.arange(start, min(start + 40, dev.n_sent)))
                 for p, sites, live in groups:
-                    w, x = (weights[p], batch.x) if sites is None else (weights[p][sites], batch.x[sites])
-                    dev_sum[live, p] += batch.loss_grad(x, w, specs[p].kind, grad=False)[0].cpu().numpy() * batch.b
+                    loss = batch.loss_grad(*_at(sites, batch.x, weights[p]), specs[p].kind, grad=False)[0]
+                    dev_sum[live, p] += loss.cpu().numpy() * batch.b
         dev_loss = np.where(active, dev_sum / dev.n_sent, np.nan)
         n_epochs[active] = epoch + 1
         history.append({"train_loss": train_loss / train.n_sent, "dev_loss": dev_loss, "active": active.copy()})
@@ -314,6 +313,11 @@ def fit_probes(train: Sentences, dev: Sentences, specs: Sequence[ProbeSpec],
     return [FitResult(spec, best[p], best_epoch[:, p], n_epochs[:, p], n_epochs[:, p] < reg.max_epochs,
                       best_loss[:, p], [{k: h[k][:, p] for k in ("train_loss", "dev_loss")} for h in history])
             for p, spec in enumerate(specs)]
+
+
+def _at(sites: torch.Tensor | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each of ``tensors`` (``[n_sites, ...]``) at ``sites`` (None: all, without a copy)."""
+    return tensors if sites is None else tuple(t[sites] for t in tensors)
 
 
 def _groups(active: np.ndarray, device: torch.device) -> list[tuple[int, torch.Tensor | None, np.ndarray]]:

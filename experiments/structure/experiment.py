@@ -261,17 +261,15 @@ def summary_table(results: pd.DataFrame, rank_sweep: pd.DataFrame) -> pd.DataFra
         row: dict[str, Any] = {"site": site, "layer": layer}
         for r in g[g["encoder"] == "trained"].itertuples():
             row[r.metric], row[f"{r.metric}_ci_low"], row[f"{r.metric}_ci_high"] = r.value, r.ci_low, r.ci_high
-            row[f"dev_{r.metric}"] = getattr(r, "dev_value", np.nan)
+            row[f"dev_{r.metric}"] = r.dev_value
         for r in g[g["encoder"] == "random_weights"].itertuples():
             row[f"random_{r.metric}"] = r.value
         row["linear_chain_uuas"] = base.get("linear_chain", np.nan)
         row["random_tree_uuas"] = base.get("random_tree", np.nan)
         sw = rank_sweep[(rank_sweep["site"] == site) & (rank_sweep["metric"] == "uuas")]
         full = sw[sw["rank"] == sw["rank"].max()]
-        k = None
-        if len(full) and "dev_value" in sw:
-            k = measures.smallest_rank(dict(zip(sw["rank"], sw["dev_value"], strict=True)),
-                                       float(full["dev_ci_low"].iloc[0]))
+        k = measures.smallest_rank(dict(zip(sw["rank"], sw["dev_value"], strict=True)),
+                                   float(full["dev_ci_low"].iloc[0])) if len(full) else None
         row["smallest_rank"] = k if k is not None else np.nan
         row["uuas_at_smallest_rank"] = float(sw.loc[sw["rank"] == k, "value"].iloc[0]) if k is not None else np.nan
         out.append(row)
@@ -292,7 +290,7 @@ def _examples(results: pd.DataFrame, full: dict, test: np.ndarray, chosen: list,
     words_rows, edge_rows = [], []
     if uuas.empty or n_examples < 1:
         return pd.DataFrame(words_rows), pd.DataFrame(edge_rows)
-    best = uuas.loc[uuas["dev_value" if "dev_value" in uuas else "value"].idxmax()]
+    best = uuas.loc[uuas["dev_value"].idxmax()]
     picks = [j for j, i in enumerate(test) if 7 <= len(heads[i]) <= 14][:n_examples]
     for e, j in enumerate(picks):
         i = int(test[j])
