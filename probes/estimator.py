@@ -46,7 +46,7 @@ class LinearProbe(BaseEstimator):
     standardize: scale features to zero mean / unit variance (statistics of the training rows) before fitting;
         constant columns keep scale 1.
     backend: "sklearn" (LogisticRegression / Ridge, CPU, float64 or float32 as given) or "torch" (float32,
-        discriminant-analysis start + preconditioned L-BFGS for logistic, closed form for ridge, on `device`;
+        discriminant-analysis start + L-BFGS for logistic, closed form for ridge, on `device`;
         X may also be a torch tensor). See `probes._torch_solvers`.
     device: torch device for the torch backend (None = the device of X when X is a tensor, else "cpu");
         ignored by the sklearn backend.
