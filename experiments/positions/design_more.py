@@ -108,7 +108,8 @@ class MoreSteps:
         alpha = self.alpha("abs_class")
         chosen = self.s.heatmap_sites or (self.residual[1], self.reference, self.residual[-1])
         fns = [partial(probing.grouped_oof_predict, real.feats[site][sel], y, groups, task="classification",
-                       alpha=alpha, n_folds=self.s.n_folds, seed=self.seed) for site in chosen]  # fmt: skip
+                       alpha=alpha, n_folds=self.s.n_folds, seed=self.seed, backend=self.s.backend)
+               for site in chosen]  # fmt: skip
         preds = dict(parallel_map(fns, n_jobs=self.s.n_jobs, threads=self.s.blas_threads))
         parts = []
         for i, site in enumerate(chosen):

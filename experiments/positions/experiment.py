@@ -109,7 +109,12 @@ class Settings:
     sublayer_controls: bool = False  # shuffled / zeroed-position probes at the sublayer sites too
     heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
     batch_size: int = 32
-    blas_threads: int | None = 1  # BLAS threads per probe (None: leave as is)
+    blas_threads: int | None = 1  # torch / BLAS threads per probe (None: leave as is)
+    # solver of the position probes (`probes.LinearProbe`): "torch" reaches the optimum where the classes are
+    # nearly separable (weak L2, the embeddings and first blocks), where scikit-learn's lbfgs stops at the same
+    # tol ~4 points of held-out accuracy short of it (embed.hook_out: 0.949 against 0.990 at tol 1e-7; torch
+    # 0.992), and is ~25% cheaper. The capacity sweep, MDL and the position-table probes stay on scikit-learn
+    backend: str = "torch"
     # worker processes for independent probes (None: the cores this process may use; 1: all in this process).
     # The results do not depend on it: every probe is a deterministic function of its data and seed (`parallel`)
     n_jobs: int | None = None
@@ -121,6 +126,8 @@ class Settings:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds must be >= 2, got {self.n_folds}")
+        if self.backend not in ("sklearn", "torch"):
+            raise ValueError(f"backend must be 'sklearn' or 'torch', got {self.backend!r}")
         if self.n_jobs is not None and self.n_jobs < 1:
             raise ValueError(f"n_jobs must be >= 1 or None, got {self.n_jobs}")
         for name in ("max_windows", "tune_windows"):

@@ -62,9 +62,9 @@ def parallel_map(
 
 
 def _call(i: int, fn: Callable[[], T], threads: int | None) -> tuple[int, T]:
-    from threadpoolctl import threadpool_limits
+    from bertscope.probes._checks import thread_limit
 
-    with threadpool_limits(limits=threads):
+    with thread_limit(threads):  # torch's threads as well as BLAS/OpenMP (the torch probe backend)
         return i, fn()
 
 

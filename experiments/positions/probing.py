@@ -171,8 +171,10 @@ def probe_scores(
     control_name: str = "none",
     metrics: tuple[str, ...] | None = None,
     repeats: int = 1,
+    backend: str = "sklearn",
 ) -> pd.DataFrame:
-    """Grouped cross-validated scores of one linear probe (`probes.evaluate` at a fixed ``alpha``).
+    """Grouped cross-validated scores of one linear probe (`probes.evaluate` at a fixed ``alpha``, fit by
+    ``backend``).
 
     X ``[n, d]``; y, groups (window/sentence id of each row), control (Hewitt-Liang labels) ``[n]``.
     ``alpha``: a number, or a list (nested CV per outer fold); ``control`` may be a function seed -> labels
@@ -188,7 +190,8 @@ def probe_scores(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a rare non-converged fit should not flood the log
         res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=n_boot, seed=seed,
-                       control=control, metrics=list(metrics), within_k=within, repeats=repeats)  # fmt: skip
+                       control=control, metrics=list(metrics), within_k=within, repeats=repeats,
+                       backend=backend)  # fmt: skip
     res["probe"] = "logistic" if task == "classification" else "ridge"
     res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
                                         "selectivity": "selectivity"})  # fmt: skip
@@ -218,7 +221,7 @@ def select_alpha(
 
 def alpha_scores(
     X: Any, y: np.ndarray, groups: np.ndarray, task: str, alphas: tuple[float, ...], *, n_folds: int = 3,
-    seed: int = 0,
+    seed: int = 0, backend: str = "sklearn",
 ) -> np.ndarray:
     """Grouped-CV score ``[A]`` of each alpha on one feature set X ``[n, d]`` (or a callable making it):
     out-of-fold accuracy, or R^2 for regression, from one warm-started alpha path per fold
@@ -226,7 +229,8 @@ def alpha_scores(
     from bertscope.experiments.positions.capacity import oof_path
 
     X = X() if callable(X) else X
-    pred = oof_path(X, {"y": y}, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed)["pred"]["y"]
+    pred = oof_path(X, {"y": y}, groups, task=task, alphas=alphas, n_folds=n_folds, seed=seed,
+                    backend=backend)["pred"]["y"]
     if task == "classification":
         return (pred == np.asarray(y)[None]).mean(1)
     resid = ((pred - np.asarray(y, dtype=float)[None]) ** 2).sum(1)
@@ -267,10 +271,12 @@ def mdl_rows(
 
 
 def grouped_oof_predict(
-    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, task: str, alpha: float, n_folds: int, seed: int = 0
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, task: str, alpha: float, n_folds: int, seed: int = 0,
+    backend: str = "sklearn",
 ) -> np.ndarray:
     """Out-of-fold predictions ``[n]`` at a fixed alpha: `probes.grouped_cross_val_predict` (grouped folds,
     stratified by label as `probes.evaluate` makes them)."""
     from bertscope.probes import grouped_cross_val_predict
 
-    return grouped_cross_val_predict(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, seed=seed).y_pred
+    return grouped_cross_val_predict(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, seed=seed,
+                                     backend=backend).y_pred  # fmt: skip
