@@ -569,3 +569,26 @@ def test_torch_matches_sklearn_on_anisotropic_weakly_regularised_data():
     assert f["sklearn"] < 0.3  # nearly separable, so the objective has a long flat tail to follow
     assert f["torch"] <= f["sklearn"] * 1.01, f
     assert fits["torch"].n_iter_ <= 1.25 * fits["sklearn"].n_iter_, {b: p.n_iter_ for b, p in fits.items()}
+
+
+def test_compact_lbfgs_direction_equals_the_two_loop_recursion():
+    from bertscope.probes._torch_solvers import lbfgs_direction
+
+    rng = np.random.default_rng(5)
+    p, m = 50, 7
+    A = rng.normal(size=(p, p))
+    H = A @ A.T / p + 0.1 * np.eye(p)  # a convex quadratic's Hessian: pairs y = H s have s'y > 0
+    S = rng.normal(size=(m, p))
+    Y = S @ H
+    g = rng.normal(size=p)
+    gamma = float(S[-1] @ Y[-1] / (Y[-1] @ Y[-1]))
+    q, alphas = g.copy(), []
+    for s, y in zip(S[::-1], Y[::-1], strict=True):  # Nocedal & Wright, Algorithm 7.4
+        a = (s @ q) / (s @ y)
+        alphas.append(a)
+        q -= a * y
+    q *= gamma
+    for s, y, a in zip(S, Y, alphas[::-1], strict=True):
+        q += s * (a - (y @ q) / (s @ y))
+    got = lbfgs_direction(torch.from_numpy(S), torch.from_numpy(Y), torch.from_numpy(g), gamma)
+    np.testing.assert_allclose(got.numpy(), -q, rtol=1e-9, atol=1e-11)
