@@ -10,7 +10,7 @@ import torch
 from bertscope.experiments import corpus as corpus_mod
 from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
-from bertscope.experiments.heads import pruning
+from bertscope.experiments.heads import parallel, pruning
 from bertscope.experiments.heads import syntax as syn
 from bertscope.hooks.hook_points import fork_batch
 
@@ -270,6 +270,19 @@ def test_batched_pruning_curves_equal_one_full_forward_per_mask(tiny):
                 np.testing.assert_allclose(curves[:, o, c], expected, atol=1e-5)
     np.testing.assert_array_equal(curves[:, :, 0], 0.0)  # nothing removed
     assert (curves[:, :, -1] > 1e-3).all()  # everything removed
+
+
+def test_sentences_over_worker_processes_give_the_in_process_results_in_order(tiny):
+    """Forked single-threaded workers: the same effects and curves as the in-process loop, sentences in order."""
+    batches = [toy_batch(), toy_batch(n=2, seed=1)]
+    keep = pruning.pruning_keeps([[(1, 2), (0, 1), (1, 0)], [(0, 3), (1, 1), (0, 0)]], [0, 1, 3], 2, 4)
+    serial = pruning.pruning_curves(tiny, batches, keep)
+    forked = pruning.pruning_curves(tiny, batches, keep, workers=2)
+    np.testing.assert_allclose(forked, serial, atol=1e-6)
+    assert (serial[:, :, -1] > 1e-3).all() and serial.shape == (5, 2, 3, 2)
+    effects, _ = imp.ablation_effects(tiny, batches, workers=2)
+    np.testing.assert_allclose(effects, imp.ablation_effects(tiny, batches)[0], atol=1e-6)
+    assert parallel.map_sentences(lambda x: x * x, list(range(7)), workers=3) == [x * x for x in range(7)]
 
 
 def test_training_mode_is_refused(tiny_config):

@@ -55,9 +55,13 @@ class Settings:
     max_sentences: int = 400  # attention statistics and syntax
     distance_sentences: int = 128  # head-by-head distances (cost grows with heads^2 * length^2)
     importance_sentences: int = 32  # ablation (3 methods x every head), gradients, pruning
-    # Sentences per forward pass of the ablation and pruning runs (each replicated x copies). Sorted by length,
-    # batches of 4 carry about 10% padding against 50% for 16 (measured: a third less CPU, same effects to 1e-7).
+    # Sentences per batch of the importance pass. The masked-LM draws are made batch by batch (part of a seeded MLM
+    # result); the ablation and pruning forwards then run one sentence at a time without padding, the masks of one
+    # restart layer forking from its clean residual (importance.forward_with_heads).
     importance_batch: int = 4
+    # Processes for the sentence-by-sentence ablation and pruning forwards (forked, one torch thread each; results
+    # bit-identical for any value >= 2, and equal to the in-process loop (1) to float rounding): parallel.py.
+    importance_workers: int = 2
     gradient_batch: int = 16  # sentences per gradient pass (its random projections are drawn batch by batch)
     methods: tuple[str, ...] = imp.METHODS
     n_boot: int = 1000

@@ -33,6 +33,7 @@ import einops
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bertscope.experiments.heads.parallel import map_sentences
 from bertscope.hooks.ablation import METHODS, head_gates, mean_z_over
 from bertscope.hooks.hook_points import fork_batch
 from bertscope.hooks.interventions import AblationMethod
@@ -75,9 +76,10 @@ def ablation_effects(
     copies_per_pass: int | None = None,
     mlm_mask_prob: float = 0.15,
     seed: int = 0,
-    progress: Callable[[list[Any]], Iterable[Any]] | None = None,
+    workers: int = 1,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """Effect of ablating each head alone, per sentence (``progress`` optionally wraps the batch loop).
+    """Effect of ablating each head alone, per sentence (``progress`` optionally wraps the sentence loop).
 
     Args:
         model: an ``Encoder`` in eval mode.
@@ -87,6 +89,7 @@ def ablation_effects(
         methods: subset of ``zero``, ``mean``, ``uniform``.
         copies_per_pass: ablations per forward pass (default: every head of a layer under every method).
         mlm_mask_prob: share of real, non-special tokens masked for ``mlm_loss_change``.
+        workers: processes for the sentences (``parallel.map_sentences``; 1 = in this process).
 
     Returns:
         ``(effects, measures)``: ``effects [sentence, method, layer, head, measure]`` float64.
@@ -102,20 +105,26 @@ def ablation_effects(
     measures = [*OUTPUT_MEASURES, *([MLM_MEASURE] if mlm else [])]
     per_pass = copies_per_pass or n_heads * len(methods)
     generator = torch.Generator().manual_seed(seed)
-    out = []
-    for batch in progress(batches) if progress is not None else batches:
-        effects = torch.zeros(batch.input_ids.shape[0], len(methods), n_layers, n_heads, len(measures))
+    tasks = []  # (sentence [1, pos], its masked-LM copy (ids, labels) or None)
+    for batch in batches:
         masked = _mlm_inputs(model, batch, mlm_mask_prob, generator) if mlm else None
+        for i, sentence in enumerate(split_sentences(batch)):
+            real = batch.attention_mask[i].bool()
+            tasks.append((sentence, None if masked is None else (masked[0][i][real][None], masked[1][i][real][None])))
+
+    def one(task: tuple[TokenBatch, tuple[torch.Tensor, torch.Tensor] | None]) -> np.ndarray:
+        sentence, masked = task
+        effects = torch.zeros(len(methods), n_layers, n_heads, len(measures))
         with torch.no_grad():
-            for i, sentence in enumerate(split_sentences(batch)):
-                _sentence_effects(model, sentence, None, methods, mean_z, per_pass, effects[i])
-                if masked is not None:  # the same sentence with the batch's draw of masked pieces
-                    real = batch.attention_mask[i].bool()
-                    ids, labels = masked[0][i][real][None], masked[1][i][real][None]
-                    _sentence_effects(model, TokenBatch(ids, *_rest(sentence)), labels, methods, mean_z, per_pass,
-                                      effects[i])  # fmt: skip
-        out.append(effects.double())
-    return torch.cat(out).numpy(), measures
+            _sentence_effects(model, sentence, None, methods, mean_z, per_pass, effects)
+            if masked is not None:  # the same sentence with the batch's draw of masked pieces
+                _sentence_effects(model, TokenBatch(masked[0], *_rest(sentence)), masked[1], methods, mean_z,
+                                  per_pass, effects)  # fmt: skip
+        return effects.double().numpy()
+
+    out = map_sentences(one, tasks, workers if _device(model).type == "cpu" else 1, progress)
+    shape = (0, len(methods), n_layers, n_heads, len(measures))
+    return (np.stack(out) if out else np.zeros(shape)), measures
 
 
 def _sentence_effects(

@@ -156,8 +156,10 @@ def importance_pass(
     """
     order = np.concatenate([b.sentence_index for b in batches])
     inverse = np.argsort(order)  # back to corpus order
+    n_sentences = len(order)
     effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=seed,
-                                             progress=lambda it: progress(it, "ablation", len(it)))  # fmt: skip
+                                             workers=settings.importance_workers,
+                                             progress=lambda it: progress(it, "ablation", n_sentences))  # fmt: skip
     michel = {}
     gradient_batches = batches if gradient_batches is None else gradient_batches
     grad_inverse = np.argsort(np.concatenate([b.sentence_index for b in gradient_batches]))
@@ -211,13 +213,14 @@ def _pruning(
     keep = pruning.pruning_keeps([[divmod(int(i), n_heads) for i in o] for o in flat_orders], counts, n_layers,
                                  n_heads)  # fmt: skip
     n_chosen = 2 * len(names)
-    random = pruning.pruning_curves(model, batches, keep[n_chosen:])[inverse]  # [sentence, order, count, measure]
+    workers = settings.importance_workers
+    random = pruning.pruning_curves(model, batches, keep[n_chosen:], workers=workers)[inverse]  # [s, o, c, m]
     heldout = np.zeros((len(effects), len(names), *random.shape[2:]))
     for f in (0, 1):  # the orders chosen without half f (keep[f::2]) are read on half f only
         rows = [fold[np.asarray(b.sentence_index)] == f for b in batches]
         sub = [_rows(b, r) for b, r in zip(batches, rows, strict=True) if r.any()]
         index = np.concatenate([np.asarray(b.sentence_index)[r] for b, r in zip(batches, rows, strict=True)])
-        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2])
+        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2], workers=workers)
     return {
         "pruning": heldout,  # [sentence, order, count, measure]
         "pruning_orders": np.asarray(names, dtype=str),

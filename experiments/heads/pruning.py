@@ -20,10 +20,12 @@ from bertscope.experiments.heads.importance import (
     TokenBatch,
     _check_eval,
     _clean_run,
+    _device,
     forward_with_heads,
     output_change,
     split_sentences,
 )
+from bertscope.experiments.heads.parallel import map_sentences
 
 
 def pruning_keeps(
@@ -41,10 +43,16 @@ def pruning_keeps(
 
 
 def pruning_curves(
-    model: torch.nn.Module, batches: Iterable[Any], keep: torch.Tensor, *, copies_per_pass: int = 128
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    keep: torch.Tensor,
+    *,
+    copies_per_pass: int = 128,
+    workers: int = 1,
 ) -> np.ndarray:
     """Output change of every sentence under every zero-ablation mask ``keep [..., layer, head]`` (0 = removed).
 
+    ``workers``: processes for the sentences (``parallel.map_sentences``; 1 = in this process).
     Returns ``[sentence, ..., measure]`` float64, measures ``OUTPUT_MEASURES``; sentences in batch order.
     """
     _check_eval(model)
@@ -54,13 +62,15 @@ def pruning_curves(
     unique, inverse = torch.unique(flat, dim=0, return_inverse=True)  # [mask, layer, head]
     touched = (unique != 1).flatten(2).any(-1)  # [mask, layer]
     first = torch.where(touched.any(-1), touched.float().argmax(-1), torch.full((len(unique),), n_layers))
-    out = []
-    for raw in batches:
-        for sentence in split_sentences(TokenBatch.of(raw)):
-            with torch.no_grad():
-                out.append(_sentence_changes(model, sentence, unique, first, copies_per_pass)[inverse])  # [flat, m]
-    curves = torch.stack(out) if out else torch.zeros(0, len(flat), len(OUTPUT_MEASURES), dtype=torch.float64)
-    return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES)).numpy()
+    sentences = [s for raw in batches for s in split_sentences(TokenBatch.of(raw))]
+
+    def one(sentence: TokenBatch) -> np.ndarray:  # [flat, measure]
+        with torch.no_grad():
+            return _sentence_changes(model, sentence, unique, first, copies_per_pass)[inverse].numpy()
+
+    out = map_sentences(one, sentences, workers if _device(model).type == "cpu" else 1)
+    curves = np.stack(out) if out else np.zeros((0, len(flat), len(OUTPUT_MEASURES)))
+    return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES))
 
 
 def _sentence_changes(
