@@ -59,9 +59,9 @@ class Settings:
     # result); the ablation and pruning forwards then run one sentence at a time without padding, the masks of one
     # restart layer forking from its clean residual (importance.forward_with_heads).
     importance_batch: int = 4
-    # Processes for the sentence-by-sentence ablation and pruning forwards (forked, one torch thread each; results
-    # bit-identical for any value >= 2, and equal to the in-process loop (1) to float rounding): parallel.py.
-    importance_workers: int = 2
+    # Processes for the attention pass (by batch) and the ablation and pruning forwards (by sentence): forked, one
+    # torch thread each; bit-identical for any value >= 2, equal to the in-process loop (1) to float rounding.
+    workers: int = 2
     gradient_batch: int = 16  # sentences per gradient pass (its random projections are drawn batch by batch)
     methods: tuple[str, ...] = imp.METHODS
     n_boot: int = 1000

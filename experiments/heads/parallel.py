@@ -1,6 +1,7 @@
-"""Per-sentence work spread over worker processes (the sentence-by-sentence ablation and pruning forwards).
+"""Per-sentence work spread over worker processes (the attention pass by batch, the ablation and pruning forwards
+by sentence).
 
-Each sentence's result depends on that sentence alone, so ``map_sentences`` returns what the serial loop returns,
+Each item's result depends on that item alone, so ``map_sentences`` returns what the serial loop returns,
 in the same order, whatever worker ran it: workers are forked (they share the parent's model and inputs
 copy-on-write) and run torch on one thread each. Small per-sentence operations scale worse over torch's intra-op
 threads than whole sentences over processes (every operation is a barrier for the threads; a process never
