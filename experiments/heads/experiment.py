@@ -17,9 +17,8 @@ measures and writes, under ``OUT/heads/``:
 - figures (``plots``), redrawn from those tables by ``plot(out_dir)``.
 
 Sentences are weighted equally; CIs are percentile bootstraps over sentences (``probes.bootstrap``). On the bundled
-model and the builtin corpus a run costs about 300 CPU seconds (user + sys, measured on a heavily loaded 2-core
-machine); the importance pass (ablations and 26 pruning orders on 32 sentences) is about two thirds of it
-(docs/experiments/heads.md, "Known limits", has the measurements).
+model and the builtin corpus the importance pass (ablations and 26 pruning orders on 32 sentences) is most of the
+model work (docs/experiments/heads.md, "Known limits", has the measurements).
 """
 
 from __future__ import annotations
