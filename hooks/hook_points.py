@@ -25,7 +25,8 @@ class HookPoint(nn.Module):
     """Identity module at a named site. ``hook.name`` is its full name in the model.
 
     A forward hook ``fn(tensor, hook)`` may return ``None`` (observe) or a tensor of the same shape, which
-    replaces the activation downstream.
+    replaces the activation downstream. One exception, opt-in: a hook made by ``fork_batch`` turns a batch of
+    one into ``copies`` (same shape otherwise), so that several interventions share the run up to that site.
     """
 
     def __init__(self) -> None:
@@ -43,7 +44,7 @@ class HookPoint(nn.Module):
     def add_hook(self, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
         def _hook(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor | None:
             result = fn(output, self)
-            if result is not None and result.shape != output.shape:
+            if result is not None and result.shape != output.shape and not _is_fork(fn, output, result):
                 raise ValueError(
                     f"hook on {self.name} returned shape {tuple(result.shape)}, expected {tuple(output.shape)}"
                 )
@@ -53,6 +54,25 @@ class HookPoint(nn.Module):
 
     def extra_repr(self) -> str:
         return self.name
+
+
+def fork_batch(copies: int) -> HookFn:
+    """A hook that expands a batch of one ``[1, ...]`` into ``copies`` views ``[copies, ...]`` of it (the only
+    shape change a hook may make): put it before the hooks that then treat the copies differently, e.g. head
+    gates whose copies all start from one clean residual stream (the blocks before the site run once)."""
+
+    def fork(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        if x.shape[0] != 1:
+            raise ValueError(f"fork_batch expects a batch of one at {hook.name}, got {tuple(x.shape)}")
+        return x.expand(copies, *x.shape[1:])
+
+    fork.forks_batch = True  # type: ignore[attr-defined]
+    return fork
+
+
+def _is_fork(fn: HookFn, output: torch.Tensor, result: torch.Tensor) -> bool:
+    """True for a ``fork_batch`` result: a batch of one made ``copies``, every other dimension unchanged."""
+    return getattr(fn, "forks_batch", False) and output.shape[0] == 1 and result.shape[1:] == output.shape[1:]
 
 
 class HookedModule(nn.Module):

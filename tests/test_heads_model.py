@@ -10,8 +10,9 @@ import torch
 from bertscope.experiments import corpus as corpus_mod
 from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
-from bertscope.experiments.heads import pruning
+from bertscope.experiments.heads import parallel, pruning
 from bertscope.experiments.heads import syntax as syn
+from bertscope.hooks.hook_points import fork_batch
 
 from bertscope import hooks, models
 
@@ -95,6 +96,73 @@ def test_ablation_matches_hooks_ablate_heads_and_runs_from_the_ablated_layer(tin
     torch.testing.assert_close(real_rows(started, batch), real_rows(ours, batch), atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="earlier layers"):
         imp.forward_with_heads(tiny, batch, imp.single_head_keep(2, 4, 0), start=(1, cache["blocks.1.hook_resid_pre"]))
+
+
+def test_one_sentence_copies_share_the_start_layer_and_mix_methods(tiny):
+    """One unpadded sentence started from its clean residual: the copies (each with its own method) fork at the
+    first gated layer's hook_z, so that layer's Q/K/V run once; each copy equals a full forward with its mask."""
+    batch = toy_batch()
+    mean_z = imp.mean_head_outputs(tiny, [batch])
+    keep = torch.ones(4, 2, 4)
+    keep[0, 1, 2] = 0.0  # zero (1, 2)
+    keep[1, 1, [0, 3]] = 0.0  # mean of (1, 0) and (1, 3)
+    keep[2, 1, 1] = 0.5  # half uniform (1, 1)
+    methods = ["zero", "mean", "uniform", "zero"]  # the last copy removes nothing
+    sentences = imp.split_sentences(batch)
+    assert [s.input_ids.shape[1] for s in sentences] == [9, 7, 5]
+    seen: dict[str, int] = {}  # batch size at each layer's Q
+    watch = [("blocks.*.attn.hook_q", lambda q, hook: seen.__setitem__(hook.name, q.shape[0]))]
+    for i, sentence in enumerate(sentences):
+        assert bool(sentence.attention_mask.all())
+        _, cache = tiny.run_with_cache(sentence.input_ids, sentence.attention_mask, names_filter="blocks.0.*")
+        seen.clear()
+        with torch.no_grad(), tiny.hooks(watch):
+            shared = imp.forward_with_heads(tiny, sentence, keep, method=methods, mean_z=mean_z,
+                                            start=(0, cache["blocks.0.hook_resid_pre"]))  # fmt: skip
+        assert seen == {"blocks.0.attn.hook_q": 1, "blocks.1.attn.hook_q": 1}  # forked at layer 1's hook_z
+        assert shared.shape == (4, 9 - 2 * i, tiny.config.d_model)
+        for c, method in enumerate(methods):
+            with torch.no_grad():
+                alone = imp.forward_with_heads(tiny, batch, keep[c][None], method=method, mean_z=mean_z)
+            real = batch.attention_mask[i].bool()
+            torch.testing.assert_close(shared[c], alone[i][real], atol=1e-5, rtol=1e-4)
+    keep_early = keep.clone()
+    keep_early[3, 0, 0] = 0.0  # copy 3 now gates layer 0: the fork moves there
+    seen.clear()
+    with torch.no_grad(), tiny.hooks(watch):
+        imp.forward_with_heads(tiny, sentence, keep_early, method=methods, mean_z=mean_z,
+                               start=(0, cache["blocks.0.hook_resid_pre"]))  # fmt: skip
+    assert seen == {"blocks.0.attn.hook_q": 1, "blocks.1.attn.hook_q": 4}
+
+
+def test_fork_batch_is_the_only_shape_change_a_hook_may_make(tiny):
+    ids = toy_batch(n=1).input_ids
+    grow = [("blocks.0.attn.hook_z", lambda z, hook: torch.cat([z, z]))]
+    with pytest.raises(ValueError, match="returned shape"):
+        tiny.run_with_hooks(ids, fwd_hooks=grow)
+    out = tiny.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", fork_batch(3))])
+    assert out.shape == (3, ids.shape[1], tiny.config.d_model)
+    torch.testing.assert_close(out[2], tiny(ids)[0])
+    with pytest.raises(ValueError, match="batch of one"):
+        tiny.run_with_hooks(toy_batch(n=2).input_ids, fwd_hooks=[("blocks.0.attn.hook_z", fork_batch(3))])
+
+
+def test_ablation_effects_equal_one_full_forward_per_head_and_method(tiny):
+    """Sentence by sentence without padding, methods sharing passes: the same as ablating each head alone with
+    the padded batch through a full forward."""
+    batch = toy_batch()
+    effects, measures = imp.ablation_effects(tiny, [batch], copies_per_pass=5)
+    mean_z = imp.mean_head_outputs(tiny, [batch])
+    with torch.no_grad():
+        clean = tiny(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        for a, method in enumerate(imp.METHODS):
+            for layer in range(2):
+                keep = imp.single_head_keep(2, 4, layer)
+                hidden = imp.forward_with_heads(tiny, batch, keep, method=method, mean_z=mean_z)
+                change = imp.output_change(clean, hidden.reshape(4, *batch.input_ids.shape, -1), batch.attention_mask)
+                for m, name in enumerate(measures):
+                    np.testing.assert_allclose(effects[:, a, layer, :, m], change[name].T.numpy(), atol=1e-5)
+    assert (effects[:, :, :, :, 0] > 1e-4).all()
 
 
 def test_a_dead_head_has_no_effect_and_no_gradient(tiny):
@@ -202,6 +270,19 @@ def test_batched_pruning_curves_equal_one_full_forward_per_mask(tiny):
                 np.testing.assert_allclose(curves[:, o, c], expected, atol=1e-5)
     np.testing.assert_array_equal(curves[:, :, 0], 0.0)  # nothing removed
     assert (curves[:, :, -1] > 1e-3).all()  # everything removed
+
+
+def test_sentences_over_worker_processes_give_the_in_process_results_in_order(tiny):
+    """Forked single-threaded workers: the same effects and curves as the in-process loop, sentences in order."""
+    batches = [toy_batch(), toy_batch(n=2, seed=1)]
+    keep = pruning.pruning_keeps([[(1, 2), (0, 1), (1, 0)], [(0, 3), (1, 1), (0, 0)]], [0, 1, 3], 2, 4)
+    serial = pruning.pruning_curves(tiny, batches, keep)
+    forked = pruning.pruning_curves(tiny, batches, keep, workers=2)
+    np.testing.assert_allclose(forked, serial, atol=1e-6)
+    assert (serial[:, :, -1] > 1e-3).all() and serial.shape == (5, 2, 3, 2)
+    effects, _ = imp.ablation_effects(tiny, batches, workers=2)
+    np.testing.assert_allclose(effects, imp.ablation_effects(tiny, batches)[0], atol=1e-6)
+    assert parallel.map_sentences(lambda x: x * x, list(range(7)), workers=3) == [x * x for x in range(7)]
 
 
 def test_training_mode_is_refused(tiny_config):

@@ -14,8 +14,10 @@ output of sentence-transformer checkpoints such as all-MiniLM-L6-v2). ``mlm_loss
 clean masked-LM loss) is added only when the model carries a masked-LM head.
 
 Many ablations run in one forward pass: the batch is replicated ``C`` times and copy ``c`` keeps heads
-according to ``keep[c, layer, head]``; single-head ablations start from the clean residual stream at the
-ablated layer, since earlier blocks are unchanged.
+according to ``keep[c, layer, head]`` (each copy with its own method); single-head ablations start from the
+clean residual stream at the ablated layer, since earlier blocks are unchanged. The sweeps run one sentence at
+a time, its padding dropped: a one-sentence start residual is shared by all copies, so the start layer's Q/K/V
+and attention run once and the copies fork at its head outputs (``forward_with_heads``).
 
 Gradient importance (Michel et al. 2019) lives in ``gradients``, pruning curves in ``pruning``.
 """
@@ -31,7 +33,9 @@ import einops
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bertscope.experiments.heads.parallel import map_sentences
 from bertscope.hooks.ablation import METHODS, head_gates, mean_z_over
+from bertscope.hooks.hook_points import fork_batch
 from bertscope.hooks.interventions import AblationMethod
 
 METHOD_DESCRIPTIONS = {
@@ -72,16 +76,20 @@ def ablation_effects(
     copies_per_pass: int | None = None,
     mlm_mask_prob: float = 0.15,
     seed: int = 0,
-    progress: Callable[[list[Any]], Iterable[Any]] | None = None,
+    workers: int = 1,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """Effect of ablating each head alone, per sentence (``progress`` optionally wraps the batch loop).
+    """Effect of ablating each head alone, per sentence (``progress`` optionally wraps the sentence loop).
 
     Args:
         model: an ``Encoder`` in eval mode.
-        batches: model inputs (see ``TokenBatch.of``); sentences are numbered in iteration order.
+        batches: model inputs (see ``TokenBatch.of``); sentences are numbered in iteration order. The masked-LM
+            draws are made batch by batch (so batching is part of a seeded MLM result); the ablations then run
+            sentence by sentence without padding (``split_sentences``).
         methods: subset of ``zero``, ``mean``, ``uniform``.
-        copies_per_pass: ablations per forward pass (default: all heads of a layer).
+        copies_per_pass: ablations per forward pass (default: every head of a layer under every method).
         mlm_mask_prob: share of real, non-special tokens masked for ``mlm_loss_change``.
+        workers: processes for the sentences (``parallel.map_sentences``; 1 = in this process).
 
     Returns:
         ``(effects, measures)``: ``effects [sentence, method, layer, head, measure]`` float64.
@@ -95,52 +103,61 @@ def ablation_effects(
     mean_z = mean_head_outputs(model, batches) if "mean" in methods else None
     mlm = has_mlm_head(model)
     measures = [*OUTPUT_MEASURES, *([MLM_MEASURE] if mlm else [])]
-    per_pass = copies_per_pass or n_heads
+    per_pass = copies_per_pass or n_heads * len(methods)
     generator = torch.Generator().manual_seed(seed)
-    out = []
-    for batch in progress(batches) if progress is not None else batches:
-        effects = torch.zeros(batch.input_ids.shape[0], len(methods), n_layers, n_heads, len(measures))
-        runs = [(batch, None)]  # (inputs, MLM labels): the clean text, plus a masked copy for the MLM loss
-        if mlm:
-            ids, labels = _mlm_inputs(model, batch, mlm_mask_prob, generator)
-            runs.append((TokenBatch(ids, *_rest(batch)), labels))
+    tasks = []  # (sentence [1, pos], its masked-LM copy (ids, labels) or None)
+    for batch in batches:
+        masked = _mlm_inputs(model, batch, mlm_mask_prob, generator) if mlm else None
+        for i, sentence in enumerate(split_sentences(batch)):
+            real = batch.attention_mask[i].bool()
+            tasks.append((sentence, None if masked is None else (masked[0][i][real][None], masked[1][i][real][None])))
+
+    def one(task: tuple[TokenBatch, tuple[torch.Tensor, torch.Tensor] | None]) -> np.ndarray:
+        sentence, masked = task
+        effects = torch.zeros(len(methods), n_layers, n_heads, len(measures))
         with torch.no_grad():
-            for inputs, labels in runs:
-                for mi, method in enumerate(methods):
-                    _method_effects(model, inputs, labels, method, mean_z, per_pass, effects[:, mi])
-        out.append(effects.double())
-    return torch.cat(out).numpy(), measures
+            _sentence_effects(model, sentence, None, methods, mean_z, per_pass, effects)
+            if masked is not None:  # the same sentence with the batch's draw of masked pieces
+                _sentence_effects(model, TokenBatch(masked[0], *_rest(sentence)), masked[1], methods, mean_z,
+                                  per_pass, effects)  # fmt: skip
+        return effects.double().numpy()
+
+    out = map_sentences(one, tasks, workers if _device(model).type == "cpu" else 1, progress)
+    shape = (0, len(methods), n_layers, n_heads, len(measures))
+    return (np.stack(out) if out else np.zeros(shape)), measures
 
 
-def _method_effects(
+def _sentence_effects(
     model: torch.nn.Module,
     inputs: TokenBatch,
     labels: torch.Tensor | None,
-    method: AblationMethod,
+    methods: Sequence[AblationMethod],
     mean_z: torch.Tensor | None,
     per_pass: int,
     effects: torch.Tensor,
 ) -> None:
-    """Fill ``effects [batch, layer, head, measure]`` for one method: output measures without ``labels``, the
-    masked-LM loss change (last measure) with them. Each layer's ablations restart from its clean residual."""
+    """Fill ``effects [method, layer, head, measure]`` for one sentence (``inputs [1, pos]``): output measures
+    without ``labels``, the masked-LM loss change (last measure) with them. Each layer's ablations (every head
+    under every method, method-major) fork from the clean residual at that layer (``forward_with_heads``)."""
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     clean, resid = _clean_run(model, inputs)
     clean_loss = _mlm_loss(model, clean, labels) if labels is not None else None
+    copy_methods = [m for m in methods for _ in range(n_heads)]
     for layer in range(n_layers):
-        keep = single_head_keep(n_layers, n_heads, layer)  # [head, layer, head]
-        for first in range(0, n_heads, per_pass):
-            part = keep[first : first + per_pass]
-            hidden = forward_with_heads(model, inputs, part, method=method, mean_z=mean_z, start=(layer, resid[layer]))
-            heads = slice(first, first + len(part))
+        keep = single_head_keep(n_layers, n_heads, layer).repeat(len(methods), 1, 1)  # [(method head), layer, head]
+        for first in range(0, len(keep), per_pass):
+            part = slice(first, first + per_pass)
+            hidden = forward_with_heads(model, inputs, keep[part], method=copy_methods[part], mean_z=mean_z,
+                                        start=(layer, resid[layer]))  # fmt: skip
             if labels is None:
-                hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
-                change = output_change(clean, hidden, inputs.attention_mask)
-                for k, name in enumerate(OUTPUT_MEASURES):
-                    effects[:, layer, heads, k] = change[name].T
+                change = output_change(clean, hidden[:, None], inputs.attention_mask)
+                values = torch.stack([change[name][:, 0] for name in OUTPUT_MEASURES], -1)  # [copy, measure]
+                index = slice(0, len(OUTPUT_MEASURES))
             else:
-                loss = _mlm_loss(model, hidden, labels.repeat(len(part), 1))
-                loss = einops.rearrange(loss, "(c b) -> b c", c=len(part))
-                effects[:, layer, heads, -1] = loss - clean_loss[:, None]
+                values = (_mlm_loss(model, hidden, labels.expand(len(hidden), -1)) - clean_loss)[:, None]
+                index = slice(effects.shape[-1] - 1, None)
+            copies = torch.arange(len(keep))[part]
+            effects[:, layer][copies // n_heads, copies % n_heads, index] = values.to(effects.dtype)
 
 
 def forward_with_heads(
@@ -148,7 +165,7 @@ def forward_with_heads(
     batch: TokenBatch,
     keep: torch.Tensor,
     *,
-    method: AblationMethod = "zero",
+    method: AblationMethod | Sequence[AblationMethod] = "zero",
     mean_z: torch.Tensor | None = None,
     start: tuple[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
@@ -159,10 +176,13 @@ def forward_with_heads(
     Args:
         batch: inputs ``[batch, pos]``.
         keep: ``[copy, layer, head]`` in [0, 1] (1 = untouched).
+        method: one method for every copy, or one per copy (copies of different methods share the pass).
         mean_z: ``[layer, head, d_head]`` for ``method="mean"`` (from ``mean_head_outputs``).
         start: ``(L, resid_pre)`` with ``resid_pre [batch, pos, d_model]`` the clean ``blocks.L.hook_resid_pre``:
             skip the embeddings and blocks before ``L`` (they are unchanged when only heads of layers >= L
-            are touched).
+            are touched). With one sentence (``batch = 1``) the copies share the residual: blocks run on the
+            single stream up to the first gated layer, whose ``hook_z`` forks it into the ``C`` copies (so that
+            layer's Q/K/V and attention run once, not ``C`` times).
 
     Returns:
         Final hidden states ``[(copy batch), pos, d_model]``, copy-major.
@@ -174,12 +194,27 @@ def forward_with_heads(
     if start is not None and bool((keep[:, :first_layer] != 1).any()):
         raise ValueError(f"start at layer {first_layer} but keep touches heads of earlier layers")
     copies, b = keep.shape[0], batch.input_ids.shape[0]
+    methods = [method] * copies if isinstance(method, str) else list(method)
+    if len(methods) != copies:
+        raise ValueError(f"method: one per copy ({copies}) or a single name, got {len(methods)}")
     rep = _replicate(batch, copies)
-    hooks = head_gates(keep, n_batch=b, method=method, mean_z=mean_z, attention_mask=rep.attention_mask,
-                       first_layer=first_layer)  # fmt: skip
+    hooks = []
+    shared = start is not None and b == 1 and start[1].shape[0] == 1
+    if shared:  # fork the single stream at the first gated layer (before any gate of that layer)
+        gated = (keep != 1).flatten(2).any(-1).any(0)  # [layer]
+        if bool(gated.any()):
+            fork = int(gated.float().argmax())
+            hooks.append((f"blocks.{fork}.attn.hook_z", fork_batch(copies)))
+    for name in dict.fromkeys(methods):  # each method gates its own copies; the others pass through (gate 1)
+        own = torch.tensor([m == name for m in methods])
+        hooks += head_gates(torch.where(own[:, None, None], keep, torch.ones(())), n_batch=b, method=name,
+                            mean_z=mean_z, attention_mask=rep.attention_mask, first_layer=first_layer)  # fmt: skip
     with model.hooks(hooks):
         if start is None:
             return model(rep.input_ids, rep.attention_mask, rep.token_type_ids)
+        if shared:
+            hidden = model.forward_from(first_layer, start[1], batch.attention_mask)
+            return hidden.expand(copies, *hidden.shape[1:])  # no gate at all: the copies are the clean stream
         resid = einops.repeat(start[1], "b p m -> (c b) p m", c=copies)
         return model.forward_from(first_layer, resid, rep.attention_mask)
 
@@ -219,6 +254,16 @@ def single_head_keep(n_layers: int, n_heads: int, layer: int) -> torch.Tensor:
     keep = torch.ones(n_heads, n_layers, n_heads)
     keep[torch.arange(n_heads), layer, torch.arange(n_heads)] = 0.0
     return keep
+
+
+def split_sentences(batch: TokenBatch) -> list[TokenBatch]:
+    """One ``[1, n]`` batch per sentence of ``batch`` with its padding dropped (``n`` = its real tokens)."""
+    out = []
+    for i in range(batch.input_ids.shape[0]):
+        real = batch.attention_mask[i].bool()
+        out.append(TokenBatch(*(None if t is None else t[i][real][None] for t in (
+            batch.input_ids, batch.attention_mask, batch.token_type_ids, batch.special_mask))))  # fmt: skip
+    return out
 
 
 def has_mlm_head(model: torch.nn.Module) -> bool:

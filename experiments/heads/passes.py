@@ -20,6 +20,7 @@ from bertscope.experiments.heads import pruning
 from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
+from bertscope.experiments.heads.parallel import map_sentences
 
 if TYPE_CHECKING:
     from bertscope.experiments.heads.experiment import Settings
@@ -56,32 +57,57 @@ def attention_pass(
     }  # fmt: skip
     arc_parts: list[syn.ArcHits] = []
     skipped_syntax = 0
-    names = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"]
-    for batch in progress(batches, "attention statistics", len(batches)):
-        with torch.no_grad():
-            _, cache = model.run_with_cache(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                                            names_filter=names, cache_device="cpu")  # fmt: skip
-        patterns = cache.stack("attn.hook_pattern")  # [layer, batch, head, q, k]
-        values = [cache[f"blocks.{layer}.attn.hook_v"] for layer in range(n_layers)]
-        W_O = [block.attn.W_O.detach().cpu() for block in model.blocks]
-        _batch_statistics(out, patterns, values, W_O, batch, special, max_offset)
-        for b, si in enumerate(np.asarray(batch.sentence_index).tolist()):
-            real = batch.attention_mask[b].cpu().bool()
-            sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n], padding dropped
-            if si < len(out["distances"]):
-                out["distances"][si] = sim.head_distances(
-                    einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")
-                ).numpy()
-            hits = _arc_hits(sentence_pattern, batch, b, real, corpus[si], si, settings.collapse_subtypes)
-            skipped_syntax += hits == "truncated"
-            if isinstance(hits, syn.ArcHits):
-                arc_parts.append(hits)
+    workers = settings.workers if next(model.parameters()).device.type == "cpu" else 1
+
+    def one(batch: Any) -> dict[str, Any]:
+        return _attention_batch(model, batch, corpus, settings, special, max_offset)
+
+    wrap = lambda it: progress(it, "attention statistics", len(batches))  # noqa: E731
+    for part in map_sentences(one, batches, workers, wrap):  # batch order: arcs keep their order
+        out["scalars"][part["index"]], out["offsets"][part["index"]] = part["scalars"], part["offsets"]
+        for si, distance in part["distances"].items():
+            out["distances"][si] = distance
+        arc_parts += part["hits"]
+        skipped_syntax += part["truncated"]
     if arc_parts:
         hits = syn.ArcHits.concat(arc_parts)
         out.update(head_hits=hits.head_hits, offset_hits=hits.offset_hits, relations=hits.relations.astype(str),
                    arc_sentences=hits.sentences)  # fmt: skip
     out["n_truncated"] = np.asarray(skipped_syntax)
     return out
+
+
+def _attention_batch(
+    model: Any, batch: Any, corpus: Any, settings: Settings, special: dict[str, Any], max_offset: int
+) -> dict[str, Any]:
+    """One batch of ``attention_pass``: ``index`` (its sentences), their ``scalars`` and ``offsets`` rows,
+    ``distances`` ``{sentence: [layer*head, layer*head]}`` (sentences below ``distance_sentences``), arc
+    ``hits`` (a list of ``ArcHits``) and the number of ``truncated`` sentences with gold trees."""
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    index = np.asarray(batch.sentence_index)
+    local = {
+        "scalars": np.full((len(index), n_layers, n_heads, len(SCALARS)), np.nan),
+        "offsets": np.zeros((len(index), n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32),
+    }
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, batch.attention_mask, batch.token_type_ids,
+                                        names_filter=["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"],
+                                        cache_device="cpu")  # fmt: skip
+    patterns = cache.stack("attn.hook_pattern")  # [layer, batch, head, q, k]
+    values = [cache[f"blocks.{layer}.attn.hook_v"] for layer in range(n_layers)]
+    W_O = [block.attn.W_O.detach().cpu() for block in model.blocks]
+    _batch_statistics(local, patterns, values, W_O, batch, special, max_offset, rows=np.arange(len(index)))
+    distances, hits, truncated = {}, [], 0
+    for b, si in enumerate(index.tolist()):
+        real = batch.attention_mask[b].cpu().bool()
+        sentence_pattern = patterns[:, b][..., real, :][..., real]  # [layer, head, n, n], padding dropped
+        if si < settings.distance_sentences:
+            distances[si] = sim.head_distances(einops.rearrange(sentence_pattern, "l h q k -> (l h) q k")).numpy()
+        arc = _arc_hits(sentence_pattern, batch, b, real, corpus[si], si, settings.collapse_subtypes)
+        truncated += arc == "truncated"
+        if isinstance(arc, syn.ArcHits):
+            hits.append(arc)
+    return {"index": index, **local, "distances": distances, "hits": hits, "truncated": truncated}
 
 
 def _batch_statistics(
@@ -92,14 +118,16 @@ def _batch_statistics(
     batch: Any,
     special: dict[str, Any],
     max_offset: int,
+    rows: np.ndarray | None = None,
 ) -> None:
-    """Fill ``out["scalars"]`` and ``out["offsets"]`` for the sentences of one batch.
+    """Fill ``out["scalars"]`` and ``out["offsets"]`` for the sentences of one batch (at ``rows``, default their
+    sentence indices).
 
     patterns ``[layer, batch, head, q, k]``; values per layer ``[batch, pos, head, d_head]`` (``hook_v``);
     W_O per layer ``[head, d_head, d_model]``; special: the ids of ``cls``, ``sep`` and ``punct`` (a list).
     """
     ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
-    idx = np.asarray(batch.sentence_index)
+    idx = np.asarray(batch.sentence_index) if rows is None else rows
     masks = {
         "cls_mask": ids == special["cls"],
         "sep_mask": ids == special["sep"],
@@ -156,8 +184,10 @@ def importance_pass(
     """
     order = np.concatenate([b.sentence_index for b in batches])
     inverse = np.argsort(order)  # back to corpus order
+    n_sentences = len(order)
     effects, measures = imp.ablation_effects(model, batches, methods=settings.methods, seed=seed,
-                                             progress=lambda it: progress(it, "ablation", len(it)))  # fmt: skip
+                                             workers=settings.workers,
+                                             progress=lambda it: progress(it, "ablation", n_sentences))  # fmt: skip
     michel = {}
     gradient_batches = batches if gradient_batches is None else gradient_batches
     grad_inverse = np.argsort(np.concatenate([b.sentence_index for b in gradient_batches]))
@@ -211,13 +241,14 @@ def _pruning(
     keep = pruning.pruning_keeps([[divmod(int(i), n_heads) for i in o] for o in flat_orders], counts, n_layers,
                                  n_heads)  # fmt: skip
     n_chosen = 2 * len(names)
-    random = pruning.pruning_curves(model, batches, keep[n_chosen:])[inverse]  # [sentence, order, count, measure]
+    workers = settings.workers
+    random = pruning.pruning_curves(model, batches, keep[n_chosen:], workers=workers)[inverse]  # [s, o, c, m]
     heldout = np.zeros((len(effects), len(names), *random.shape[2:]))
     for f in (0, 1):  # the orders chosen without half f (keep[f::2]) are read on half f only
         rows = [fold[np.asarray(b.sentence_index)] == f for b in batches]
         sub = [_rows(b, r) for b, r in zip(batches, rows, strict=True) if r.any()]
         index = np.concatenate([np.asarray(b.sentence_index)[r] for b, r in zip(batches, rows, strict=True)])
-        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2])
+        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2], workers=workers)
     return {
         "pruning": heldout,  # [sentence, order, count, measure]
         "pruning_orders": np.asarray(names, dtype=str),

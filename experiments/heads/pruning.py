@@ -3,7 +3,9 @@
 Many orders are evaluated at once: every (order, count) pair is one ``keep`` mask ``[layer, head]``; identical
 masks (``k = 0`` and ``k = all`` are shared by every order) run once, and a mask whose first removed head sits in
 layer ``L`` restarts from the clean residual stream at ``L`` (earlier blocks are unchanged), so the cost is one
-clean pass plus one partial pass per distinct mask, ``copies_per_pass`` masks per forward.
+clean pass plus one partial pass per distinct mask, ``copies_per_pass`` masks per forward. Sentences run one at a
+time without padding; the masks of one restart layer share that layer's Q/K/V and attention (they fork at its
+head outputs, ``importance.forward_with_heads``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import einops
 import numpy as np
 import torch
 from bertscope.experiments.heads.importance import (
@@ -19,9 +20,12 @@ from bertscope.experiments.heads.importance import (
     TokenBatch,
     _check_eval,
     _clean_run,
+    _device,
     forward_with_heads,
     output_change,
+    split_sentences,
 )
+from bertscope.experiments.heads.parallel import map_sentences
 
 
 def pruning_keeps(
@@ -39,10 +43,16 @@ def pruning_keeps(
 
 
 def pruning_curves(
-    model: torch.nn.Module, batches: Iterable[Any], keep: torch.Tensor, *, copies_per_pass: int = 48
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    keep: torch.Tensor,
+    *,
+    copies_per_pass: int = 128,
+    workers: int = 1,
 ) -> np.ndarray:
     """Output change of every sentence under every zero-ablation mask ``keep [..., layer, head]`` (0 = removed).
 
+    ``workers``: processes for the sentences (``parallel.map_sentences``; 1 = in this process).
     Returns ``[sentence, ..., measure]`` float64, measures ``OUTPUT_MEASURES``; sentences in batch order.
     """
     _check_eval(model)
@@ -52,24 +62,33 @@ def pruning_curves(
     unique, inverse = torch.unique(flat, dim=0, return_inverse=True)  # [mask, layer, head]
     touched = (unique != 1).flatten(2).any(-1)  # [mask, layer]
     first = torch.where(touched.any(-1), touched.float().argmax(-1), torch.full((len(unique),), n_layers))
-    out = []
-    for raw in batches:
-        batch = TokenBatch.of(raw)
+    sentences = [s for raw in batches for s in split_sentences(TokenBatch.of(raw))]
+
+    def one(sentence: TokenBatch) -> np.ndarray:  # [flat, measure]
         with torch.no_grad():
-            clean, resid = _clean_run(model, batch)
-            change = torch.zeros(len(unique), batch.input_ids.shape[0], len(OUTPUT_MEASURES), dtype=torch.float64)
-            for layer in first.unique().tolist():
-                if layer == n_layers:  # nothing removed: no change
-                    continue
-                members = torch.nonzero(first == layer).flatten()
-                for part in members.split(copies_per_pass):
-                    hidden = forward_with_heads(model, batch, unique[part], method="zero", start=(layer, resid[layer]))
-                    hidden = einops.rearrange(hidden, "(c b) p m -> c b p m", c=len(part))
-                    diff = output_change(clean, hidden, batch.attention_mask)
-                    change[part] = torch.stack([diff[m] for m in OUTPUT_MEASURES], dim=-1).cpu()
-        out.append(change[inverse])  # [flat, b, measure]
-    curves = einops.rearrange(torch.cat(out, dim=1), "k s m -> s k m")
-    return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES)).numpy()
+            return _sentence_changes(model, sentence, unique, first, copies_per_pass)[inverse].numpy()
+
+    out = map_sentences(one, sentences, workers if _device(model).type == "cpu" else 1)
+    curves = np.stack(out) if out else np.zeros((0, len(flat), len(OUTPUT_MEASURES)))
+    return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES))
+
+
+def _sentence_changes(
+    model: torch.nn.Module, sentence: TokenBatch, masks: torch.Tensor, first: torch.Tensor, copies_per_pass: int
+) -> torch.Tensor:
+    """``[mask, measure]`` output change of one sentence (``[1, pos]``) under ``masks [mask, layer, head]``, each
+    run from the clean residual at its first touched layer ``first [mask]`` (``n_layers``: nothing removed)."""
+    n_layers = model.config.n_layers
+    clean, resid = _clean_run(model, sentence)
+    change = torch.zeros(len(masks), len(OUTPUT_MEASURES), dtype=torch.float64)
+    for layer in first.unique().tolist():
+        if layer == n_layers:  # nothing removed: no change
+            continue
+        for part in torch.nonzero(first == layer).flatten().split(copies_per_pass):
+            hidden = forward_with_heads(model, sentence, masks[part], method="zero", start=(layer, resid[layer]))
+            diff = output_change(clean, hidden[:, None], sentence.attention_mask)
+            change[part] = torch.stack([diff[m][:, 0] for m in OUTPUT_MEASURES], dim=-1).cpu()
+    return change
 
 
 def pruning_curve(
