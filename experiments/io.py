@@ -118,29 +118,43 @@ def write_table(
 
 
 def save_figure(
-    fig: Any, base: str | os.PathLike[str], formats: Iterable[str] = FIGURE_FORMATS, dpi: int = 150
+    fig: Any,
+    base: str | os.PathLike[str],
+    formats: Iterable[str] = FIGURE_FORMATS,
+    dpi: int = 150,
+    parallel: bool | None = None,
 ) -> list[Path]:
     """Atomically save a matplotlib figure as ``base.png`` and ``base.pdf``, cropped tight, then close it.
 
     The tight crop (what ``savefig(bbox_inches="tight")`` computes) is laid out once, by :func:`tight_bbox`,
     and handed to every format, so each file costs one draw instead of a throwaway layout draw plus one:
-    the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds. The figure is closed even
-    if saving fails, so a failing loop does not leak figures.
+    the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds.
+
+    ``parallel`` (None: where ``os.fork`` exists and this process may use two cores) draws the last format
+    in a forked copy of this process while this one draws the others, then waits for it: the same bytes
+    in about half the time of the drawing. An error in the copy is raised here (the same exception where it
+    pickles); every file is still written atomically. The figure is closed even if saving fails, so a failing
+    loop does not leak figures.
     """
     import matplotlib.pyplot as plt
 
-    paths = []
+    jobs = [(fmt, _with_format(base, fmt, FIGURE_FORMATS)) for fmt in formats]
     try:
         bbox = tight_bbox(fig, dpi)
+
+        def save(fmt: str, path: Path) -> None:
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
+
         with _without_placeholder_layout(fig):
-            for fmt in formats:
-                path = _with_format(base, fmt, FIGURE_FORMATS)
-                with atomic_path(path) as tmp:
-                    fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
-                paths.append(path)
+            if len(jobs) > 1 and (_can_fork() if parallel is None else parallel):
+                _run_forked(lambda: save(*jobs[-1]), lambda: [save(*job) for job in jobs[:-1]])
+            else:
+                for job in jobs:
+                    save(*job)
     finally:
         plt.close(fig)
-    return paths
+    return [path for _, path in jobs]
 
 
 def tight_bbox(fig: Any, dpi: float) -> Any:
@@ -233,6 +247,60 @@ def _with_format(base: str | os.PathLike[str], fmt: str, known: Iterable[str]) -
     if base.suffix.lstrip(".") in set(known):
         base = base.with_suffix("")
     return base.with_name(f"{base.name}.{fmt}")
+
+
+def _can_fork() -> bool:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return hasattr(os, "fork") and cores > 1
+
+
+def _run_forked(child: Callable[[], Any], parent: Callable[[], Any]) -> None:
+    """Run ``child()`` in a forked copy of this process while this one runs ``parent()``; wait for both.
+
+    The copy reports an exception through a pipe (pickled, else as text) and leaves with ``os._exit``, so it
+    never returns into the caller's code, flushes nothing inherited and runs no exit handler. Whatever
+    ``parent()`` raises, the copy is waited for before it propagates; then the copy's error is raised.
+    """
+    import pickle
+    import warnings
+
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads (tqdm's monitor): the copy
+        warnings.simplefilter("ignore", DeprecationWarning)  # only draws the figure and writes files
+        pid = os.fork()
+    if pid == 0:  # the copy
+        code = 1
+        try:
+            import gc
+
+            gc.disable()  # a full collection would touch (copy) every page of the parent's heap
+            os.close(read_fd)
+            child()
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - every error goes to the parent
+            try:
+                report = pickle.dumps(e)
+            except Exception:  # noqa: BLE001
+                report = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+            with contextlib.suppress(BaseException):
+                with os.fdopen(write_fd, "wb") as f:
+                    f.write(report)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    try:
+        parent()
+    finally:
+        with os.fdopen(read_fd, "rb") as f:
+            report = f.read()
+        _, status = os.waitpid(pid, 0)
+    if report:
+        raise pickle.loads(report)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the process drawing a figure ended with status {os.waitstatus_to_exitcode(status)}")
 
 
 @contextlib.contextmanager
