@@ -140,7 +140,8 @@ def save_figure(
 
     jobs = [(fmt, _with_format(base, fmt, FIGURE_FORMATS)) for fmt in formats]
     try:
-        bbox = tight_bbox(fig, dpi)
+        # a layout engine (constrained) re-runs at every savefig and moves the axes: let savefig crop after it
+        bbox = "tight" if _lays_out_when_drawn(fig) else tight_bbox(fig, dpi)
 
         def save(fmt: str, path: Path) -> None:
             with atomic_path(path) as tmp:
@@ -160,15 +161,20 @@ def save_figure(
 def tight_bbox(fig: Any, dpi: float) -> Any:
     """The box, in inches, that ``fig.savefig(..., dpi=dpi, bbox_inches="tight")`` crops to.
 
-    Laid out the way savefig lays it out (a draw with rendering disabled at ``dpi``, then the tight box of
-    every artist, padded by ``rcParams["savefig.pad_inches"]``); returns a ``matplotlib.transforms.Bbox``.
+    ``fig.get_tightbbox`` with the renderer the PNG is drawn with (text extents depend on the dpi), padded
+    by ``rcParams["savefig.pad_inches"]`` as savefig pads it; returns a ``matplotlib.transforms.Bbox``.
+    Savefig draws the figure once, with rendering disabled, before it measures; the measure lays out what
+    it needs itself (ticks, titles, axis labels, aspect, colour bars, legends: the same box on every figure
+    of the experiments, and `tests/test_io.py` pins the PNG), so that draw is left out (it cost as much as
+    the measure) unless a layout engine has to place the axes first.
     """
     import matplotlib as mpl
 
     figure_dpi = fig.dpi
-    fig.dpi = dpi  # text extents depend on the dpi: measure at the dpi the PNG is drawn at
+    fig.dpi = dpi
     try:
-        fig.draw_without_rendering()
+        if _lays_out_when_drawn(fig):
+            fig.draw_without_rendering()  # a constrained (or tight) layout engine places the axes at draw time
         bbox = fig.get_tightbbox()
     finally:
         fig.dpi = figure_dpi
@@ -301,6 +307,12 @@ def _run_forked(child: Callable[[], Any], parent: Callable[[], Any]) -> None:
         raise pickle.loads(report)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"the process drawing a figure ended with status {os.waitstatus_to_exitcode(status)}")
+
+
+def _lays_out_when_drawn(fig: Any) -> bool:
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    return not isinstance(fig.get_layout_engine(), (PlaceHolderLayoutEngine, type(None)))
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,7 +80,10 @@ def test_save_figure_writes_png_and_pdf_and_closes_the_figure(tmp_path: Path) ->
     assert not plt.fignum_exists(fig.number)
 
 
-def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", [False, True])
+def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path, parallel: bool) -> None:
+    if parallel and not hasattr(os, "fork"):
+        pytest.skip("no os.fork")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,10 +99,103 @@ def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path) -> None
             raise KeyboardInterrupt
 
     fig.savefig = savefig  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        io.save_figure(fig, tmp_path / "fig")
+    with pytest.raises(KeyboardInterrupt):  # raised in the forked copy when parallel: re-raised here
+        io.save_figure(fig, tmp_path / "fig", parallel=parallel)
     assert _listing(tmp_path) == ["fig.png"]
+    _assert_no_child_left()
     assert not plt.fignum_exists(fig.number)
+
+
+def _busy_figure(layout: str | None = None):  # noqa: ANN202 - matplotlib Figure
+    """A figure whose tight box is set by a suptitle, rotated tick labels, a colour bar and an outside legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout=layout)
+    im = axes[0].imshow(np.arange(12.0).reshape(3, 4), aspect="equal")
+    fig.colorbar(im, ax=axes[0], label="value")
+    axes[0].set_xticks(range(4), ["[CLS]", "token", "##s", "[SEP]"], rotation=90)
+    axes[1].plot([0, 1], [1, 0], label="a line")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("a title\non two lines")
+    if layout is None:
+        fig.tight_layout()  # leaves an inert placeholder layout engine behind
+    return fig
+
+
+def _pixels(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGBA"))
+
+
+def _assert_no_child_left() -> None:
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+@pytest.mark.parametrize("layout", [None, "constrained"])
+def test_save_figure_png_equals_savefig_tight_and_pdf_has_its_bounds(tmp_path: Path, layout: str | None) -> None:
+    import matplotlib.pyplot as plt
+
+    reference = _busy_figure(layout)
+    reference.savefig(tmp_path / "reference.png", dpi=150, bbox_inches="tight")
+    plt.close(reference)
+    png, pdf = io.save_figure(_busy_figure(layout), tmp_path / "fig", dpi=150, parallel=False)
+    expected, got = _pixels(tmp_path / "reference.png"), _pixels(png)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    box = re.search(rb"/MediaBox \[\s*0 0 ([0-9.]+) ([0-9.]+)\s*\]", pdf.read_bytes())
+    assert box is not None
+    width_pt, height_pt = float(box.group(1)), float(box.group(2))
+    # the same box in inches: the PNG has int(inches * 150) pixels, the PDF page inches * 72 points
+    assert width_pt / 72 * 150 == pytest.approx(got.shape[1], abs=1.0)
+    assert height_pt / 72 * 150 == pytest.approx(got.shape[0], abs=1.0)
+
+
+def test_save_figure_draws_each_format_once(tmp_path: Path) -> None:
+    # savefig(bbox_inches="tight") draws twice per format (a layout draw, then the file's); once is enough
+    fig = _busy_figure()
+    draws = []
+    real_draw = fig.draw
+
+    def draw(renderer: object) -> None:
+        draws.append(type(renderer).__name__)
+        real_draw(renderer)
+
+    fig.draw = draw  # type: ignore[method-assign]
+    io.save_figure(fig, tmp_path / "fig", parallel=False)
+    assert draws == ["RendererAgg", "MixedModeRenderer"]  # the PDF backend wraps its renderer
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_forked_save_writes_the_same_bytes_and_reports_errors(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    serial = io.save_figure(_busy_figure(), tmp_path / "serial", parallel=False)
+    forked = io.save_figure(_busy_figure(), tmp_path / "forked", parallel=True)
+    _assert_no_child_left()
+    for a, b in zip(serial, forked, strict=True):
+        assert a.read_bytes() == b.read_bytes(), b.name
+
+    fig = _busy_figure()
+    real_savefig = fig.savefig
+
+    def savefig(path: object, **kw: object) -> None:
+        if kw.get("format") == "pdf":
+            raise ValueError("no PDF today")
+        real_savefig(path, **kw)
+
+    fig.savefig = savefig  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="no PDF today"):
+        io.save_figure(fig, tmp_path / "broken", parallel=True)
+    assert not plt.fignum_exists(fig.number)
+    assert sorted(p.name for p in tmp_path.glob("broken*")) == ["broken.png"]
+    assert not list(tmp_path.glob(f".*{io.PARTIAL_SUFFIX}"))
+    _assert_no_child_left()
 
 
 def test_killed_writer_leaves_no_destination_and_partials_are_swept(tmp_path: Path) -> None:
