@@ -25,9 +25,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from bertscope.experiments import forked
+
 PARTIAL_SUFFIX = ".partial"
 TABLE_FORMATS = ("parquet", "csv")
 FIGURE_FORMATS = ("png", "pdf")
+_PIPELINE: Any = None  # the forked.Pipeline of the open figures_beside block, if any
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 _FILE_MODE = 0o666 & ~_UMASK
@@ -126,15 +129,15 @@ def save_figure(
 ) -> list[Path]:
     """Atomically save a matplotlib figure as ``base.png`` and ``base.pdf``, cropped tight, then close it.
 
-    The tight crop (what ``savefig(bbox_inches="tight")`` computes) is laid out once, by :func:`tight_bbox`,
+    The tight crop (what ``savefig(bbox_inches="tight")`` computes) is measured once, by :func:`tight_bbox`,
     and handed to every format, so each file costs one draw instead of a throwaway layout draw plus one:
     the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds.
 
-    ``parallel`` (None: where ``os.fork`` exists and this process may use two cores) draws the last format
-    in a forked copy of this process while this one draws the others, then waits for it: the same bytes
-    in about half the time of the drawing. An error in the copy is raised here (the same exception where it
-    pickles); every file is still written atomically. The figure is closed even if saving fails, so a failing
-    loop does not leak figures.
+    ``parallel`` (None: where :func:`bertscope.experiments.forked.available`) draws beside this process, in a
+    forked copy: inside :func:`figures_beside` the copy draws every format and this call returns at once
+    (the files are whole when that block ends); elsewhere the copy draws the last format while this process
+    draws the others. The same bytes either way; an error in the copy is raised here (or at the next figure
+    or the block's end). The figure is closed even if saving fails, so a failing loop does not leak figures.
     """
     import matplotlib.pyplot as plt
 
@@ -143,19 +146,40 @@ def save_figure(
         # a layout engine (constrained) re-runs at every savefig and moves the axes: let savefig crop after it
         bbox = "tight" if _lays_out_when_drawn(fig) else tight_bbox(fig, dpi)
 
-        def save(fmt: str, path: Path) -> None:
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
+        def save(*chosen: tuple[str, Path]) -> None:
+            with _without_placeholder_layout(fig):
+                for fmt, path in chosen:
+                    with atomic_path(path) as tmp:
+                        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
 
-        with _without_placeholder_layout(fig):
-            if len(jobs) > 1 and (_can_fork() if parallel is None else parallel):
-                _run_forked(lambda: save(*jobs[-1]), lambda: [save(*job) for job in jobs[:-1]])
-            else:
-                for job in jobs:
-                    save(*job)
+        beside = forked.available() if parallel is None else parallel
+        if beside and _PIPELINE is not None:
+            _PIPELINE.submit(lambda: save(*jobs))
+        elif beside and len(jobs) > 1:
+            forked.beside(lambda: save(jobs[-1]), lambda: save(*jobs[:-1]))
+        else:
+            save(*jobs)
     finally:
         plt.close(fig)
     return [path for _, path in jobs]
+
+
+@contextlib.contextmanager
+def figures_beside() -> Iterator[None]:
+    """Within this block (or a function decorated with it), `save_figure` hands each figure to a forked copy
+    that draws all its files while this process builds the next figure; one copy at a time, and on exit every
+    file is written (the first error raised). Nested blocks join the outer one; no effect without fork."""
+    global _PIPELINE
+    if _PIPELINE is not None or not forked.available():
+        yield
+        return
+    pipeline = forked.Pipeline()
+    _PIPELINE = pipeline
+    try:
+        with pipeline.open():
+            yield
+    finally:
+        _PIPELINE = None
 
 
 def tight_bbox(fig: Any, dpi: float) -> Any:
@@ -253,60 +277,6 @@ def _with_format(base: str | os.PathLike[str], fmt: str, known: Iterable[str]) -
     if base.suffix.lstrip(".") in set(known):
         base = base.with_suffix("")
     return base.with_name(f"{base.name}.{fmt}")
-
-
-def _can_fork() -> bool:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return hasattr(os, "fork") and cores > 1
-
-
-def _run_forked(child: Callable[[], Any], parent: Callable[[], Any]) -> None:
-    """Run ``child()`` in a forked copy of this process while this one runs ``parent()``; wait for both.
-
-    The copy reports an exception through a pipe (pickled, else as text) and leaves with ``os._exit``, so it
-    never returns into the caller's code, flushes nothing inherited and runs no exit handler. Whatever
-    ``parent()`` raises, the copy is waited for before it propagates; then the copy's error is raised.
-    """
-    import pickle
-    import warnings
-
-    read_fd, write_fd = os.pipe()
-    with warnings.catch_warnings():  # Python >= 3.12 warns on fork with threads (tqdm's monitor): the copy
-        warnings.simplefilter("ignore", DeprecationWarning)  # only draws the figure and writes files
-        pid = os.fork()
-    if pid == 0:  # the copy
-        code = 1
-        try:
-            import gc
-
-            gc.disable()  # a full collection would touch (copy) every page of the parent's heap
-            os.close(read_fd)
-            child()
-            code = 0
-        except BaseException as e:  # noqa: BLE001 - every error goes to the parent
-            try:
-                report = pickle.dumps(e)
-            except Exception:  # noqa: BLE001
-                report = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
-            with contextlib.suppress(BaseException):
-                with os.fdopen(write_fd, "wb") as f:
-                    f.write(report)
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    try:
-        parent()
-    finally:
-        with os.fdopen(read_fd, "rb") as f:
-            report = f.read()
-        _, status = os.waitpid(pid, 0)
-    if report:
-        raise pickle.loads(report)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"the process drawing a figure ended with status {os.waitstatus_to_exitcode(status)}")
 
 
 def _lays_out_when_drawn(fig: Any) -> bool:

@@ -263,3 +263,44 @@ def test_sha256_file_matches_hashlib(tmp_path: Path) -> None:
     data = os.urandom(3 << 20)
     path = io.write_bytes(tmp_path / "blob", data)
     assert io.sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.skipif(not io.forked.available(), reason="no os.fork or one core")
+def test_figures_beside_block_writes_every_file_by_its_end_and_raises_a_copy_error(tmp_path: Path) -> None:
+    serial = io.save_figure(_busy_figure(), tmp_path / "serial", parallel=False)
+    with io.figures_beside():
+        first = io.save_figure(_busy_figure(), tmp_path / "a")
+        second = io.save_figure(_busy_figure(), tmp_path / "b")  # waits for the copy drawing "a"
+        assert all(p.is_file() for p in first)
+    for a, b, c in zip(serial, first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes() == c.read_bytes(), c.name
+    _assert_no_child_left()
+
+    fig = _busy_figure()
+    fig.savefig = lambda *a, **k: (_ for _ in ()).throw(ValueError("broken figure"))  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="broken figure"), io.figures_beside():
+        io.save_figure(fig, tmp_path / "broken")  # returns at once; the copy's error comes at the block's end
+    assert not list(tmp_path.glob("broken*")) and not list(tmp_path.glob(f".*{io.PARTIAL_SUFFIX}"))
+    _assert_no_child_left()
+
+    with pytest.raises(KeyError), io.figures_beside():  # an error here: the copy still finishes its files
+        io.save_figure(_busy_figure(), tmp_path / "c")
+        raise KeyError("plot failed")
+    assert (tmp_path / "c.png").read_bytes() == serial[0].read_bytes()
+    _assert_no_child_left()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_forked_beside_waits_for_the_copy_and_the_parent_error_wins(tmp_path: Path) -> None:
+    from bertscope.experiments import forked
+
+    def child() -> None:
+        time.sleep(0.2)
+        (tmp_path / "child").write_text("done")
+
+    with pytest.raises(ZeroDivisionError):
+        forked.beside(child, lambda: 1 / 0)
+    assert (tmp_path / "child").read_text() == "done"  # waited for, though the parent failed first
+    with pytest.raises(RuntimeError, match="no report"):
+        forked.beside(lambda: os._exit(3), lambda: None)
+    _assert_no_child_left()
