@@ -102,7 +102,7 @@ def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path, paralle
     with pytest.raises(KeyboardInterrupt):  # raised in the forked copy when parallel: re-raised here
         io.save_figure(fig, tmp_path / "fig", parallel=parallel)
     assert _listing(tmp_path) == ["fig.png"]
-    _assert_no_child_left()
+    _assert_no_child_left(copies=int(parallel))
     assert not plt.fignum_exists(fig.number)
 
 
@@ -132,9 +132,27 @@ def _pixels(path: Path) -> np.ndarray:
         return np.asarray(im.convert("RGBA"))
 
 
-def _assert_no_child_left() -> None:
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)
+_FORKED: list[int] = []  # pids of every forked copy the figure savers started (see the autouse fixture)
+
+
+@pytest.fixture(autouse=True)
+def _record_forked_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_start = io.forked.start
+
+    def start(fn):  # noqa: ANN001, ANN202
+        copy = real_start(fn)
+        _FORKED.append(copy.pid)
+        return copy
+
+    monkeypatch.setattr(io.forked, "start", start)
+
+
+def _assert_no_child_left(copies: int = 0) -> None:
+    # other tests of the session may have children of their own: look at the copies started here only
+    assert len(_FORKED) >= copies, f"expected {copies} forked copies, saw {len(_FORKED)}"
+    while _FORKED:
+        with pytest.raises(ChildProcessError):  # reaped already
+            os.waitpid(_FORKED.pop(), os.WNOHANG)
 
 
 @pytest.mark.parametrize("layout", [None, "constrained"])
@@ -177,7 +195,7 @@ def test_forked_save_writes_the_same_bytes_and_reports_errors(tmp_path: Path) ->
 
     serial = io.save_figure(_busy_figure(), tmp_path / "serial", parallel=False)
     forked = io.save_figure(_busy_figure(), tmp_path / "forked", parallel=True)
-    _assert_no_child_left()
+    _assert_no_child_left(copies=1)
     for a, b in zip(serial, forked, strict=True):
         assert a.read_bytes() == b.read_bytes(), b.name
 
@@ -195,7 +213,7 @@ def test_forked_save_writes_the_same_bytes_and_reports_errors(tmp_path: Path) ->
     assert not plt.fignum_exists(fig.number)
     assert sorted(p.name for p in tmp_path.glob("broken*")) == ["broken.png"]
     assert not list(tmp_path.glob(f".*{io.PARTIAL_SUFFIX}"))
-    _assert_no_child_left()
+    _assert_no_child_left(copies=1)
 
 
 def test_killed_writer_leaves_no_destination_and_partials_are_swept(tmp_path: Path) -> None:
@@ -274,20 +292,20 @@ def test_figures_beside_block_writes_every_file_by_its_end_and_raises_a_copy_err
         assert all(p.is_file() for p in first)
     for a, b, c in zip(serial, first, second, strict=True):
         assert a.read_bytes() == b.read_bytes() == c.read_bytes(), c.name
-    _assert_no_child_left()
+    _assert_no_child_left(copies=2)
 
     fig = _busy_figure()
     fig.savefig = lambda *a, **k: (_ for _ in ()).throw(ValueError("broken figure"))  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="broken figure"), io.figures_beside():
         io.save_figure(fig, tmp_path / "broken")  # returns at once; the copy's error comes at the block's end
     assert not list(tmp_path.glob("broken*")) and not list(tmp_path.glob(f".*{io.PARTIAL_SUFFIX}"))
-    _assert_no_child_left()
+    _assert_no_child_left(copies=1)
 
     with pytest.raises(KeyError), io.figures_beside():  # an error here: the copy still finishes its files
         io.save_figure(_busy_figure(), tmp_path / "c")
         raise KeyError("plot failed")
     assert (tmp_path / "c.png").read_bytes() == serial[0].read_bytes()
-    _assert_no_child_left()
+    _assert_no_child_left(copies=1)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
@@ -303,4 +321,4 @@ def test_forked_beside_waits_for_the_copy_and_the_parent_error_wins(tmp_path: Pa
     assert (tmp_path / "child").read_text() == "done"  # waited for, though the parent failed first
     with pytest.raises(RuntimeError, match="no report"):
         forked.beside(lambda: os._exit(3), lambda: None)
-    _assert_no_child_left()
+    _assert_no_child_left(copies=2)
