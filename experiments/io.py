@@ -10,6 +10,8 @@ behind, never a half-written destination; temporaries are named ``.<name>.<token
 >>> write_json(out / "manifest.json", {"status": "complete"})
 >>> write_table(df, out / "results")              # results.parquet + results.csv
 >>> save_figure(fig, out / "fig_heads")           # fig_heads.png + fig_heads.pdf
+>>> with figures_beside():                         # a forked copy draws each figure's files while
+...     for fig in figures: save_figure(fig, ...)  # the next figure is built; all written at the end
 """
 
 from __future__ import annotations
