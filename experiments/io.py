@@ -10,8 +10,6 @@ behind, never a half-written destination; temporaries are named ``.<name>.<token
 >>> write_json(out / "manifest.json", {"status": "complete"})
 >>> write_table(df, out / "results")              # results.parquet + results.csv
 >>> save_figure(fig, out / "fig_heads")           # fig_heads.png + fig_heads.pdf
->>> with figures_beside():                         # a forked copy draws each figure's files while
-...     for fig in figures: save_figure(fig, ...)  # the next figure is built; all written at the end
 """
 
 from __future__ import annotations
@@ -27,12 +25,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bertscope.experiments import forked
-
 PARTIAL_SUFFIX = ".partial"
 TABLE_FORMATS = ("parquet", "csv")
 FIGURE_FORMATS = ("png", "pdf")
-_PIPELINE: Any = None  # the forked.Pipeline of the open figures_beside block, if any
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 _FILE_MODE = 0o666 & ~_UMASK
@@ -123,65 +118,30 @@ def write_table(
 
 
 def save_figure(
-    fig: Any,
-    base: str | os.PathLike[str],
-    formats: Iterable[str] = FIGURE_FORMATS,
-    dpi: int = 150,
-    parallel: bool | None = None,
+    fig: Any, base: str | os.PathLike[str], formats: Iterable[str] = FIGURE_FORMATS, dpi: int = 150
 ) -> list[Path]:
     """Atomically save a matplotlib figure as ``base.png`` and ``base.pdf``, cropped tight, then close it.
 
     The tight crop (what ``savefig(bbox_inches="tight")`` computes) is measured once, by :func:`tight_bbox`,
     and handed to every format, so each file costs one draw instead of a throwaway layout draw plus one:
-    the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds.
-
-    ``parallel`` (None: where :func:`bertscope.experiments.forked.available`) draws beside this process, in a
-    forked copy: inside :func:`figures_beside` the copy draws every format and this call returns at once
-    (the files are whole when that block ends); elsewhere the copy draws the last format while this process
-    draws the others. The same bytes either way; an error in the copy is raised here (or at the next figure
-    or the block's end). The figure is closed even if saving fails, so a failing loop does not leak figures.
+    the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds. The figure is closed even
+    if saving fails, so a failing loop does not leak figures.
     """
     import matplotlib.pyplot as plt
 
-    jobs = [(fmt, _with_format(base, fmt, FIGURE_FORMATS)) for fmt in formats]
+    paths = []
     try:
         # a layout engine (constrained) re-runs at every savefig and moves the axes: let savefig crop after it
         bbox = "tight" if _lays_out_when_drawn(fig) else tight_bbox(fig, dpi)
-
-        def save(*chosen: tuple[str, Path]) -> None:
-            with _without_placeholder_layout(fig):
-                for fmt, path in chosen:
-                    with atomic_path(path) as tmp:
-                        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
-
-        beside = forked.available() if parallel is None else parallel
-        if beside and _PIPELINE is not None:
-            _PIPELINE.submit(lambda: save(*jobs))
-        elif beside and len(jobs) > 1:
-            forked.beside(lambda: save(jobs[-1]), lambda: save(*jobs[:-1]))
-        else:
-            save(*jobs)
+        with _without_placeholder_layout(fig):
+            for fmt in formats:
+                path = _with_format(base, fmt, FIGURE_FORMATS)
+                with atomic_path(path) as tmp:
+                    fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
+                paths.append(path)
     finally:
         plt.close(fig)
-    return [path for _, path in jobs]
-
-
-@contextlib.contextmanager
-def figures_beside() -> Iterator[None]:
-    """Within this block (or a function decorated with it), `save_figure` hands each figure to a forked copy
-    that draws all its files while this process builds the next figure; one copy at a time, and on exit every
-    file is written (the first error raised). Nested blocks join the outer one; no effect without fork."""
-    global _PIPELINE
-    if _PIPELINE is not None or not forked.available():
-        yield
-        return
-    pipeline = forked.Pipeline()
-    _PIPELINE = pipeline
-    try:
-        with pipeline.open():
-            yield
-    finally:
-        _PIPELINE = None
+    return paths
 
 
 def tight_bbox(fig: Any, dpi: float) -> Any:

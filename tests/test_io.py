@@ -80,10 +80,7 @@ def test_save_figure_writes_png_and_pdf_and_closes_the_figure(tmp_path: Path) ->
     assert not plt.fignum_exists(fig.number)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path, parallel: bool) -> None:
-    if parallel and not hasattr(os, "fork"):
-        pytest.skip("no os.fork")
+def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,10 +96,9 @@ def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path, paralle
             raise KeyboardInterrupt
 
     fig.savefig = savefig  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):  # raised in the forked copy when parallel: re-raised here
-        io.save_figure(fig, tmp_path / "fig", parallel=parallel)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_figure(fig, tmp_path / "fig")
     assert _listing(tmp_path) == ["fig.png"]
-    _assert_no_child_left(copies=int(parallel))
     assert not plt.fignum_exists(fig.number)
 
 
@@ -132,29 +128,6 @@ def _pixels(path: Path) -> np.ndarray:
         return np.asarray(im.convert("RGBA"))
 
 
-_FORKED: list[int] = []  # pids of every forked copy the figure savers started (see the autouse fixture)
-
-
-@pytest.fixture(autouse=True)
-def _record_forked_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_start = io.forked.start
-
-    def start(fn):  # noqa: ANN001, ANN202
-        copy = real_start(fn)
-        _FORKED.append(copy.pid)
-        return copy
-
-    monkeypatch.setattr(io.forked, "start", start)
-
-
-def _assert_no_child_left(copies: int = 0) -> None:
-    # other tests of the session may have children of their own: look at the copies started here only
-    assert len(_FORKED) >= copies, f"expected {copies} forked copies, saw {len(_FORKED)}"
-    while _FORKED:
-        with pytest.raises(ChildProcessError):  # reaped already
-            os.waitpid(_FORKED.pop(), os.WNOHANG)
-
-
 @pytest.mark.parametrize("layout", [None, "constrained"])
 def test_save_figure_png_equals_savefig_tight_and_pdf_has_its_bounds(tmp_path: Path, layout: str | None) -> None:
     import matplotlib.pyplot as plt
@@ -162,7 +135,7 @@ def test_save_figure_png_equals_savefig_tight_and_pdf_has_its_bounds(tmp_path: P
     reference = _busy_figure(layout)
     reference.savefig(tmp_path / "reference.png", dpi=150, bbox_inches="tight")
     plt.close(reference)
-    png, pdf = io.save_figure(_busy_figure(layout), tmp_path / "fig", dpi=150, parallel=False)
+    png, pdf = io.save_figure(_busy_figure(layout), tmp_path / "fig", dpi=150)
     expected, got = _pixels(tmp_path / "reference.png"), _pixels(png)
     assert got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
@@ -185,35 +158,8 @@ def test_save_figure_draws_each_format_once(tmp_path: Path) -> None:
         real_draw(renderer)
 
     fig.draw = draw  # type: ignore[method-assign]
-    io.save_figure(fig, tmp_path / "fig", parallel=False)
+    io.save_figure(fig, tmp_path / "fig")
     assert draws == ["RendererAgg", "MixedModeRenderer"]  # the PDF backend wraps its renderer
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
-def test_forked_save_writes_the_same_bytes_and_reports_errors(tmp_path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    serial = io.save_figure(_busy_figure(), tmp_path / "serial", parallel=False)
-    forked = io.save_figure(_busy_figure(), tmp_path / "forked", parallel=True)
-    _assert_no_child_left(copies=1)
-    for a, b in zip(serial, forked, strict=True):
-        assert a.read_bytes() == b.read_bytes(), b.name
-
-    fig = _busy_figure()
-    real_savefig = fig.savefig
-
-    def savefig(path: object, **kw: object) -> None:
-        if kw.get("format") == "pdf":
-            raise ValueError("no PDF today")
-        real_savefig(path, **kw)
-
-    fig.savefig = savefig  # type: ignore[method-assign]
-    with pytest.raises(ValueError, match="no PDF today"):
-        io.save_figure(fig, tmp_path / "broken", parallel=True)
-    assert not plt.fignum_exists(fig.number)
-    assert sorted(p.name for p in tmp_path.glob("broken*")) == ["broken.png"]
-    assert not list(tmp_path.glob(f".*{io.PARTIAL_SUFFIX}"))
-    _assert_no_child_left(copies=1)
 
 
 def test_killed_writer_leaves_no_destination_and_partials_are_swept(tmp_path: Path) -> None:
@@ -281,44 +227,3 @@ def test_sha256_file_matches_hashlib(tmp_path: Path) -> None:
     data = os.urandom(3 << 20)
     path = io.write_bytes(tmp_path / "blob", data)
     assert io.sha256_file(path) == hashlib.sha256(data).hexdigest()
-
-
-@pytest.mark.skipif(not io.forked.available(), reason="no os.fork or one core")
-def test_figures_beside_block_writes_every_file_by_its_end_and_raises_a_copy_error(tmp_path: Path) -> None:
-    serial = io.save_figure(_busy_figure(), tmp_path / "serial", parallel=False)
-    with io.figures_beside():
-        first = io.save_figure(_busy_figure(), tmp_path / "a")
-        second = io.save_figure(_busy_figure(), tmp_path / "b")  # waits for the copy drawing "a"
-        assert all(p.is_file() for p in first)
-    for a, b, c in zip(serial, first, second, strict=True):
-        assert a.read_bytes() == b.read_bytes() == c.read_bytes(), c.name
-    _assert_no_child_left(copies=2)
-
-    fig = _busy_figure()
-    fig.savefig = lambda *a, **k: (_ for _ in ()).throw(ValueError("broken figure"))  # type: ignore[method-assign]
-    with pytest.raises(ValueError, match="broken figure"), io.figures_beside():
-        io.save_figure(fig, tmp_path / "broken")  # returns at once; the copy's error comes at the block's end
-    assert not list(tmp_path.glob("broken*")) and not list(tmp_path.glob(f".*{io.PARTIAL_SUFFIX}"))
-    _assert_no_child_left(copies=1)
-
-    with pytest.raises(KeyError), io.figures_beside():  # an error here: the copy still finishes its files
-        io.save_figure(_busy_figure(), tmp_path / "c")
-        raise KeyError("plot failed")
-    assert (tmp_path / "c.png").read_bytes() == serial[0].read_bytes()
-    _assert_no_child_left(copies=1)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
-def test_forked_beside_waits_for_the_copy_and_the_parent_error_wins(tmp_path: Path) -> None:
-    from bertscope.experiments import forked
-
-    def child() -> None:
-        time.sleep(0.2)
-        (tmp_path / "child").write_text("done")
-
-    with pytest.raises(ZeroDivisionError):
-        forked.beside(child, lambda: 1 / 0)
-    assert (tmp_path / "child").read_text() == "done"  # waited for, though the parent failed first
-    with pytest.raises(RuntimeError, match="no report"):
-        forked.beside(lambda: os._exit(3), lambda: None)
-    _assert_no_child_left(copies=2)

@@ -48,7 +48,6 @@ FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 
 
-@io.figures_beside()  # each figure's files are drawn in a forked copy while the next is built
 def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
     """Every figure the saved tables allow; returns the written paths (``formats``: ``FORMATS`` by default)."""
     import matplotlib

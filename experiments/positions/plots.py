@@ -29,7 +29,6 @@ COMPONENT_STYLE = {
 }
 
 
-@io.figures_beside()  # each figure's files are drawn in a forked copy while the next is built
 def plot(out_dir: Path) -> list[Path]:
     """Every figure of the experiment from the tables in ``out_dir``; returns the written files."""
     import matplotlib
@@ -40,7 +39,7 @@ def plot(out_dir: Path) -> list[Path]:
         raise FileNotFoundError(f"{results_path} is missing; run `bertscope run positions` first")
     every = pd.read_parquet(results_path)
     results = every[every["probe"] != "sweep"]  # the capacity sweep has its own figure
-    # builders, not figures: each is built while the one before is drawn (figures_beside)
+    # builders, not figures: one figure is alive at a time
     figures = {
         "fig_absolute_vs_layer": lambda: absolute_figure(results),
         "fig_selectivity_vs_layer": lambda: selectivity_figure(results),

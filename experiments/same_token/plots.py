@@ -24,7 +24,6 @@ METRIC_LABEL = {"qk_self_top1": "share of tokens whose own key scores highest",
 SITE_LABEL = {"hook_word": "word embeddings", "hook_out": "embedding output"}
 
 
-@io.figures_beside()  # each figure's files are drawn in a forked copy while the next is built
 def plot(out_dir: Path) -> list[Path]:
     """Redraw every figure from ``out_dir/results.parquet`` (and ``example_maps.parquet`` if present)."""
     import matplotlib

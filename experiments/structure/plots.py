@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from bertscope.experiments import io
 
 METRIC_LABEL = {"uuas": "UUAS (distance probe)", "dspr": "DSpr. (distance Spearman)",
                 "root_acc": "root accuracy (depth probe)", "nspr": "NSpr. (norm Spearman)"}
@@ -18,7 +17,6 @@ SUBLAYER_STYLE = {"attn_out": dict(color="C1", marker="^"), "resid_mid": dict(co
                   "mlp_out": dict(color="C6", marker="v")}
 
 
-@io.figures_beside()  # each figure's files are drawn in a forked copy while the next is built
 def plot(out_dir: Path) -> list[Path]:
     """Every figure of the experiment from the tables in ``out_dir``; returns the written files."""
     import matplotlib
