@@ -120,22 +120,51 @@ def write_table(
 def save_figure(
     fig: Any, base: str | os.PathLike[str], formats: Iterable[str] = FIGURE_FORMATS, dpi: int = 150
 ) -> list[Path]:
-    """Atomically save a matplotlib figure as ``base.png`` and ``base.pdf``, then close it.
+    """Atomically save a matplotlib figure as ``base.png`` and ``base.pdf``, cropped tight, then close it.
 
-    The figure is closed even if saving fails, so a failing loop does not leak figures.
+    The tight crop (what ``savefig(bbox_inches="tight")`` computes) is measured once, by :func:`tight_bbox`,
+    and handed to every format, so each file costs one draw instead of a throwaway layout draw plus one:
+    the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds. The figure is closed even
+    if saving fails, so a failing loop does not leak figures.
     """
     import matplotlib.pyplot as plt
 
     paths = []
     try:
-        for fmt in formats:
-            path = _with_format(base, fmt, FIGURE_FORMATS)
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=_figure_metadata(fmt))
-            paths.append(path)
+        # a layout engine (constrained) re-runs at every savefig and moves the axes: let savefig crop after it
+        bbox = "tight" if _lays_out_when_drawn(fig) else tight_bbox(fig, dpi)
+        with _without_placeholder_layout(fig):
+            for fmt in formats:
+                path = _with_format(base, fmt, FIGURE_FORMATS)
+                with atomic_path(path) as tmp:
+                    fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=bbox, metadata=_figure_metadata(fmt))
+                paths.append(path)
     finally:
         plt.close(fig)
     return paths
+
+
+def tight_bbox(fig: Any, dpi: float) -> Any:
+    """The box, in inches, that ``fig.savefig(..., dpi=dpi, bbox_inches="tight")`` crops to.
+
+    ``fig.get_tightbbox`` with the renderer the PNG is drawn with (text extents depend on the dpi), padded
+    by ``rcParams["savefig.pad_inches"]`` as savefig pads it; returns a ``matplotlib.transforms.Bbox``.
+    Savefig draws the figure once, with rendering disabled, before it measures; the measure lays out what
+    it needs itself (ticks, titles, axis labels, aspect, colour bars, legends: the same box on every figure
+    of the experiments, and `tests/test_io.py` pins the PNG), so that draw is left out (it cost as much as
+    the measure) unless a layout engine has to place the axes first.
+    """
+    import matplotlib as mpl
+
+    figure_dpi = fig.dpi
+    fig.dpi = dpi
+    try:
+        if _lays_out_when_drawn(fig):
+            fig.draw_without_rendering()  # a constrained (or tight) layout engine places the axes at draw time
+        bbox = fig.get_tightbbox()
+    finally:
+        fig.dpi = figure_dpi
+    return bbox.padded(mpl.rcParams["savefig.pad_inches"])
 
 
 def remove_partials(folder: str | os.PathLike[str], recursive: bool = True) -> list[Path]:
@@ -210,6 +239,29 @@ def _with_format(base: str | os.PathLike[str], fmt: str, known: Iterable[str]) -
     if base.suffix.lstrip(".") in set(known):
         base = base.with_suffix("")
     return base.with_name(f"{base.name}.{fmt}")
+
+
+def _lays_out_when_drawn(fig: Any) -> bool:
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    return not isinstance(fig.get_layout_engine(), (PlaceHolderLayoutEngine, type(None)))
+
+
+@contextlib.contextmanager
+def _without_placeholder_layout(fig: Any) -> Iterator[None]:
+    # fig.tight_layout() leaves an inert PlaceHolderLayoutEngine behind; savefig re-lays out (one throwaway
+    # draw) whenever any engine is set. The placeholder lays nothing out, so lift it while saving.
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    engine = fig.get_layout_engine()
+    if not isinstance(engine, PlaceHolderLayoutEngine) or not hasattr(fig, "_layout_engine"):
+        yield
+        return
+    fig._layout_engine = None
+    try:
+        yield
+    finally:
+        fig._layout_engine = engine
 
 
 def _figure_metadata(fmt: str) -> dict[str, Any] | None:

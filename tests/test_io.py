@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,66 @@ def test_interrupted_figure_save_keeps_finished_png_only(tmp_path: Path) -> None
         io.save_figure(fig, tmp_path / "fig")
     assert _listing(tmp_path) == ["fig.png"]
     assert not plt.fignum_exists(fig.number)
+
+
+def _busy_figure(layout: str | None = None):  # noqa: ANN202 - matplotlib Figure
+    """A figure whose tight box is set by a suptitle, rotated tick labels, a colour bar and an outside legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout=layout)
+    im = axes[0].imshow(np.arange(12.0).reshape(3, 4), aspect="equal")
+    fig.colorbar(im, ax=axes[0], label="value")
+    axes[0].set_xticks(range(4), ["[CLS]", "token", "##s", "[SEP]"], rotation=90)
+    axes[1].plot([0, 1], [1, 0], label="a line")
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("a title\non two lines")
+    if layout is None:
+        fig.tight_layout()  # leaves an inert placeholder layout engine behind
+    return fig
+
+
+def _pixels(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGBA"))
+
+
+@pytest.mark.parametrize("layout", [None, "constrained"])
+def test_save_figure_png_equals_savefig_tight_and_pdf_has_its_bounds(tmp_path: Path, layout: str | None) -> None:
+    import matplotlib.pyplot as plt
+
+    reference = _busy_figure(layout)
+    reference.savefig(tmp_path / "reference.png", dpi=150, bbox_inches="tight")
+    plt.close(reference)
+    png, pdf = io.save_figure(_busy_figure(layout), tmp_path / "fig", dpi=150)
+    expected, got = _pixels(tmp_path / "reference.png"), _pixels(png)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    box = re.search(rb"/MediaBox \[\s*0 0 ([0-9.]+) ([0-9.]+)\s*\]", pdf.read_bytes())
+    assert box is not None
+    width_pt, height_pt = float(box.group(1)), float(box.group(2))
+    # the same box in inches: the PNG has int(inches * 150) pixels, the PDF page inches * 72 points
+    assert width_pt / 72 * 150 == pytest.approx(got.shape[1], abs=1.0)
+    assert height_pt / 72 * 150 == pytest.approx(got.shape[0], abs=1.0)
+
+
+def test_save_figure_draws_each_format_once(tmp_path: Path) -> None:
+    # savefig(bbox_inches="tight") draws twice per format (a layout draw, then the file's); once is enough
+    fig = _busy_figure()
+    draws = []
+    real_draw = fig.draw
+
+    def draw(renderer: object) -> None:
+        draws.append(type(renderer).__name__)
+        real_draw(renderer)
+
+    fig.draw = draw  # type: ignore[method-assign]
+    io.save_figure(fig, tmp_path / "fig")
+    assert draws == ["RendererAgg", "MixedModeRenderer"]  # the PDF backend wraps its renderer
 
 
 def test_killed_writer_leaves_no_destination_and_partials_are_swept(tmp_path: Path) -> None:

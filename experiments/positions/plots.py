@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from bertscope.experiments import io
 
 CONDITION_STYLE = {
     "none": dict(color="C0", label="task"),
@@ -33,34 +34,33 @@ def plot(out_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    from bertscope.experiments.io import save_figure
-
     results_path = out_dir / "results.parquet"
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} is missing; run `bertscope run positions` first")
     every = pd.read_parquet(results_path)
     results = every[every["probe"] != "sweep"]  # the capacity sweep has its own figure
+    # builders, not figures: one figure is alive at a time
     figures = {
-        "fig_absolute_vs_layer": absolute_figure(results),
-        "fig_selectivity_vs_layer": selectivity_figure(results),
-        "fig_relative_vs_layer": relative_figure(results),
-        "fig_probe_free_vs_layer": probe_free_figure(results),
-        "fig_specials_vs_layer": specials_figure(results),
+        "fig_absolute_vs_layer": lambda: absolute_figure(results),
+        "fig_selectivity_vs_layer": lambda: selectivity_figure(results),
+        "fig_relative_vs_layer": lambda: relative_figure(results),
+        "fig_probe_free_vs_layer": lambda: probe_free_figure(results),
+        "fig_specials_vs_layer": lambda: specials_figure(results),
     }
     if (every["probe"] == "sweep").any():
-        figures["fig_capacity_sweep"] = capacity_figure(every)
+        figures["fig_capacity_sweep"] = lambda: capacity_figure(every)
     if (results["probe"] == "mdl").any():
-        figures["fig_mdl_vs_layer"] = mdl_figure(results)
+        figures["fig_mdl_vs_layer"] = lambda: mdl_figure(results)
     if (out_dir / "confusion.parquet").is_file():
-        figures["fig_confusion"] = confusion_figure(pd.read_parquet(out_dir / "confusion.parquet"))
+        figures["fig_confusion"] = lambda: confusion_figure(pd.read_parquet(out_dir / "confusion.parquet"))
     if (out_dir / "position_table_pca.parquet").is_file():
-        figures["fig_position_table"] = position_table_figure(
+        figures["fig_position_table"] = lambda: position_table_figure(
             pd.read_parquet(out_dir / "position_table_pca.parquet"),
             pd.read_parquet(out_dir / "position_table_cosine.parquet"),
         )
     paths: list[Path] = []
-    for name, fig in figures.items():
-        paths += save_figure(fig, out_dir / name)
+    for name, build in figures.items():
+        paths += io.save_figure(build(), out_dir / name)
     return paths
 
 
