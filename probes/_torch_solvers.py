@@ -390,12 +390,13 @@ def _loss_grad(
     """(mean objective, gradient wrt W [k, d], wrt b [k]), accumulated over row chunks."""
     n, d = X.shape
     binary = W.shape[0] == 1
+    Wt = W.T.contiguous()  # [d, k]: the forward GEMM is fastest on a contiguous right operand
     gW = torch.zeros_like(W)
     gb = torch.zeros_like(b)
     loss = 0.0
     for s in range(0, n, step):
         xc, yc = X[s : s + step], y[s : s + step]
-        z = (xc @ W.T).add_(b)  # [m, k] logits (addmm with a broadcast bias takes a slower GEMM path)
+        z = torch.addmm(b, xc, Wt)  # [m, k] logits
         if binary:
             yf = yc.to(z.dtype)[:, None]
             loss += float((torch.nn.functional.softplus(z) - yf * z).sum(dtype=torch.float64))
