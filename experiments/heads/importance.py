@@ -122,7 +122,7 @@ def ablation_effects(
                                   per_pass, effects)  # fmt: skip
         return effects.double().numpy()
 
-    out = map_sentences(one, tasks, workers if _device(model).type == "cpu" else 1, progress)
+    out = map_sentences(one, tasks, workers, progress, _device(model))
     shape = (0, len(methods), n_layers, n_heads, len(measures))
     return (np.stack(out) if out else np.zeros(shape)), measures
 

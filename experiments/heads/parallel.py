@@ -25,12 +25,15 @@ def map_sentences(
     items: Sequence[Any],
     workers: int = 1,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    device: torch.device | str = "cpu",
 ) -> list[Any]:
-    """``[fn(item) for item in items]``; with ``workers > 1`` (on a platform that can fork) over that many forked
-    single-threaded processes. ``fn`` must return picklable values (numpy arrays); ``progress`` wraps the
-    results as they arrive (e.g. a tqdm bar)."""
+    """``[fn(item) for item in items]``; with ``workers > 1``, on a platform that can fork and a CPU ``device``
+    (the device ``fn`` computes on: a forked copy of a process holding an accelerator context is unusable), over
+    that many forked single-threaded processes. ``fn`` must return picklable values (numpy arrays);
+    ``progress`` wraps the results as they arrive (e.g. a tqdm bar)."""
     wrap = progress if progress is not None else (lambda it: it)
-    if workers <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    forkable = torch.device(device).type == "cpu" and "fork" in multiprocessing.get_all_start_methods()
+    if workers <= 1 or len(items) < 2 or not forkable:
         return list(wrap(fn(item) for item in items))
     global _TASK
     _TASK = (fn, items)

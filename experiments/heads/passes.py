@@ -57,13 +57,13 @@ def attention_pass(
     }  # fmt: skip
     arc_parts: list[syn.ArcHits] = []
     skipped_syntax = 0
-    workers = settings.workers if next(model.parameters()).device.type == "cpu" else 1
 
     def one(batch: Any) -> dict[str, Any]:
         return _attention_batch(model, batch, corpus, settings, special, max_offset)
 
     wrap = lambda it: progress(it, "attention statistics", len(batches))  # noqa: E731
-    for part in map_sentences(one, batches, workers, wrap):  # batch order: arcs keep their order
+    device = next(model.parameters()).device
+    for part in map_sentences(one, batches, settings.workers, wrap, device):  # batch order: arcs keep their order
         out["scalars"][part["index"]], out["offsets"][part["index"]] = part["scalars"], part["offsets"]
         for si, distance in part["distances"].items():
             out["distances"][si] = distance

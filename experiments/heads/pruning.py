@@ -68,7 +68,7 @@ def pruning_curves(
         with torch.no_grad():
             return _sentence_changes(model, sentence, unique, first, copies_per_pass)[inverse].numpy()
 
-    out = map_sentences(one, sentences, workers if _device(model).type == "cpu" else 1)
+    out = map_sentences(one, sentences, workers, device=_device(model))
     curves = np.stack(out) if out else np.zeros((0, len(flat), len(OUTPUT_MEASURES)))
     return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES))
 
