@@ -11,7 +11,8 @@ Logistic solver (`fit_logistic`, `fit_logistic_path`), chosen to need few passes
    and S the within-class covariance shrunk toward the identity (`_SHRINK`) + alpha I,
    b_k = -m_k S^-1 m_k / 2 + log(prior_k), then shrunk by the scalar that minimises the objective on a row
    subsample. For Gaussian classes with a shared covariance this is the logistic model itself, so the
-   optimiser starts near its optimum.
+   optimiser starts near its optimum. With few logits on many features (16 k < d) it costs more than it
+   saves, and the start is the intercept-only model (`_initial_point`).
 2. **L-BFGS** (history 20, Armijo backtracking) on the standardised features (not whitened: `_lbfgs`); one
    loss-and-gradient pass over the rows per iteration when the unit step is accepted, which it almost always
    is. It stops when the largest entry of the gradient of the objective above (with respect to W and b, i.e.
@@ -288,7 +289,7 @@ def _lbfgs(
     on the isotropic benchmark data 16 against 14: the weak-L2 optimum lies far out along low-variance
     directions that whitening stretches.
 
-    Longer than 60 lines: one L-BFGS iteration (two-loop recursion, backtracking line search, history
+    Longer than 60 lines: one L-BFGS iteration (step `lbfgs_direction`, backtracking line search, history
     update) reads as the algorithm does in Nocedal & Wright (Alg. 7.5); split, its state (v, f, g, the S/Y
     history, the pass count) would be threaded through every helper.
     """
@@ -315,7 +316,7 @@ def _lbfgs(
     Y: list[torch.Tensor] = []
     while grad_max > tol and it < max_iter:
         if S:
-            q = lbfgs_direction(torch.stack(S), torch.stack(Y), g, float(S[-1] @ Y[-1]) / float(Y[-1] @ Y[-1]))
+            q = lbfgs_direction(torch.stack(S), torch.stack(Y), g)
         else:
             q = g * -_first_scale(evaluate, v, g, n)
         slope = float(g @ q)
@@ -349,17 +350,19 @@ def _lbfgs(
                             converged=grad_max <= tol, n_passes=passes)  # fmt: skip
 
 
-def lbfgs_direction(S: torch.Tensor, Y: torch.Tensor, g: torch.Tensor, gamma: float) -> torch.Tensor:
+def lbfgs_direction(S: torch.Tensor, Y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """The L-BFGS step -H g [p] from the last m pairs S, Y [m, p] (oldest first) with H0 = gamma I, in Byrd,
     Nocedal & Schnabel's (1994) compact form, the same vector as the two-loop recursion (Nocedal & Wright,
     Alg. 7.4) in a handful of matrix products instead of 4m vector operations (which dominated small fits):
 
         H g = gamma g + S' R^-T ((D + gamma Y Y') r - gamma Y g) - gamma Y' r,   r = R^-1 S g,
 
-    R the upper triangle of S Y' (R_ij = s_i'y_j, i <= j) and D its diagonal; the m x m algebra in float64.
+    R the upper triangle of S Y' (R_ij = s_i'y_j, i <= j), D its diagonal and gamma = s'y / y'y of the newest
+    pair (Nocedal & Wright, eq. 7.20); the m x m algebra in float64.
     """
     SY = (S @ Y.T).double()
     YY = (Y @ Y.T).double()
+    gamma = float(SY[-1, -1] / YY[-1, -1])
     a, c = (S @ g).double(), (Y @ g).double()
     R = torch.triu(SY)
     r = torch.linalg.solve_triangular(R, a[:, None], upper=True)[:, 0]

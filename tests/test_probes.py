@@ -590,5 +590,5 @@ def test_compact_lbfgs_direction_equals_the_two_loop_recursion():
     q *= gamma
     for s, y, a in zip(S, Y, alphas[::-1], strict=True):
         q += s * (a - (y @ q) / (s @ y))
-    got = lbfgs_direction(torch.from_numpy(S), torch.from_numpy(Y), torch.from_numpy(g), gamma)
+    got = lbfgs_direction(torch.from_numpy(S), torch.from_numpy(Y), torch.from_numpy(g))
     np.testing.assert_allclose(got.numpy(), -q, rtol=1e-9, atol=1e-11)

@@ -113,7 +113,7 @@ class Settings:
     # solver of the position probes (`probes.LinearProbe`): "torch" reaches the optimum where the classes are
     # nearly separable (weak L2, the embeddings and first blocks), where scikit-learn's lbfgs stops at the same
     # tol ~4 points of held-out accuracy short of it (embed.hook_out: 0.949 against 0.990 at tol 1e-7; torch
-    # 0.992), and is ~25% cheaper. The pair probes, capacity sweep, MDL and position-table probes stay on
+    # 0.992), and is 15-25% cheaper per fit. The pair probes, capacity sweep, MDL and position-table probes stay on
     # scikit-learn (`ProbeDesign.backend`)
     backend: str = "torch"
     # worker processes for independent probes (None: the cores this process may use; 1: all in this process).
