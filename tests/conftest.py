@@ -13,6 +13,20 @@ from bertscope import models
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+_config: list[pytest.Config] = []  # pytest's configuration, once it is made
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _config[:] = [config]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under CI (``CI`` set), a failure is printed in full the moment it happens, not only in the closing
+    summary, so that a run cut off later (a time limit) still says what failed and why."""
+    terminal = _config[0].pluginmanager.get_plugin("terminalreporter") if _config else None
+    if report.failed and os.environ.get("CI") and terminal is not None:
+        terminal.write_line(f"\n{report.nodeid} failed in {report.when}:\n{report.longreprtext}\n")
+
 
 @pytest.fixture(scope="session")
 def bundled() -> models.Encoder:

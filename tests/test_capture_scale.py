@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -49,8 +50,11 @@ def test_two_gloo_processes_write_the_one_process_bytes_and_resume_per_rank(
     monkeypatch.chdir(tmp_path)
     two = tmp_path / "two"
     capfd.readouterr()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     assert cli.main(capture_args(tiny_model_dir, two, "--nproc", "2")) == 0
     out = capfd.readouterr().out
+    # torchrun's agent installed its own handlers; the launcher puts this process's back
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     ranks = [line for line in out.splitlines() if line.strip().startswith("rank ")]
     assert len(ranks) == 2 and all(" 0 shard(s)" not in r for r in ranks), out  # both ranks wrote shards
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -283,6 +285,36 @@ def test_sentences_over_worker_processes_give_the_in_process_results_in_order(ti
     effects, _ = imp.ablation_effects(tiny, batches, workers=2)
     np.testing.assert_allclose(effects, imp.ablation_effects(tiny, batches)[0], atol=1e-6)
     assert parallel.map_sentences(lambda x: x * x, list(range(7)), workers=3) == [x * x for x in range(7)]
+
+
+def _die_on_three(x: int) -> int:
+    if x == 3:
+        os._exit(1)  # what a worker killed for memory looks like to the parent: gone, no exception sent back
+    return x
+
+
+def test_a_worker_that_dies_stops_the_map_with_an_error_not_a_wait():
+    with pytest.raises(RuntimeError, match="worker process of map_sentences died"):
+        parallel.map_sentences(_die_on_three, list(range(6)), workers=2)
+    assert parallel.map_sentences(_die_on_three, [0, 1, 2], workers=2) == [0, 1, 2]  # the next map is unharmed
+
+
+def _sigterm_is_default(_: int) -> bool:
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_workers_end_on_sigterm_whatever_handler_the_parent_installed():
+    """A library may leave a SIGTERM handler that raises (torchrun's agent does); a worker inheriting it would
+    survive being stopped and leave its pool waiting."""
+
+    def raising(signum, frame):
+        raise RuntimeError("the parent's handler")
+
+    before = signal.signal(signal.SIGTERM, raising)
+    try:
+        assert parallel.map_sentences(_sigterm_is_default, [0, 1, 2], workers=2) == [True, True, True]
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_training_mode_is_refused(tiny_config):

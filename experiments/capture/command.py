@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,6 +16,8 @@ from .layout import INDEX, CaptureError
 from .stream import capture
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: the signals torchrun's agent takes over (its default TORCHELASTIC_SIGNALS_TO_HANDLE), where the platform has them
+_AGENT_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, s))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +67,9 @@ def launch(args: argparse.Namespace, nproc: int) -> int:
     argv = ["--standalone", "--nproc-per-node", str(nproc), "-m", "bertscope.experiments.capture",
             *_worker_argv(args)]  # fmt: skip
     saved_env = dict(os.environ)
+    # torchrun's agent installs its own handlers for these (they raise SignalException) and leaves them behind;
+    # restored below, or every later SIGTERM in this process, and in processes it forks, raises instead of ending
+    saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
     elastic = logging.getLogger("torch.distributed.elastic")
     level = elastic.level
@@ -87,6 +93,8 @@ def launch(args: argparse.Namespace, nproc: int) -> int:
         elastic.setLevel(level)
         os.environ.clear()
         os.environ.update(saved_env)
+        for sig, handler in saved_handlers.items():
+            signal.signal(sig, handler)
     return EXIT_OK
 
 

@@ -7,12 +7,16 @@ copy-on-write) and run torch on one thread each. Small per-sentence operations s
 threads than whole sentences over processes (every operation is a barrier for the threads; a process never
 waits for the other), most of all on a loaded machine. Results are bit-identical run to run; against the
 in-process loop they differ only by the rounding of a one-thread vs. multi-thread matrix product (~1e-7).
+A worker that dies (killed for memory, a crash in native code) stops the map with an error, never a wait.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import torch
@@ -37,15 +41,23 @@ def map_sentences(
         return list(wrap(fn(item) for item in items))
     global _TASK
     _TASK = (fn, items)
+    context = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(min(workers, len(items)), mp_context=context, initializer=_worker_start)
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(items)), initializer=_one_thread) as pool:
-            return list(wrap(pool.imap(_run, range(len(items)), chunksize=1)))
-    finally:
+        return list(wrap(pool.map(_run, range(len(items)))))
+    except BrokenProcessPool as error:
+        raise RuntimeError(f"a worker process of map_sentences died ({error}); rerun with workers=1 to see "
+                           "the failure in this process") from None
+    finally:  # on an error or Ctrl-C, items not yet started are dropped rather than waited for
+        pool.shutdown(wait=True, cancel_futures=True)
         _TASK = None
 
 
-def _one_thread() -> None:
+def _worker_start() -> None:
+    """One torch thread; SIGTERM ends the worker whatever handler the parent had installed (the pool stops
+    workers with it)."""
     torch.set_num_threads(1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run(i: int) -> Any:
