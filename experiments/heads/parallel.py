@@ -54,8 +54,8 @@ def map_sentences(
 
 
 def _worker_start() -> None:
-    """One torch thread; SIGTERM ends the worker whatever handler the parent had installed (the pool stops
-    workers with it)."""
+    """One torch thread; SIGTERM ends the worker whatever handler the parent had installed (the executor stops
+    the workers of a broken pool with it)."""
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
