@@ -39,10 +39,10 @@ def map_sentences(
     forkable = torch.device(device).type == "cpu" and "fork" in multiprocessing.get_all_start_methods()
     if workers <= 1 or len(items) < 2 or not forkable:
         return list(wrap(fn(item) for item in items))
-    global _TASK
-    _TASK = (fn, items)
     context = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(min(workers, len(items)), mp_context=context, initializer=_worker_start)
+    global _TASK
+    _TASK = (fn, items)  # the workers fork at the first submit, after this
     try:
         return list(wrap(pool.map(_run, range(len(items)))))
     except BrokenProcessPool as error:
