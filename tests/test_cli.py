@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
@@ -245,6 +246,68 @@ def test_interrupted_run_keeps_no_results_and_resumes_from_its_steps(
     assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
     assert fake.step_computations == 2  # the finished steps were reused, not recomputed
     assert json.loads((d / "manifest.json").read_text())["status"] == "complete"
+
+
+@pytest.fixture
+def two_experiments(monkeypatch: pytest.MonkeyPatch, fake: FakeExperiment):
+    """Registry = {fake (built in memory), pipeline-fake (a module a fresh process can import)}."""
+    import pipeline_experiment
+
+    monkeypatch.setitem(registry.EXPERIMENTS, "pipeline-fake", pipeline_experiment.__name__)
+    return fake, pipeline_experiment
+
+
+def test_run_all_draws_figures_in_another_process_and_completes_manifests_only_after(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, two_experiments
+) -> None:
+    import os
+
+    from bertscope.experiments.options import RunOptions, prepare_inputs
+    from bertscope.experiments.runner import FigurePipeline, run_experiment
+
+    fake, module = two_experiments
+    out = tmp_path / "results"
+    code, stdout, err = bertscope(capsys, *run_args(tiny_model_dir, out))
+    assert code == 0, err
+    d = out / "pipeline_fake"
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["figures"] == ["fig_words.png", "fig_words.pdf"]
+    assert {o["path"] for o in manifest["outputs"]} >= {"fig_words.png", "fig_words.pdf", "drawn_by.txt"}
+    assert int((d / "drawn_by.txt").read_text()) != os.getpid()  # drawn by the pipeline's process
+    assert json.loads((out / "fake" / "manifest.json").read_text())["status"] == "complete"  # drawn here
+    assert "pipeline-fake" in stdout and "complete" in stdout
+
+    # the same figure drawn in this process has the same bytes; until the drawing ends the manifest says so
+    options = RunOptions(out=tmp_path / "inline", model=str(tiny_model_dir), max_sentences=int(MAX_SENTENCES),
+                         device="cpu", quiet=True)  # fmt: skip
+    inputs = prepare_inputs(options)
+    inline = run_experiment(module, options, inputs)
+    assert inline.status == "complete" and int((inline.out_dir / "drawn_by.txt").read_text()) == os.getpid()
+    with FigurePipeline() as figures:
+        options = dataclasses.replace(options, out=tmp_path / "piped")
+        pending = run_experiment(module, options, inputs, figures=figures)
+        assert pending.status == "drawing"
+        assert json.loads((pending.out_dir / "manifest.json").read_text())["status"] == "drawing"
+        done = figures.finish(pending)
+    assert done.status == "complete" and done.seconds >= pending.seconds
+    for name in ("fig_words.png", "results.parquet"):
+        assert (done.out_dir / name).read_bytes() == (inline.out_dir / name).read_bytes()
+
+
+def test_a_figure_that_fails_in_the_pipeline_fails_its_experiment(
+    tiny_model_dir: Path, tmp_path: Path, two_experiments, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bertscope.experiments.options import RunOptions, prepare_inputs
+    from bertscope.experiments.runner import FigurePipeline, run_experiment
+
+    _, module = two_experiments
+    monkeypatch.setattr(module, "Settings", functools.partial(module.Settings, fail_plot=True))
+    options = RunOptions(out=tmp_path, model=str(tiny_model_dir), max_sentences=4, device="cpu", quiet=True)
+    with FigurePipeline() as figures:
+        done = figures.finish(run_experiment(module, options, prepare_inputs(options), figures=figures))
+    manifest = json.loads((tmp_path / "pipeline_fake" / "manifest.json").read_text())
+    assert done.status == "failed" and manifest["status"] == "failed"
+    assert "planted drawing bug" in manifest["error"] and "planted drawing bug" in done.error
 
 
 def test_failing_experiment_is_recorded_and_exit_status_is_1(

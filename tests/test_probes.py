@@ -592,3 +592,28 @@ def test_compact_lbfgs_direction_equals_the_two_loop_recursion():
         q += s * (a - (y @ q) / (s @ y))
     got = lbfgs_direction(torch.from_numpy(S), torch.from_numpy(Y), torch.from_numpy(g))
     np.testing.assert_allclose(got.numpy(), -q, rtol=1e-9, atol=1e-11)
+
+
+def test_ring_buffer_history_gives_the_compact_direction_of_its_last_pairs():
+    # The solver's history keeps S Y' and Y Y' up to date pair by pair in a ring buffer; after it wraps (and
+    # after a restart) its step must still be the compact step of the newest m pairs, oldest first.
+    from bertscope.probes._torch_solvers import _History, lbfgs_direction
+
+    rng = np.random.default_rng(6)
+    p, m = 40, 5
+    A = rng.normal(size=(p, p))
+    H = torch.from_numpy(A @ A.T / p + 0.1 * np.eye(p))
+    S = torch.from_numpy(rng.normal(size=(13, p)))
+    Y = S @ H
+    g = torch.from_numpy(rng.normal(size=p))
+    history, first = _History(m, p, torch.float64, torch.device("cpu")), 0
+    for k in range(len(S)):
+        history.push(S[k], Y[k])
+        lo = max(first, k + 1 - m)
+        assert len(history) == k + 1 - lo
+        torch.testing.assert_close(history.direction(g), lbfgs_direction(S[lo : k + 1], Y[lo : k + 1], g),
+                                   rtol=1e-9, atol=1e-11)  # fmt: skip
+        if k == 8:  # a restart: the stale rows left in the buffer must not leak into the next steps
+            history.clear()
+            first = k + 1
+    assert len(history) == 4

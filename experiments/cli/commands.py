@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``bertscope run``: run experiments, then write the report."""
     from bertscope.experiments.options import prepare_inputs
     from bertscope.experiments.registry import load_experiment
-    from bertscope.experiments.runner import run_experiment
+    from bertscope.experiments.runner import FigurePipeline, run_experiment
 
     options = options_from_args(args)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
@@ -78,11 +78,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         def on_start(name: str, out_dir: Path) -> None:
             _say(options, f"bertscope: running {name} -> {out_dir}")
 
-        for module in modules.values():
-            result = run_experiment(module, options, inputs, on_start=on_start)
+        # With several experiments, each one's figures are drawn in the background while the next computes.
+        with FigurePipeline() as figures:
+            for module in modules.values():
+                pipeline = figures if len(modules) > 1 else None
+                results.append(run_experiment(module, options, inputs, on_start=on_start, figures=pipeline))
+            results = [figures.finish(r) for r in results]
+        for result in results:
             if result.status == "failed":
                 print(f"bertscope: {result.name} failed:\n{result.error}", file=sys.stderr)
-            results.append(result)
 
     print(_summary(results, broken))
     print(f"results: {options.out}/")
