@@ -181,6 +181,7 @@ def run_experiment(
             status = "complete"
         else:
             drawing, status = figures.submit(module, out_dir), "drawing"
+            drawing.add_done_callback(lambda f: setattr(f, "done_at", time.perf_counter()))
     except KeyboardInterrupt:
         status, error = "interrupted", "KeyboardInterrupt"
         raise
@@ -199,9 +200,11 @@ def _figures_drawn(manifest: dict[str, Any], ctx: Context, paths: list[Any]) -> 
     manifest["figures"] = [_relative(Path(p), ctx.out_dir) for p in paths]
 
 
-def _finish_manifest(manifest: dict[str, Any], ctx: Context, status: str, error: str | None, t0: float) -> float:
-    """Write the manifest with ``status``; returns the seconds since ``t0`` (recorded as ``seconds``)."""
-    seconds = time.perf_counter() - t0
+def _finish_manifest(manifest: dict[str, Any], ctx: Context, status: str, error: str | None, t0: float,
+                     end: float | None = None) -> float:  # fmt: skip
+    """Write the manifest with ``status``; returns the seconds from ``t0`` to ``end`` (default: now), recorded
+    as ``seconds``."""
+    seconds = (time.perf_counter() if end is None else end) - t0
     manifest.update(
         status=status,
         finished_at=now(),
@@ -218,7 +221,8 @@ def _finish_manifest(manifest: dict[str, Any], ctx: Context, status: str, error:
 
 def _wait_for_figures(drawing: Future, manifest: dict[str, Any], ctx: Context, t0: float) -> RunResult:
     """The final result of an experiment whose figures a `FigurePipeline` draws: waits for them, then writes
-    the manifest (``seconds`` then runs to the last figure, overlapping the next experiment's compute)."""
+    the manifest (``seconds`` runs to the moment the last figure was written, overlapping the next
+    experiment's compute)."""
     status, error = "failed", None
     try:
         _figures_drawn(manifest, ctx, drawing.result())
@@ -229,7 +233,7 @@ def _wait_for_figures(drawing: Future, manifest: dict[str, Any], ctx: Context, t
     except Exception:
         error = traceback.format_exc()  # the drawing process's own traceback is chained in
     finally:
-        seconds = _finish_manifest(manifest, ctx, status, error, t0)
+        seconds = _finish_manifest(manifest, ctx, status, error, t0, end=getattr(drawing, "done_at", None))
     return RunResult(ctx.name, status, ctx.out_dir, seconds, error)
 
 

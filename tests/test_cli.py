@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import sys
+import time
 import types
 from importlib import metadata
 from pathlib import Path
@@ -285,11 +286,16 @@ def test_run_all_draws_figures_in_another_process_and_completes_manifests_only_a
     assert inline.status == "complete" and int((inline.out_dir / "drawn_by.txt").read_text()) == os.getpid()
     with FigurePipeline() as figures:
         options = dataclasses.replace(options, out=tmp_path / "piped")
+        started = time.perf_counter()
         pending = run_experiment(module, options, inputs, figures=figures)
         assert pending.status == "drawing"
         assert json.loads((pending.out_dir / "manifest.json").read_text())["status"] == "drawing"
+        while not (pending.out_dir / "fig_words.pdf").exists() and time.perf_counter() - started < 120:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the figures are written: waiting now must not count as the experiment's time
         done = figures.finish(pending)
-    assert done.status == "complete" and done.seconds >= pending.seconds
+        waited = time.perf_counter() - started
+    assert done.status == "complete" and pending.seconds <= done.seconds <= waited - 0.9
     for name in ("fig_words.png", "results.parquet"):
         assert (done.out_dir / name).read_bytes() == (inline.out_dir / name).read_bytes()
 
