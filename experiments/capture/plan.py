@@ -86,15 +86,45 @@ def plan_shards(batches: list[Any], specs: list[HookSpec], shard_size: int) -> l
 
 
 def assign_shards(plan: list[Shard], batches: list[Any], world: int) -> list[int]:
-    """The rank writing each shard: contiguous runs of shards, balanced by padded tokens (what a forward
-    costs). Contiguous, so a rank runs a contiguous run of batches and only boundary batches run twice."""
+    """The rank writing each shard: contiguous runs of shards balanced by padded tokens (what a forward
+    costs), see `balanced_runs`. Contiguous, so a rank runs a contiguous run of batches and only boundary
+    batches run twice."""
     width = [int(b.attention_mask.shape[1]) for b in batches]
-    cost = [sum(width[b] for b, _ in s.sentences) for s in plan]
-    total, before, owner = sum(cost), 0, []
-    for c in cost:
-        owner.append(min(world - 1, int((before + c / 2) * world // total)))  # the rank owning its midpoint
-        before += c
+    return balanced_runs([sum(width[b] for b, _ in s.sentences) for s in plan], world)
+
+
+def balanced_runs(cost: list[int], world: int) -> list[int]:
+    """Deal items of positive ``cost`` out to ``world`` ranks in contiguous runs, in order: the owner of each
+    item. The costliest run is as cheap as contiguous runs allow (the least bound that a greedy fill
+    meets with ``world`` runs, found by bisection), and every rank gets an item while there are as many
+    items as ranks (a fill that would leave a later rank empty hands on early instead)."""
+    n = len(cost)
+    if world <= 1 or n == 0:
+        return [0] * n
+    lo, hi = max(cost), sum(cost)
+    while lo < hi:  # the least bound for which the greedy fill needs at most `world` runs
+        mid = (lo + hi) // 2
+        if _greedy_runs(cost, mid) <= world:
+            hi = mid
+        else:
+            lo = mid + 1
+    owner, rank, load = [], 0, 0
+    for i, c in enumerate(cost):
+        if load and rank < world - 1 and (load + c > lo or n - i <= world - 1 - rank):
+            rank, load = rank + 1, 0
+        owner.append(rank)
+        load += c
     return owner
+
+
+def _greedy_runs(cost: list[int], bound: int) -> int:
+    """How many contiguous runs, each filled up to ``bound``, hold ``cost`` (each item at most ``bound``)."""
+    runs, load = 1, 0
+    for c in cost:
+        if load + c > bound:
+            runs, load = runs + 1, 0
+        load += c
+    return runs
 
 
 def last_layer_needed(names: list[str]) -> int | None:
