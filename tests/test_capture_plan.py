@@ -1,5 +1,6 @@
 """Capture planning without a forward pass: shards are dealt out to ranks in contiguous runs, as evenly as
-contiguous runs allow and with every rank given work while there are as many shards as ranks."""
+contiguous runs allow and with every rank given work while there are as many shards as ranks; the automatic
+shard size depends on the capture alone (never on the number of processes)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import itertools
 import random
 from types import SimpleNamespace
 
+import pytest
 import torch
-from bertscope.experiments.capture import plan
+from bertscope.experiments import cli
+from bertscope.experiments.capture import command, layout, plan
 
 
 def batches_of(lengths: list[int], batch_size: int) -> list[SimpleNamespace]:
@@ -72,3 +75,38 @@ def test_assign_shards_balances_padded_tokens_of_a_real_plan() -> None:
         assert min(loads) > 0, world
         # within one shard of an even split
         assert max(loads) <= sum(cost) / world + max(cost), (world, loads)
+
+
+def test_auto_shard_size_depends_on_the_capture_alone() -> None:
+    row = plan.row_bytes(SPECS)
+    assert row == 6 * 384 * 4 + 8 * len(layout.ROW_FIELDS)
+    small = batches_of([20] * 100, 32)  # 2,000 rows, 19 MB: one shard at the floor
+    assert plan.auto_shard_size(small, SPECS) == layout.MIN_AUTO_SHARD_SIZE
+    assert len(plan.plan_shards(small, SPECS, plan.auto_shard_size(small, SPECS))) == 1
+    mid = batches_of([50] * 6000, 32)  # 300,000 rows, 2.8 GB: about 64 shards of 43 MB
+    size = plan.auto_shard_size(mid, SPECS)
+    assert layout.MIN_AUTO_SHARD_SIZE < size < layout.DEFAULT_SHARD_SIZE
+    # whole sentences per shard: a shard may end up to a sentence short of the size, hence one more
+    assert len(plan.plan_shards(mid, SPECS, size)) in (layout.AUTO_SHARDS, layout.AUTO_SHARDS + 1)
+    huge = batches_of([100] * 40000, 256)  # 4,000,000 rows, 37 GB: capped at 256 MiB
+    assert plan.auto_shard_size(huge, SPECS) == layout.DEFAULT_SHARD_SIZE
+
+
+def test_shard_size_option_takes_auto_or_a_size() -> None:
+    parser = cli.build_parser()
+    base = ["capture", "--hooks", "embed.hook_out"]
+    assert parser.parse_args(base).shard_size is None
+    assert parser.parse_args([*base, "--shard-size", "auto"]).shard_size is None
+    assert parser.parse_args([*base, "--shard-size", "64MB"]).shard_size == 64_000_000
+
+
+@pytest.mark.parametrize("shards_per_rank", [(2, 1), (1, 0)])
+def test_idle_processes_are_warned_about(shards_per_rank: tuple[int, int]) -> None:
+    ranks = [{"rank": r, "shards": n} for r, n in enumerate(shards_per_rank)]
+    shards = [{"bytes": 1000}] * sum(shards_per_rank)
+    index = {"shards": shards, "shard_size": 1024, "run": {"world_size": 2, "ranks": ranks}}
+    warning = command.idle_warning(index)
+    if shards_per_rank[1]:
+        assert warning is None
+    else:
+        assert warning is not None and "1 of 2 processes had no shard" in warning and "at most 500 " in warning

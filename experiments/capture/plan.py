@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-from .layout import ATTENTION_SUFFIXES, FORMAT, ROW_FIELDS, shard_file
+from .layout import (
+    ATTENTION_SUFFIXES,
+    AUTO_SHARDS,
+    DEFAULT_SHARD_SIZE,
+    FORMAT,
+    MIN_AUTO_SHARD_SIZE,
+    ROW_FIELDS,
+    shard_file,
+)
 
 
 @dataclass(frozen=True)
@@ -70,14 +78,28 @@ def hook_specs(model: Any, names: list[str], batch: Any, key_width: int, device:
     return specs
 
 
+def row_bytes(specs: list[HookSpec]) -> int:
+    """Bytes one token row takes in a shard: every hook's row plus the ``rows.*`` metadata (int64 each)."""
+    return sum(s.row_bytes for s in specs) + 8 * len(ROW_FIELDS)
+
+
+def auto_shard_size(batches: list[Any], specs: list[HookSpec]) -> int:
+    """The shard size when none is given: the capture's bytes over ``AUTO_SHARDS`` (enough shards to deal
+    out among processes, and less memory), within ``MIN_AUTO_SHARD_SIZE`` .. ``DEFAULT_SHARD_SIZE``. It
+    depends on the capture alone, never on the number of processes, so any ``--nproc`` plans the same shards."""
+    n_rows = sum(int(b.attention_mask.sum()) for b in batches)
+    wanted = math.ceil(n_rows * row_bytes(specs) / AUTO_SHARDS)
+    return min(DEFAULT_SHARD_SIZE, max(MIN_AUTO_SHARD_SIZE, wanted))
+
+
 def plan_shards(batches: list[Any], specs: list[HookSpec], shard_size: int) -> list[Shard]:
     """Greedy over whole sentences in batch order: deterministic, and known before any forward pass."""
-    row_bytes = sum(s.row_bytes for s in specs) + 8 * len(ROW_FIELDS)
+    row_size = row_bytes(specs)
     plan = [Shard(0)]
     for b, batch in enumerate(batches):
         for j, length in enumerate(batch.attention_mask.sum(dim=1).tolist()):
             shard = plan[-1]
-            if shard.sentences and (shard.n_rows + length) * row_bytes > shard_size:
+            if shard.sentences and (shard.n_rows + length) * row_size > shard_size:
                 shard = Shard(len(plan))
                 plan.append(shard)
             shard.sentences.append((b, j))
