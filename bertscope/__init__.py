@@ -20,7 +20,9 @@ Interventions take the model first (``ablate_heads(model, heads)``, ``patch_head
 
 from __future__ import annotations
 
+from importlib import import_module as _import_module
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING
 
 from bertscope.hooks import (
     ActivationCache,
@@ -34,12 +36,33 @@ from bertscope.hooks import (
     patch_heads,
 )
 from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
-from bertscope.probes import LinearProbe, StructuralProbe, evaluate
+
+if TYPE_CHECKING:
+    from bertscope.probes import LinearProbe, StructuralProbe, evaluate
+
+# Imported on first use: the probes bring in scikit-learn and SciPy (over a second at start-up), which the
+# encoders, the hooks and `bertscope capture` (every one of its processes) do without.
+_LAZY = {"LinearProbe": "bertscope.probes", "StructuralProbe": "bertscope.probes", "evaluate": "bertscope.probes"}
 
 try:
     __version__ = _metadata.version("bertscope")
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+
+def __getattr__(name: str):
+    """``LinearProbe``, ``StructuralProbe``, ``evaluate`` and ``probes``, imported when first asked for."""
+    if name == "probes":
+        return _import_module("bertscope.probes")
+    if name in _LAZY:
+        value = getattr(_import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bertscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def load_capture(*args, **kwargs):

@@ -231,3 +231,17 @@ def test_max_length_too_small_is_one_line_status_2_nothing_written(
         assert err.count("\n") == 1 and err.startswith("bertscope: error:"), err
         assert "max_length" in err or "--max-length" in err, err
         assert not out.exists()
+
+
+def test_default_shard_size_is_picked_from_the_capture_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "auto"
+    args = ["capture", "--hooks", "embed.hook_out", "--model", str(tiny_model_dir), "--max-sentences", "6",
+            "--out", str(out), "--device", "cpu", "--quiet"]  # fmt: skip
+    assert cli.main(args) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["shard_size"] == capture_mod.layout.MIN_AUTO_SHARD_SIZE  # a tiny capture: one shard at the floor
+    assert len(index["shards"]) == 1 and index["options"]["shard_size"] is None
+    # the size it picked is the size it was given: an explicit one of the same bytes is the same capture
+    (out / "index.json").unlink()
+    assert cli.main([*args, "--shard-size", str(index["shard_size"])]) == 0
+    assert json.loads((out / "index.json").read_text())["fingerprint"] == index["fingerprint"]

@@ -20,7 +20,8 @@ position in the sequence, 0 = [CLS]), ``rows.word_index`` (-1 for [CLS]/[SEP]), 
 that batch order; ``iter_capture`` yields them so. ``load_capture`` returns rows in corpus order (sentence,
 then position), with the sentence's ``id`` from ``sentences.parquet``.
 
-**Memory** is bounded by the shard size: shards are planned up front from the token counts (whole sentences,
+**Memory** is bounded by the shard size (by default picked from the capture's size alone: about 64 shards of
+32 MiB to 256 MiB, ``plan.auto_shard_size``): shards are planned up front from the token counts (whole sentences,
 in batch order), each is written atomically as soon as its last sentence is done and then freed. A rerun
 with the same settings skips the shards already on disk (checked by their embedded fingerprint) and
 produces the same bytes as an uninterrupted run.

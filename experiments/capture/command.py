@@ -133,6 +133,8 @@ def _capture_command(args: argparse.Namespace, options: Any, quiet_rank: bool) -
             "and were truncated (see sentences.parquet, column truncated)",
             file=sys.stderr,
         )
+    if warning := idle_warning(index):
+        print(warning, file=sys.stderr)
     resumed = f" ({run['shards_reused']} already on disk)" if run["shards_reused"] else ""
     print(f"captured {what}; wrote {run['shards_written']} shard(s){resumed}")
     if not options.quiet:
@@ -141,6 +143,19 @@ def _capture_command(args: argparse.Namespace, options: Any, quiet_rank: bool) -
             print(f"  rank {r['rank']}: {r['shards']} shard(s), {r['rows']:,} token rows run, {rate}")
     print(f"index: {options.out / INDEX}")
     return EXIT_OK
+
+
+def idle_warning(index: dict[str, Any]) -> str | None:
+    """The warning for a capture (``capture``'s result) in which some process had no shard to write, else
+    ``None``: shards are what is dealt out, so fewer shards than processes leaves processes idle."""
+    run = index["run"]
+    idle = [r["rank"] for r in run["ranks"] if not r["shards"]]
+    if not idle:
+        return None
+    n_bytes = sum(s["bytes"] for s in index["shards"])
+    return (f"warning: {len(idle)} of {run['world_size']} processes had no shard to write ({len(index['shards'])} "
+            f"shard(s) of --shard-size {index['shard_size']:,} bytes); a --shard-size of at most "
+            f"{n_bytes // run['world_size']:,} gives every process one")  # fmt: skip
 
 
 def _worker_argv(args: argparse.Namespace) -> list[str]:

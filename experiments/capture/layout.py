@@ -12,7 +12,9 @@ SENTENCES = "sentences.parquet"
 SHARD_GLOB = "shard-*.safetensors"
 ROW_FIELDS = ("sentence_index", "position", "word_index", "token_id", "token_type", "seq_length")
 ATTENTION_SUFFIXES = ("hook_scores", "hook_pattern")
-DEFAULT_SHARD_SIZE = 256 * 2**20
+DEFAULT_SHARD_SIZE = 256 * 2**20  # the largest shard the automatic size picks
+AUTO_SHARDS = 64  # the automatic size aims at this many shards (work to deal out among processes) ...
+MIN_AUTO_SHARD_SIZE = 32 * 2**20  # ... but no smaller shards than this, unless the whole capture is smaller
 
 
 class CaptureError(ValueError):

@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-from .layout import ATTENTION_SUFFIXES, FORMAT, ROW_FIELDS, shard_file
+from .layout import (
+    ATTENTION_SUFFIXES,
+    AUTO_SHARDS,
+    DEFAULT_SHARD_SIZE,
+    FORMAT,
+    MIN_AUTO_SHARD_SIZE,
+    ROW_FIELDS,
+    shard_file,
+)
 
 
 @dataclass(frozen=True)
@@ -70,14 +78,28 @@ def hook_specs(model: Any, names: list[str], batch: Any, key_width: int, device:
     return specs
 
 
+def row_bytes(specs: list[HookSpec]) -> int:
+    """Bytes one token row takes in a shard: every hook's row plus the ``rows.*`` metadata (int64 each)."""
+    return sum(s.row_bytes for s in specs) + 8 * len(ROW_FIELDS)
+
+
+def auto_shard_size(batches: list[Any], specs: list[HookSpec]) -> int:
+    """The shard size when none is given: the capture's bytes over ``AUTO_SHARDS`` (enough shards to deal
+    out among processes, and less memory), within ``MIN_AUTO_SHARD_SIZE`` .. ``DEFAULT_SHARD_SIZE``. It
+    depends on the capture alone, never on the number of processes, so any ``--nproc`` plans the same shards."""
+    n_rows = sum(int(b.attention_mask.sum()) for b in batches)
+    wanted = math.ceil(n_rows * row_bytes(specs) / AUTO_SHARDS)
+    return min(DEFAULT_SHARD_SIZE, max(MIN_AUTO_SHARD_SIZE, wanted))
+
+
 def plan_shards(batches: list[Any], specs: list[HookSpec], shard_size: int) -> list[Shard]:
     """Greedy over whole sentences in batch order: deterministic, and known before any forward pass."""
-    row_bytes = sum(s.row_bytes for s in specs) + 8 * len(ROW_FIELDS)
+    row_size = row_bytes(specs)
     plan = [Shard(0)]
     for b, batch in enumerate(batches):
         for j, length in enumerate(batch.attention_mask.sum(dim=1).tolist()):
             shard = plan[-1]
-            if shard.sentences and (shard.n_rows + length) * row_bytes > shard_size:
+            if shard.sentences and (shard.n_rows + length) * row_size > shard_size:
                 shard = Shard(len(plan))
                 plan.append(shard)
             shard.sentences.append((b, j))
@@ -86,15 +108,45 @@ def plan_shards(batches: list[Any], specs: list[HookSpec], shard_size: int) -> l
 
 
 def assign_shards(plan: list[Shard], batches: list[Any], world: int) -> list[int]:
-    """The rank writing each shard: contiguous runs of shards, balanced by padded tokens (what a forward
-    costs). Contiguous, so a rank runs a contiguous run of batches and only boundary batches run twice."""
+    """The rank writing each shard: contiguous runs of shards balanced by padded tokens (what a forward
+    costs), see `balanced_runs`. Contiguous, so a rank runs a contiguous run of batches and only boundary
+    batches run twice."""
     width = [int(b.attention_mask.shape[1]) for b in batches]
-    cost = [sum(width[b] for b, _ in s.sentences) for s in plan]
-    total, before, owner = sum(cost), 0, []
-    for c in cost:
-        owner.append(min(world - 1, int((before + c / 2) * world // total)))  # the rank owning its midpoint
-        before += c
+    return balanced_runs([sum(width[b] for b, _ in s.sentences) for s in plan], world)
+
+
+def balanced_runs(cost: list[int], world: int) -> list[int]:
+    """Deal items of positive ``cost`` out to ``world`` ranks in contiguous runs, in order: the owner of each
+    item. The costliest run is as cheap as contiguous runs allow (the least bound that a greedy fill
+    meets with ``world`` runs, found by bisection), and every rank gets an item while there are as many
+    items as ranks (a fill that would leave a later rank empty hands on early instead)."""
+    n = len(cost)
+    if world <= 1 or n == 0:
+        return [0] * n
+    lo, hi = max(cost), sum(cost)
+    while lo < hi:  # the least bound for which the greedy fill needs at most `world` runs
+        mid = (lo + hi) // 2
+        if _greedy_runs(cost, mid) <= world:
+            hi = mid
+        else:
+            lo = mid + 1
+    owner, rank, load = [], 0, 0
+    for i, c in enumerate(cost):
+        if load and rank < world - 1 and (load + c > lo or n - i <= world - 1 - rank):
+            rank, load = rank + 1, 0
+        owner.append(rank)
+        load += c
     return owner
+
+
+def _greedy_runs(cost: list[int], bound: int) -> int:
+    """How many contiguous runs, each filled up to ``bound``, hold ``cost`` (each item at most ``bound``)."""
+    runs, load = 1, 0
+    for c in cost:
+        if load + c > bound:
+            runs, load = runs + 1, 0
+        load += c
+    return runs
 
 
 def last_layer_needed(names: list[str]) -> int | None:

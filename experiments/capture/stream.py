@@ -15,8 +15,8 @@ import torch
 from bertscope.experiments import io
 
 from .distributed import Group
-from .layout import DEFAULT_SHARD_SIZE, FORMAT, INDEX, ROW_FIELDS, SENTENCES, CaptureError, select_hooks
-from .plan import Shard, assign_shards, fingerprint, hook_specs, last_layer_needed, plan_shards
+from .layout import FORMAT, INDEX, ROW_FIELDS, SENTENCES, CaptureError, select_hooks
+from .plan import Shard, assign_shards, auto_shard_size, fingerprint, hook_specs, last_layer_needed, plan_shards
 from .writer import ShardWriter, prepare_folder, shard_is_done, write_sentences
 
 
@@ -28,7 +28,7 @@ def capture(
     *,
     max_length: int = 128,
     batch_size: int = 32,
-    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_size: int | None = None,
     force: bool = False,
     quiet: bool = False,
     info: dict[str, Any] | None = None,
@@ -36,7 +36,9 @@ def capture(
     """Capture the activations at ``hooks`` for every sentence of ``corpus`` into ``out_dir``.
 
     ``hooks``: hook names or globs (a comma-separated string or a list). ``shard_size``: bytes per shard
-    (a shard holds at least one sentence). ``force`` discards what ``out_dir`` holds; without it a capture
+    (a shard holds at least one sentence); ``None`` picks one from the capture's size alone (about
+    ``AUTO_SHARDS`` shards of 32 MiB to 256 MiB, see ``plan.auto_shard_size``), the same for any number of
+    processes. ``force`` discards what ``out_dir`` holds; without it a capture
     with other settings in ``out_dir`` is an error, a finished identical one is returned as is, and a
     partial identical one is resumed. ``info`` is stored in the index (model/corpus descriptions, options).
 
@@ -47,7 +49,7 @@ def capture(
     ``already_complete``, ``shards_written``, ``shards_reused``, ``world_size`` and per rank ``ranks``
     (``shards``, ``rows`` computed, ``seconds``, ``tokens_per_s``).
     """
-    if shard_size < 1:
+    if shard_size is not None and shard_size < 1:
         raise CaptureError(f"shard size must be positive, got {shard_size}")
     group = Group.current()
     out_dir = Path(out_dir)
@@ -56,6 +58,7 @@ def capture(
     key_width = max(int(b.attention_mask.shape[1]) for b in batches)
     device = next(model.parameters()).device
     specs = hook_specs(model, names, batches[0], key_width, device)
+    shard_size = auto_shard_size(batches, specs) if shard_size is None else shard_size
     fp = fingerprint(model, corpus, specs, max_length, batch_size, shard_size, device)
     plan = plan_shards(batches, specs, shard_size)
     mine, on_disk, existing = _claim_shards(out_dir, plan, batches, fp, force, group)

@@ -1,7 +1,7 @@
 """The ``bertscope`` command line.
 
     bertscope info [--model M] [--json]
-    bertscope capture --hooks GLOB [--corpus C] [--out DIR] [--shard-size 256MB] [--nproc N]
+    bertscope capture --hooks GLOB [--corpus C] [--out DIR] [--shard-size auto] [--nproc N]
     bertscope run {same-token,heads,positions,all} [shared options]
     bertscope report [OUT] [--explore N | --explore-ids I,J | --no-explore] [--model M] [--mixing METHODS]
     bertscope explore "text" ["another text" ...] [--model M] [--mixing alti,attention_norm] [--out explore.html]

@@ -65,9 +65,10 @@ def _add_capture(sub: Any) -> None:
     )
     p.add_argument(
         "--shard-size",
-        default="256MB",
-        type=_size,
-        help="bytes per shard, e.g. 64MB, 1GiB (default 256MB); bounds memory use",
+        default=None,
+        type=_shard_size,
+        help="bytes per shard, e.g. 64MB, 1GiB; bounds memory use (default auto: about 64 shards of 32MiB to "
+        "256MiB, from the capture's size alone, so several processes have shards to share)",
     )
     p.add_argument(
         "--nproc",
@@ -204,6 +205,11 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _shard_size(text: str) -> int | None:
+    """``--shard-size``: a size, or ``auto`` (``None``: the capture picks one)."""
+    return None if text.strip().lower() == "auto" else _size(text)
 
 
 def _size(text: str) -> int:
