@@ -336,6 +336,36 @@ def test_sublayer_sites_can_be_chosen_by_name():
         structure.Settings(sublayers=("resid_post",))
 
 
+def test_passes_trained_side_by_side_equal_the_passes_trained_in_turn(tiny, tmp_path, monkeypatch):
+    # workers=2 trains the passes in forked one-thread processes; workers=1 in this process, one after another:
+    # the same probes to the rounding of the matrix products, cached alike (a rerun trains nothing)
+    import dataclasses
+
+    from bertscope.experiments.structure import plots
+
+    monkeypatch.setattr(plots, "FORMATS", ("png",))
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=80)
+    inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
+    tables = {}
+    for workers in (1, 2):
+        monkeypatch.setattr(structure, "Settings", lambda w=workers: dataclasses.replace(SMALL, workers=w))
+        result = run_experiment(structure, RunOptions(out=tmp_path / str(workers), quiet=True), inputs)
+        assert result.status == "complete", result.error
+        tables[workers] = pd.read_parquet(tmp_path / str(workers) / "structure" / "training.parquet")
+        tables[f"res{workers}"] = pd.read_parquet(tmp_path / str(workers) / "structure" / "results.parquet")
+    pd.testing.assert_frame_equal(tables[1], tables[2], check_exact=False, rtol=1e-4)
+    pd.testing.assert_frame_equal(tables["res1"], tables["res2"], check_exact=False, rtol=1e-4, atol=1e-6)
+    steps = sorted(p.name for p in (tmp_path / "2" / "structure" / "steps").glob("probes-*.npz"))
+    assert len(steps) == 3  # one cached step per pass, as before
+    with monkeypatch.context() as m:
+        from bertscope.experiments.structure import passes
+
+        m.setattr(passes, "fit_probes", lambda *a, **k: pytest.fail("a cached pass was trained again"))
+        options = RunOptions(out=tmp_path / "2", quiet=True, force=False)
+        (tmp_path / "2" / "structure" / "manifest.json").unlink()  # not complete: rerun, reusing the steps
+        assert run_experiment(structure, options, inputs).status == "complete"
+
+
 def test_experiment_writes_tables_figures_and_findings(tiny, tmp_path, monkeypatch):
     from bertscope.experiments.structure import plots
 

@@ -91,9 +91,10 @@ class MoreSteps:
         sel = real.kind == CONTENT
         y, groups = real.pos[sel] - 1, real.group[sel]
         control = self._control_labels(real.token[sel], y)
-        jobs = [Job("mdl", dict(site=site, alphas="per_block_prefix"),
+        backend = self.backend()
+        jobs = [Job("mdl", dict(site=site, alphas="per_block_prefix", backend=backend),
                     partial(probing.mdl_rows, real.feats[site][sel], y, groups, control, n_blocks=self.s.mdl_blocks,
-                            seed=self.seed),
+                            seed=self.seed, backend=backend),
                     partial(self._mdl_frame, site=site)) for site in self.residual]  # fmt: skip
         return pd.concat(self.run(jobs, "MDL"), ignore_index=True)
 

@@ -250,17 +250,18 @@ def choose_alpha(scores: list[np.ndarray], alphas: tuple[float, ...]) -> tuple[f
 
 
 def mdl_rows(
-    X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray, *, n_blocks: int, seed: int = 0
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, control: np.ndarray, *, n_blocks: int, seed: int = 0,
+    backend: str = "sklearn",
 ) -> pd.DataFrame:
     """Online codelength (Voita & Titov 2020) of ``y`` and of its ``control`` labels from X ``[n, d]``
     (`probes.mdl_probe`, which chooses alpha per block from the already-transmitted prefix only: a valid
-    online code). One row per (control in {"none", "control_task"}, metric); ``alpha`` is the last block's
-    choice."""
+    online code), the probes fit by ``backend``. One row per (control in {"none", "control_task"}, metric);
+    ``alpha`` is the last block's choice."""
     from bertscope.probes import mdl_probe
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence of the small early blocks is not the point
-        res = mdl_probe(X, y, groups, seed=seed, control=control, n_blocks=n_blocks)
+        res = mdl_probe(X, y, groups, seed=seed, control=control, n_blocks=n_blocks, backend=backend)
     rows = []
     for control_name, d in (("none", res), ("control_task", res["control"])):
         for metric in ("compression", "online_codelength", "uniform_codelength", "prior_codelength"):

@@ -67,13 +67,16 @@ class Settings:
     ci: float = 0.95
     n_examples: int = 3  # test sentences drawn as gold vs predicted trees
     threads: int | None = None  # torch threads while training (None: leave as is)
+    # processes that train the passes side by side (forked, one torch thread each; 1: one pass after another in
+    # this process on ``threads``); equal to 1 up to the rounding of one- vs several-thread matrix products
+    workers: int = 2
 
     def __post_init__(self) -> None:
         for name in ("n_train", "n_dev", "n_test"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if self.max_epochs < 1 or self.batch_size < 1 or self.patience < 0:
-            raise ValueError("max_epochs and batch_size must be >= 1, patience >= 0")
+        if self.max_epochs < 1 or self.batch_size < 1 or self.patience < 0 or self.workers < 1:
+            raise ValueError("max_epochs, batch_size and workers must be >= 1, patience >= 0")
         if any(k < 1 for k in self.ranks):
             raise ValueError(f"ranks must be positive, got {self.ranks}")
         if not isinstance(self.sublayers, bool):
@@ -120,9 +123,12 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         scored = {name: (parts[name], measures.resample_weights(len(parts[name]), settings.n_boot, [ctx.seed, seed]))
                   for name, seed in (("test", 18), ("dev", 19))}  # the dev split chooses, the test split reports
         rows, dev_rows, training, full = [], [], [], {}
-        for p in _passes(settings, site_names, ctx.model.config.d_model):
+        pass_list = _passes(settings, site_names, ctx.model.config.d_model)
+        t1 = time.perf_counter()
+        trained = passes.train(ctx, settings, pass_list, vectors, site_names, parts, heads)
+        ctx.log(f"{len(pass_list)} training passes ({time.perf_counter() - t1:.1f}s)")
+        for p, arrays in zip(pass_list, trained, strict=True):
             t1 = time.perf_counter()
-            arrays = passes.train(ctx, settings, p, vectors, site_names, parts, heads)
             for name, (idx, weights) in scored.items():
                 words, lengths = passes.pass_words(p, vectors, site_names, idx)
                 r, tr, f = passes.score(p, arrays, Sentences(words, lengths, None, ctx.device),
@@ -135,7 +141,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                 else:
                     dev_rows.append(r)
             ctx.log(f"{p.name} pass: {len(p.specs)} probes at {len(p.sites)} sites, "
-                    f"{int(tr['stopped_epoch'].max())} epochs at most ({time.perf_counter() - t1:.1f}s)")
+                    f"{int(tr['stopped_epoch'].max())} epochs at most (scored in {time.perf_counter() - t1:.1f}s)")
         rows.append(_baseline_rows([heads[i] for i in test], [punct[i] for i in test], scored["test"][1],
                                    settings.ci, info))
     finally:

@@ -40,14 +40,22 @@ def pass_words(p: Pass, vectors: dict[str, data.WordVectors], site_names: dict[s
     return np.concatenate(parts, axis=0), lengths
 
 
-def train(ctx: Any, settings: Any, p: Pass, vectors: dict, site_names: dict, parts: dict,
-          heads: list) -> dict[str, np.ndarray]:
-    """The pass's fitted probes (cached step): per probe ``i``: ``proj{i}`` ``[n_sites, d, k]``, ``best_epoch{i}``,
-    ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}`` (each ``[n_sites]``)."""
+def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: dict, parts: dict,
+          heads: list) -> list[dict[str, np.ndarray]]:
+    """Every pass's fitted probes (one cached step per pass): per probe ``i``: ``proj{i}`` ``[n_sites, d, k]``,
+    ``best_epoch{i}``, ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}`` (each ``[n_sites]``).
+
+    The passes not cached yet train side by side on ``settings.workers`` forked one-thread processes
+    (`heads.parallel.map_sentences`, costliest first): a pass is a chain of small batched products that two
+    threads speed up only 1.5-fold, so two passes at once on one thread each finish sooner. A probe's trajectory
+    does not depend on the other probes or passes; against training in this process on several threads it
+    differs only by the rounding of the matrix products."""
+    from bertscope.experiments.heads.parallel import map_sentences
+
     regimen = Regimen(lr=settings.lr, batch_size=settings.batch_size, max_epochs=settings.max_epochs,
                       patience=settings.patience, seed=ctx.seed)
 
-    def fit() -> dict[str, np.ndarray]:
+    def fit(p: Pass) -> dict[str, np.ndarray]:
         sets = {}
         for name in ("train", "dev"):
             words, lengths = pass_words(p, vectors, site_names, parts[name])
@@ -59,8 +67,19 @@ def train(ctx: Any, settings: Any, p: Pass, vectors: dict, site_names: dict, par
                         f"dev_loss{i}": r.dev_loss})
         return out
 
-    return ctx.step_arrays("probes", fit, group=p.name, sites=[list(s) for s in p.sites],
-                           specs=[[s.kind, s.rank] for s in p.specs])
+    keys = [dict(group=p.name, sites=[list(s) for s in p.sites], specs=[[s.kind, s.rank] for s in p.specs])
+            for p in ps]  # fmt: skip
+    todo = sorted((i for i, key in enumerate(keys) if not ctx.step_path("probes", "npz", **key).is_file()),
+                  key=lambda i: -_cost(ps[i]))  # fmt: skip
+    done = dict(zip(todo, map_sentences(lambda i: fit(ps[i]), todo, workers=settings.workers, device=ctx.device),
+                    strict=True))  # fmt: skip
+    return [ctx.step_arrays("probes", (lambda i=i: done[i]) if i in done else (lambda p=p: fit(p)), **keys[i])
+            for i, p in enumerate(ps)]  # fmt: skip
+
+
+def _cost(p: Pass) -> int:
+    """A pass's relative training cost: sites times the probes' widths (full rank counted as 384)."""
+    return len(p.sites) * sum(s.rank or 384 for s in p.specs)
 
 
 def predictions(p: Pass, arrays: dict, test: Sentences, kind: str) -> tuple[list[int], list[np.ndarray]]:
