@@ -46,11 +46,11 @@ def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: di
     ``best_epoch{i}``, ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}`` (each ``[n_sites]``).
 
     The passes not cached yet train side by side on ``settings.workers`` forked one-thread processes
-    (`heads.parallel.map_sentences`, costliest first): a pass is a chain of small batched products that two
+    (`experiments.workers.map_forked`, costliest first): a pass is a chain of small batched products that two
     threads speed up only 1.5-fold, so two passes at once on one thread each finish sooner. A probe's trajectory
     does not depend on the other probes or passes; against training in this process on several threads it
     differs only by the rounding of the matrix products."""
-    from bertscope.experiments.heads.parallel import map_sentences
+    from bertscope.experiments.workers import map_forked
 
     regimen = Regimen(lr=settings.lr, batch_size=settings.batch_size, max_epochs=settings.max_epochs,
                       patience=settings.patience, seed=ctx.seed)
@@ -71,7 +71,7 @@ def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: di
             for p in ps]  # fmt: skip
     todo = sorted((i for i, key in enumerate(keys) if not ctx.step_path("probes", "npz", **key).is_file()),
                   key=lambda i: -_cost(ps[i]))  # fmt: skip
-    done = dict(zip(todo, map_sentences(lambda i: fit(ps[i]), todo, workers=settings.workers, device=ctx.device),
+    done = dict(zip(todo, map_forked(lambda i: fit(ps[i]), todo, workers=settings.workers, device=ctx.device),
                     strict=True))  # fmt: skip
     return [ctx.step_arrays("probes", (lambda i=i: done[i]) if i in done else (lambda p=p: fit(p)), **keys[i])
             for i, p in enumerate(ps)]  # fmt: skip
