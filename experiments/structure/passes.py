@@ -42,8 +42,9 @@ def pass_words(p: Pass, vectors: dict[str, data.WordVectors], site_names: dict[s
 
 def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: dict, parts: dict,
           heads: list) -> list[dict[str, np.ndarray]]:
-    """Every pass's fitted probes (one cached step per pass): per probe ``i``: ``proj{i}`` ``[n_sites, d, k]``,
-    ``best_epoch{i}``, ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}`` (each ``[n_sites]``).
+    """Every pass's fitted probes (one cached step per pass, written as it arrives): per probe ``i``:
+    ``proj{i}`` ``[n_sites, d, k]``, ``best_epoch{i}``, ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}``
+    (each ``[n_sites]``).
 
     The passes not cached yet train side by side on ``settings.workers`` forked one-thread processes
     (`experiments.workers.map_forked`, costliest first): a pass is a chain of small batched products that two
@@ -71,9 +72,14 @@ def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: di
             for p in ps]  # fmt: skip
     todo = sorted((i for i, key in enumerate(keys) if not ctx.step_path("probes", "npz", **key).is_file()),
                   key=lambda i: -_cost(ps[i]))  # fmt: skip
-    done = dict(zip(todo, map_forked(lambda i: fit(ps[i]), todo, workers=settings.workers, device=ctx.device),
-                    strict=True))  # fmt: skip
-    return [ctx.step_arrays("probes", (lambda i=i: done[i]) if i in done else (lambda p=p: fit(p)), **keys[i])
+
+    def cached_as_they_arrive(results: Any) -> Any:  # in order: Ctrl-C keeps every pass already received
+        for i, arrays in zip(todo, results, strict=True):
+            yield ctx.step_arrays("probes", lambda arrays=arrays: arrays, **keys[i])
+
+    done = dict(zip(todo, map_forked(lambda i: fit(ps[i]), todo, workers=settings.workers, device=ctx.device,
+                                     progress=cached_as_they_arrive), strict=True))  # fmt: skip
+    return [done[i] if i in done else ctx.step_arrays("probes", lambda p=p: fit(p), **keys[i])
             for i, p in enumerate(ps)]  # fmt: skip
 
 
