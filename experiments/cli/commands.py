@@ -80,8 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         # With several experiments, each one's figures are drawn in the background while the next computes.
         with FigurePipeline() as figures:
+            pipeline = figures if len(modules) > 1 else None
             for module in modules.values():
-                pipeline = figures if len(modules) > 1 else None
                 results.append(run_experiment(module, options, inputs, on_start=on_start, figures=pipeline))
             results = [figures.finish(r) for r in results]
         for result in results:

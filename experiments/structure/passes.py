@@ -71,7 +71,7 @@ def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: di
     keys = [dict(group=p.name, sites=[list(s) for s in p.sites], specs=[[s.kind, s.rank] for s in p.specs])
             for p in ps]  # fmt: skip
     todo = sorted((i for i, key in enumerate(keys) if not ctx.step_path("probes", "npz", **key).is_file()),
-                  key=lambda i: -_cost(ps[i]))  # fmt: skip
+                  key=lambda i: -_cost(ps[i], d=next(iter(vectors.values())).words.shape[-1]))  # fmt: skip
 
     def cached_as_they_arrive(results: Any) -> Any:  # in order: Ctrl-C keeps every pass already received
         for i, arrays in zip(todo, results, strict=True):
@@ -83,9 +83,9 @@ def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: di
             for i, p in enumerate(ps)]  # fmt: skip
 
 
-def _cost(p: Pass) -> int:
-    """A pass's relative training cost: sites times the probes' widths (full rank counted as 384)."""
-    return len(p.sites) * sum(s.rank or 384 for s in p.specs)
+def _cost(p: Pass, d: int) -> int:
+    """A pass's relative training cost: sites times the probes' widths (a full-rank probe is ``d`` wide)."""
+    return len(p.sites) * sum(s.rank or d for s in p.specs)
 
 
 def predictions(p: Pass, arrays: dict, test: Sentences, kind: str) -> tuple[list[int], list[np.ndarray]]:
