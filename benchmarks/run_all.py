@@ -5,7 +5,9 @@
     python benchmarks/run_all.py --from OUT --record  # record from a finished `bertscope run all --out OUT`
 
 `run all` runs in a child process with a fresh output folder (nothing cached); wall seconds per experiment come
-from each manifest's ``seconds``, CPU seconds of the whole child from ``getrusage``. The load average before and
+from each manifest's ``seconds``, CPU seconds of the whole child from ``getrusage``. CPU seconds divided by the
+cores this process may use is the least wall time any schedule of that work could take; it is printed beside
+the wall time with the share of it the cores were busy. The load average before and
 after is printed: on a shared machine the times mean little unless it stays near zero. ``--record`` refuses to
 write when the 1-minute load average before the run exceeds ``--max-load`` (default 0.5).
 """
@@ -81,6 +83,12 @@ def main() -> None:
     cpu = "" if result["cpu_seconds"] is None else f", {result['cpu_seconds']:.0f} s CPU"
     print(f"run all: {result['wall_seconds']:.0f} s wall{cpu} (load before {result['load_before']}, "
           f"after {result['load_after']})")
+    if result["cpu_seconds"] is not None:
+        cores = len(os.sched_getaffinity(0))
+        floor = result["cpu_seconds"] / cores
+        print(f"  the CPU work alone needs at least {floor:.0f} s on {cores} cores "
+              f"(CPU / cores: no schedule of this work finishes sooner); the cores were busy "
+              f"{100 * floor / result['wall_seconds']:.0f}% of the wall time")
     for name, row in result["experiments"].items():
         print(f"  {name:<12} {row['seconds']:>7.1f} s  {row['status']}")
     if args.record:
