@@ -379,8 +379,9 @@ def _compact_coefficients(SY: torch.Tensor, YY: torch.Tensor, a: torch.Tensor,
 class _History:
     """The last ``m`` L-BFGS pairs (s, y) in one ring buffer ``[2m, p]`` (rows ``:m`` the s, ``m:`` the y), with
     their products s_i'y_j and y_i'y_j (float64, ``[m, m]``) updated by one row and column per new pair. A step
-    (`direction`) then costs two matrix-vector products over the buffer and a new pair two more, where stacking
-    the pairs and forming S Y' afresh each iteration cost a third of a small fit (2,700 rows, 32 classes)."""
+    (`direction`) then costs two matrix-vector products over the buffer and a new pair one and a half more
+    (Y s and B y), where stacking the pairs and forming S Y' afresh each iteration cost a third of a small fit
+    (2,700 rows, 32 classes)."""
 
     def __init__(self, m: int, p: int, dtype: torch.dtype, device: torch.device) -> None:
         self.m = m
@@ -401,8 +402,8 @@ class _History:
         j = self.rows.pop(0) if len(self.rows) == m else len(self.rows)
         self.B[j], self.B[m + j] = s, y
         self.rows.append(j)
-        Bs, By = (self.B @ s).double(), (self.B @ y).double()  # [S s; Y s], [S y; Y y]
-        self.SY[j], self.SY[:, j], self.YY[j] = Bs[m:], By[:m], By[m:]
+        Ys, By = (self.B[m:] @ s).double(), (self.B @ y).double()  # Y s, [S y; Y y] (S s is never used)
+        self.SY[j], self.SY[:, j], self.YY[j] = Ys, By[:m], By[m:]
         self.YY[:, j] = By[m:]
 
     def direction(self, g: torch.Tensor) -> torch.Tensor:
