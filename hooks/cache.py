@@ -15,15 +15,12 @@ pre-LN model the stream is a plain sum and both behave as in TransformerLens.
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from bertscope.hooks.sites import is_glob, matches, parse_site
 from einops import rearrange
-
-_LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 # TransformerLens' utils.get_act_name conventions, mapped onto bertscope's hook names.
 _ALIASES = {"attn": "pattern", "attn_logits": "scores", "attn_scores": "scores", "key": "k", "query": "q",
@@ -135,12 +132,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     # ------------------------------------------------------------------ per-layer views
     def layers(self, suffix: str) -> list[int]:
         """Layer indices present for a per-block name suffix such as ``"attn.hook_pattern"``."""
-        found = []
-        for name in self._tensors:
-            m = _LAYER.match(name)
-            if m and m.group(2) == suffix:
-                found.append(int(m.group(1)))
-        return sorted(found)
+        sites = [parse_site(name) for name in self._tensors]
+        return sorted(s.layer for s in sites if s.layer is not None and s.suffix == suffix)
 
     def stack(self, pattern: str) -> torch.Tensor:
         """Stack cached tensors over layers: ``[layer, ...]``, in layer order.
@@ -158,15 +151,15 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
     def names(self, pattern: str) -> list[str]:
         """Cached names matching a suffix, glob or short name (see ``stack``), sorted by layer."""
-        if any(c in pattern for c in "*?["):
-            found = [n for n in self._tensors if fnmatch.fnmatchcase(n, pattern)]
+        if is_glob(pattern):
+            found = [n for n in self._tensors if matches(pattern, n)]
         elif pattern.startswith("blocks."):
             found = [pattern] if pattern in self._tensors else []
         else:  # a per-block suffix, matched exactly ("hook_scale" is neither ln1's nor ln2's)
             short = not ("." in pattern or pattern.startswith("hook_"))
             suffix = act_name(pattern, 0)[len("blocks.0.") :] if short else pattern
-            found = [n for n in self._tensors if (m := _LAYER.match(n)) and m.group(2) == suffix]
-        return sorted(found, key=lambda n: int(m.group(1)) if (m := _LAYER.match(n)) else -1)
+            found = [n for n in self._tensors if (s := parse_site(n)).layer is not None and s.suffix == suffix]
+        return sorted(found, key=lambda n: -1 if (layer := parse_site(n).layer) is None else layer)
 
     def heads(self, name: str, heads: int | Sequence[int]) -> torch.Tensor:
         """Select heads of a per-head tensor: ``[batch, pos, head, ...]`` (q/k/v/z/result) or

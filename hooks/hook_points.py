@@ -8,13 +8,13 @@ Every activation worth studying passes through a ``HookPoint``. Because a hook p
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from bertscope.hooks.cache import ActivationCache
+from bertscope.hooks.sites import match_sites
 from torch import nn
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
@@ -103,18 +103,7 @@ class HookedModule(nn.Module):
             return names
         if callable(names_filter):
             return [n for n in names if names_filter(n)]
-        patterns = [names_filter] if isinstance(names_filter, str) else list(names_filter)
-        chosen: set[str] = set()
-        for pattern in patterns:
-            if not isinstance(pattern, str):
-                raise TypeError(f"names_filter entries must be strings, got {type(pattern).__name__}")
-            matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-            if not matched:
-                close = fnmatch.filter(names, "*" + pattern.split(".")[-1].split("*")[-1] + "*")[:5]
-                hint = f" Did you mean one of {close}?" if close else " See model.hook_names()."
-                raise KeyError(f"no hook point matches {pattern!r}.{hint}")
-            chosen.update(matched)
-        return [n for n in names if n in chosen]
+        return match_sites(names_filter, names)
 
     @contextmanager
     def hooks(self, fwd_hooks: Iterable[tuple[NamesFilter, HookFn]] = ()) -> Iterator[HookedModule]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from bertscope.hooks.hook_points import HookedModule, HookPoint
+from bertscope.hooks.sites import parse_site
 from bertscope.models.config import EncoderConfig
 from bertscope.models.text import as_batch, str_tokens
 from einops import rearrange
@@ -651,11 +652,11 @@ _BLOCK_ORDER = {
 
 def _forward_rank(name: str, cfg: EncoderConfig) -> tuple[int, int, int]:
     """Sort key putting hook names in the order the forward pass reaches them."""
-    parts = name.split(".")
-    if parts[0] == "embed":
-        return (0, 0, _EMBED_ORDER.index(".".join(parts[1:])))
-    if parts[0] == "blocks":
-        return (1, int(parts[1]), _BLOCK_ORDER[cfg.norm_placement].index(".".join(parts[2:])))
+    site = parse_site(name)
+    if site.module == "embed":
+        return (0, 0, _EMBED_ORDER.index(site.suffix))
+    if site.module == "blocks":
+        return (1, site.layer, _BLOCK_ORDER[cfg.norm_placement].index(site.suffix))
     return (2, 0, 0 if name.endswith("hook_scale") else 1)
 
 

@@ -4,21 +4,14 @@ attention sublayer's write. (Filling a model from a checkpoint is ``loading.from
 from __future__ import annotations
 
 import torch
+from bertscope.hooks.sites import forward_order
 from torch import nn
 
 
 def hook_order(names: list[str], order: dict[str, tuple[str, ...]]) -> list[str]:
     """Sort hook names in forward order. ``order`` maps a top-level module name (``"embed"``, ``"blocks"``, ...)
     to the suffixes in the order its forward reaches them; modules rank in ``order``'s own order."""
-    tops = list(order)
-
-    def rank(name: str) -> tuple[int, int, int]:
-        parts = name.split(".")
-        if parts[0] == "blocks":
-            return (tops.index("blocks"), int(parts[1]), order["blocks"].index(".".join(parts[2:])))
-        return (tops.index(parts[0]), 0, order[parts[0]].index(".".join(parts[1:])))
-
-    return sorted(names, key=rank)
+    return forward_order(names, order)
 
 
 def attention_output(attn: nn.Module, z: torch.Tensor) -> torch.Tensor:

@@ -170,7 +170,7 @@ def test_site_layers():
     assert len(position_sites(6)) == 26 and len(main_sites(6)) == 8
     assert site_layer("embed.hook_out") == (0, "embed")
     assert site_layer("blocks.3.hook_resid_mid") == (4, "resid_mid")
-    with pytest.raises(ValueError, match="not a positions site"):
+    with pytest.raises(ValueError, match="not a residual-stream site"):
         site_layer("blocks.0.attn.hook_pattern")
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from bertscope.hooks.sites import last_block
 
 from .layout import (
     ATTENTION_SUFFIXES,
@@ -152,15 +152,7 @@ def _greedy_runs(cost: list[int], bound: int) -> int:
 def last_layer_needed(names: list[str]) -> int | None:
     """The deepest block any selected hook lives in (embedding-only: block 0), so the forward can stop
     there; ``None`` when a hook needs the full forward (e.g. ``ln_final``)."""
-    layers = []
-    for name in names:
-        if name.startswith("embed."):
-            layers.append(0)
-        elif m := re.match(r"blocks\.(\d+)\.", name):
-            layers.append(int(m.group(1)))
-        else:
-            return None
-    return max(layers)
+    return last_block(names)
 
 
 def fingerprint(model: Any, corpus: Any, specs: list[HookSpec], max_length: int, batch_size: int,

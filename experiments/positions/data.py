@@ -14,20 +14,17 @@ pieces inside each sequence (same tokens, same position ids, [CLS]/[SEP] kept in
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
+from bertscope.hooks.sites import BLOCK_COMPONENTS, site_layer  # noqa: F401 (one vocabulary; re-exported)
+from bertscope.hooks.sites import EMBED_COMPONENTS as _EMBED_SITES
 
 #: Token kinds in `Activations.kind`.
 CONTENT, CLS, SEP = 0, 1, 2
-
-_BLOCK_SITE = re.compile(r"^blocks\.(\d+)\.hook_(attn_out|resid_mid|mlp_out|resid_post)$")
-_EMBED_SITES = {"embed.hook_word": "word", "embed.hook_out": "embed"}
-BLOCK_COMPONENTS = ("attn_out", "resid_mid", "mlp_out", "resid_post")
 
 
 # ------------------------------------------------------------------------------------------------- sites
@@ -46,22 +43,6 @@ def position_sites(n_layers: int) -> list[str]:
 def main_sites(n_layers: int) -> list[str]:
     """The residual-stream sites (word, embeddings, each block's output) used by the costlier analyses."""
     return list(_EMBED_SITES) + [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
-
-
-def site_layer(site: str) -> tuple[int, str]:
-    """``(layer, component)`` of a site. ``layer`` counts like transformers' ``hidden_states``: 0 for the
-    embedding sites, ``L + 1`` for every site inside block ``L`` (so ``resid_post`` at layer k is
-    ``hidden_states[k]``). ``component`` is ``word``, ``embed``, ``attn_out``, ``resid_mid``, ``mlp_out`` or
-    ``resid_post``."""
-    if site in _EMBED_SITES:
-        return 0, _EMBED_SITES[site]
-    m = _BLOCK_SITE.match(site)
-    if not m:
-        raise ValueError(
-            f"{site!r} is not a positions site; use embed.hook_word, embed.hook_out or "
-            "blocks.L.hook_{attn_out,resid_mid,mlp_out,resid_post}"
-        )
-    return int(m.group(1)) + 1, m.group(2)
 
 
 # -------------------------------------------------------------------------------------------- sequences

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.hooks.sites import parse_site
 
 CONDITION_STYLE = {
     "none": dict(color="C0", label="task"),
@@ -70,11 +71,11 @@ def site_title(site: str) -> str:
     fixed = {"embed.hook_word": "word embedding", "embed.hook_out": "embedding output"}
     if site in fixed:
         return fixed[site]
-    parts = site.split(".")
-    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit():
+    parsed = parse_site(site)
+    if parsed.layer is not None and "." not in parsed.suffix:
         what = {"hook_resid_post": "after layer", "hook_attn_out": "attention output of layer",
                 "hook_resid_mid": "residual after attention, layer", "hook_mlp_out": "MLP output of layer"}
-        return f"{what.get(parts[2], parts[2])} {int(parts[1]) + 1}"
+        return f"{what.get(parsed.suffix, parsed.suffix)} {parsed.layer + 1}"
     return site
 
 

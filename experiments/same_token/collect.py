@@ -28,6 +28,7 @@ from bertscope.experiments.same_token.measures import (
     summarize,
     tally,
 )
+from bertscope.hooks.sites import block_layer
 from einops import rearrange
 
 WEIGHTINGS = ("attention", "norm")  # learned heads: plain pattern, Kobayashi norm-weighted pattern
@@ -102,7 +103,7 @@ def tables(
     frames = []
     for site in stored(arrays, "raw"):
         t = summarize(Tallies.from_arrays(arrays, f"raw|{site}|"), n_boot=n_boot, seed=seed, ci=level)
-        layer = int(site.split(".")[1]) if site.startswith("blocks.") else -1
+        layer = b if (b := block_layer(site)) is not None else -1
         frames.append(label(t, source="raw", site=site, layer=layer, head=-1, weighting="attention"))
     for weighting in stored(arrays, "head"):
         tallies = Tallies.from_arrays(arrays, f"head|{weighting}|")

@@ -8,7 +8,6 @@ left out (and counted in the manifest).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 from bertscope.experiments.corpus import word_pool
+from bertscope.hooks.sites import BLOCK_COMPONENTS, site_layer  # noqa: F401 (one vocabulary; re-exported)
 
-BLOCK_COMPONENTS = ("attn_out", "resid_mid", "mlp_out", "resid_post")
-_BLOCK_SITE = re.compile(r"^blocks\.(\d+)\.hook_(attn_out|resid_mid|mlp_out|resid_post)$")
 EMBED_SITE = "embed.hook_out"
 
 
@@ -30,17 +28,6 @@ def residual_sites(n_layers: int) -> list[str]:
 def sublayer_sites(n_layers: int, components: Sequence[str] = BLOCK_COMPONENTS[:3]) -> list[str]:
     """Inside every block: ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out`` (or the ``components`` named)."""
     return [f"blocks.{layer}.hook_{c}" for layer in range(n_layers) for c in BLOCK_COMPONENTS[:3] if c in components]
-
-
-def site_layer(site: str) -> tuple[int, str]:
-    """``(layer, component)``: layer 0 is the embedding output, layer L + 1 every site inside block L (so
-    ``resid_post`` at layer k is ``hidden_states[k]``, the paper's "layer k")."""
-    if site == EMBED_SITE:
-        return 0, "embed"
-    m = _BLOCK_SITE.match(site)
-    if not m:
-        raise ValueError(f"{site!r} is not a structure site")
-    return int(m.group(1)) + 1, m.group(2)
 
 
 @dataclass(frozen=True)
