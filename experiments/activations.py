@@ -55,8 +55,9 @@ TOKEN_CLASSES = ("real", "cls", "sep", "padding")  # names of the token classes,
 POOLS = ("token", "word")
 
 __all__ = [
-    "CLS", "PADDING", "POOLS", "REAL", "SEP", "TOKEN_CLASSES", "ActivationBatch", "CaptureSource",
-    "is_attention", "iter_activations", "last_layer_needed", "resolve_sites", "run_batch", "token_classes",
+    "CLS", "PADDING", "POOLS", "REAL", "SEP", "TOKEN_CLASSES", "ActivationBatch", "CaptureSource", "batch_activations",
+    "is_attention", "iter_activations", "last_layer_needed", "open_capture", "resolve_sites", "run_batch",
+    "token_classes",
 ]  # fmt: skip
 
 
@@ -155,21 +156,51 @@ def iter_activations(
     """
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
-    encoded = _encoded(model, corpus_or_texts, encoded, batch_size=batch_size, max_length=max_length)
-    if capture is not None:
-        source = capture if isinstance(capture, CaptureSource) else CaptureSource(capture, model)
-        names = source.resolve(sites)
-        source.check(encoded)
-    else:
-        source, names = None, resolve_sites(model, sites)
-    stop_at = last_layer_needed(names) if stop_early else None
+    sentences = _sentences(corpus_or_texts)
+    encoded = _encoded(model, sentences, encoded, batch_size=batch_size, max_length=max_length)
+    source = open_capture(capture, model)
+    names = resolve_sites(model, sites) if source is None else source.resolve(sites)
+    if source is not None:
+        source.check(encoded, sentences)
     for batch in encoded:
-        if source is None:
-            cache = run_batch(model, batch, names, stop_at_layer=stop_at)
-            tensors = {name: cache[name] for name in names}
-        else:
-            tensors = source.read(batch, names)
-        yield _finish(batch, tensors, pool=pool, include_special=include_special, device=device, dtype=dtype)
+        yield batch_activations(model, batch, names, corpus=sentences, capture=source, pool=pool,
+                                include_special=include_special, device=device, dtype=dtype, stop_early=stop_early)
+
+
+def batch_activations(
+    model: Any,
+    batch: Batch,
+    names: Sequence[str],
+    *,
+    corpus: Sequence[Sentence] | None = None,
+    capture: CaptureSource | None = None,
+    pool: str = "token",
+    include_special: bool = True,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    stop_early: bool = True,
+) -> ActivationBatch:
+    """One batch of `iter_activations` (for callers that deal batches out themselves, e.g. to worker
+    processes): the activations at ``names`` (resolved hook names, see `resolve_sites` /
+    `CaptureSource.resolve`) of ``batch`` (a ``corpus.encode`` batch), from a forward or from ``capture``
+    (then ``corpus``, the sentences ``batch.sentence_index`` points into, finds its rows)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+    if capture is None:
+        cache = run_batch(model, batch, names, stop_at_layer=last_layer_needed(names) if stop_early else None)
+        tensors = {name: cache[name] for name in names}
+    else:
+        if corpus is None:
+            raise ValueError("reading a capture needs the corpus the batch was encoded from (corpus=...)")
+        tensors = capture.read(batch, names, [corpus[i] for i in batch.sentence_index])
+    return _finish(batch, tensors, pool=pool, include_special=include_special, device=device, dtype=dtype)
+
+
+def open_capture(capture: str | Path | CaptureSource | None, model: Any) -> CaptureSource | None:
+    """``capture`` as a `CaptureSource` (``None`` stays ``None``: run the model)."""
+    if capture is None or isinstance(capture, CaptureSource):
+        return capture
+    return CaptureSource(capture, model)
 
 
 # ------------------------------------------------------------------------------------------------ forward
@@ -282,14 +313,16 @@ class CaptureSource:
         except CaptureError as e:
             raise CaptureError(f"capture {self.folder} lacks a site: {e}") from None
 
-    def check(self, encoded: Encoded, sites: Sequence[str] | None = None) -> None:
-        """Refuse (`CaptureError`, one line) to serve ``encoded`` when the capture has another max_length,
-        dtype or model, lacks ``sites`` or a sentence, or holds other token ids for one."""
+    def check(self, encoded: Encoded | int, sentences: Sequence[Sentence], sites: Any = None) -> None:
+        """Refuse (`CaptureError`, one line) to serve ``sentences`` encoded at ``encoded.max_length`` (or an
+        int max_length) when the capture has another max_length, dtype or model, lacks one of ``sites`` or
+        one of the sentences. (Token ids are checked as rows are read.)"""
         if sites is not None:
             self.resolve(sites)
-        if encoded.max_length != self.max_length:
+        max_length = encoded if isinstance(encoded, int) else encoded.max_length
+        if max_length != self.max_length:
             raise CaptureError(f"capture {self.folder} was made with --max-length {self.max_length}, this run uses "
-                               f"--max-length {encoded.max_length}; recapture or use the capture's")  # fmt: skip
+                               f"--max-length {max_length}; recapture or use the capture's")  # fmt: skip
         model_info = self.index.get("model") or {}
         if model_info.get("weights_sha256") not in (None, self.model.weights_sha256):
             raise CaptureError(f"capture {self.folder} was made by another model ({model_info.get('source')}); "
@@ -300,26 +333,32 @@ class CaptureSource:
             raise CaptureError(f"capture {self.folder} holds {', '.join(sorted(stored))} activations, this run's "
                                f"model is {dtype} (--dtype); recapture or use the capture's dtype")  # fmt: skip
         corpus_name = (self.index.get("corpus") or {}).get("name", "another corpus")
-        for batch in encoded:
-            for j, i in enumerate(self._indices(batch)):
-                if i is None:
-                    raise CaptureError(f"capture {self.folder} does not hold sentence {batch_ids(batch)[j]!r} "
-                                       f"of this corpus (it was made from {corpus_name}); recapture this corpus")
+        for sentence in sentences:
+            if self.locate(sentence) is None:
+                raise CaptureError(f"capture {self.folder} does not hold sentence {sentence.id!r} of this corpus "
+                                   f"(it was made from {corpus_name}); recapture this corpus")
 
-    def read(self, batch: Batch, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """The batch's activations from the shards: ``{site: [batch, pos, ...]}`` (attention sites
-        ``[batch, head, query, key]``), padding zero; checks every row's token id against the batch."""
+    def locate(self, sentence: Sentence) -> tuple[int, int, int] | None:
+        """Where the capture holds ``sentence`` (found by id and text): ``(shard, first row, rows)``, or ``None``."""
+        i = self.by_key.get((str(sentence.id), str(sentence.text)))
+        return None if i is None else self.where.get(i)
+
+    def read(self, batch: Batch, names: Sequence[str], sentences: Sequence[Sentence]) -> dict[str, torch.Tensor]:
+        """The batch's activations from the shards (``sentences``: the batch's, in its order): ``{site: [batch,
+        pos, ...]}`` (attention sites ``[batch, head, query, key]``), padding zero; every row's token id is
+        checked against the batch."""
         b, p = batch.input_ids.shape
         lengths = batch.attention_mask.sum(dim=1).tolist()
         out: dict[str, torch.Tensor] = {}
-        for j, i in enumerate(self._indices(batch)):
-            if i is None:
-                raise CaptureError(f"capture {self.folder} does not hold sentence {batch_ids(batch)[j]!r}")
-            number, start, n = self.where[i]
+        for j, sentence in enumerate(sentences):
+            where = self.locate(sentence)
+            if where is None:
+                raise CaptureError(f"capture {self.folder} does not hold sentence {sentence.id!r}")
+            number, start, n = where
             f = self._file(number)
             token_ids = f.get_slice("rows.token_id")[start : start + n]
             if n != lengths[j] or not torch.equal(token_ids, batch.input_ids[j, :n]):
-                raise CaptureError(f"capture {self.folder}: sentence {batch_ids(batch)[j]!r} has other word "
+                raise CaptureError(f"capture {self.folder}: sentence {sentence.id!r} has other word "
                                    "pieces there than this model's tokenizer gives (another tokenizer?)")
             for name in names:
                 rows = f.get_slice(name)[start : start + n]  # [n, ...] or attention [n, head, key_width]
@@ -331,13 +370,6 @@ class CaptureSource:
                 else:
                     out[name][j, :n] = rows
         return {name: out[name] for name in names}
-
-    def _indices(self, batch: Batch) -> list[int | None]:
-        """The capture's sentence index of each of the batch's sentences (``None``: not in the capture)."""
-        keys = getattr(batch, "keys", None)
-        if keys is None:
-            raise CaptureError("the stage encodes the corpus itself when reading a capture (batch without keys)")
-        return [self.by_key.get(k) if self.by_key.get(k) in self.where else None for k in keys]
 
     def _file(self, number: int) -> Any:
         from safetensors import safe_open
@@ -352,27 +384,26 @@ class CaptureSource:
         return f
 
 
-def batch_ids(batch: Batch) -> list[str]:
-    """The ids of a batch's sentences (from the keys the stage attaches)."""
-    return [k[0] for k in getattr(batch, "keys", [])] or [str(i) for i in batch.sentence_index]
-
-
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _encoded(model: Any, corpus: Any, encoded: Encoded | None, *, batch_size: int, max_length: int) -> Encoded:
-    """The corpus as `Encoded` batches, each carrying ``keys``: its sentences' ``(id, text)``."""
+def _sentences(corpus: Any) -> list[Sentence]:
+    """The sentences of a `Corpus`, a list of `Sentence` s, or a list of strings (words split on whitespace)."""
     if isinstance(corpus, Encoded):
         raise TypeError("pass the corpus (or its sentences) and, if already encoded, encoded=...")
     sentences = list(corpus)
     if sentences and all(isinstance(s, str) for s in sentences):
         sentences = [Sentence(id=f"text:{i}", words=tuple(s.split()), text=s) for i, s in enumerate(sentences)]
+    return sentences
+
+
+def _encoded(model: Any, sentences: list[Sentence], encoded: Encoded | None, *, batch_size: int,
+             max_length: int) -> Encoded:  # fmt: skip
+    """The sentences as `Encoded` batches (``encoded`` when given, checked to be theirs)."""
     if encoded is None:
-        encoded = encode(sentences, model.tokenizer, max_length=max_length, batch_size=batch_size)
-    elif sum(len(b) for b in encoded) != len(sentences) or encoded.pair:
+        return encode(sentences, model.tokenizer, max_length=max_length, batch_size=batch_size)
+    if sum(len(b) for b in encoded) != len(sentences) or encoded.pair:
         raise ValueError("encoded must be the single-sentence encoding of exactly corpus_or_texts")
-    for batch in encoded:
-        batch.keys = [(sentences[i].id, sentences[i].text) for i in batch.sentence_index]  # type: ignore[attr-defined]
     return encoded
 
 
