@@ -46,8 +46,9 @@ class RunOptions:
         self.out = Path(self.out)
         if self.max_sentences is not None and self.max_sentences < 1:
             raise UsageError(f"--max-sentences must be >= 1, got {self.max_sentences}")
-        if self.max_length < 2:
-            raise UsageError(f"--max-length must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
+        if not isinstance(self.max_length, int):
+            raise UsageError(f"--max-length must be an integer, got {self.max_length!r}")
+        # Its lower bound is the model's (special tokens plus one word piece): `check_max_length` states it once.
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         resolve_dtype_name(self.dtype)  # validate early, before anything is loaded

@@ -119,7 +119,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_explore(args: argparse.Namespace) -> int:
     """``bertscope explore``: write an explorer page for the given texts."""
     from bertscope.experiments.explorer import explore, mixing_methods
-    from bertscope.experiments.options import load_model, resolve_device, resolve_dtype
+    from bertscope.experiments.options import check_max_length, load_model, resolve_device, resolve_dtype
 
     texts = list(args.texts)
     if any(not t.strip() for t in texts):
@@ -133,6 +133,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from e
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+    check_max_length(args.max_length, model)
     lengths = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
     too_long = [i + 1 for i, n in enumerate(lengths) if n > args.max_length]
     if too_long:

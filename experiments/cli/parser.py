@@ -131,7 +131,7 @@ def _add_explore(sub: Any) -> None:
     )
     p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more sentences (quote each)")
     _add_model_options(p)
-    p.add_argument("--max-length", type=_positive_int, default=128,
+    p.add_argument("--max-length", type=_int, default=128,
                    help="word pieces per text incl. [CLS]/[SEP]; a longer text is an error (default 128)")  # fmt: skip
     p.add_argument("--mixing", default=None, metavar="METHODS",
                    help="context-mixing methods for the menu, comma-separated, e.g. alti,attention_norm")  # fmt: skip
@@ -185,7 +185,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     p.add_argument("--max-sentences", type=_positive_int, default=None, help="use at most this many sentences")
     p.add_argument(
         "--max-length",
-        type=_positive_int,
+        type=_int,  # its one lower bound is the model's (options.check_max_length)
         default=128,
         help="word pieces per sequence incl. [CLS]/[SEP]; longer ones are truncated and counted (default 128)",
     )
@@ -195,6 +195,13 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     p.add_argument("--force", action="store_true", help="recompute even what is already finished")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
 
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _positive_int(text: str) -> int:
