@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,11 @@ class RunOptions:
     out: Path = Path("results")
     force: bool = False
     quiet: bool = False
+    # False: an experiment's steps/ cache (what an interrupted run resumes from) is deleted once it is complete,
+    # since a complete run never reads it again (--keep-steps yes keeps it, e.g. to inspect intermediate arrays)
+    keep_steps: bool = False
+    # --set NAME.FIELD=VALUE: experiment (CLI name) -> {Settings field: value}; typed by `settings.apply_overrides`
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
