@@ -118,7 +118,7 @@ def resolve_device(spec: str) -> torch.device:
     try:
         return _resolve(spec or "auto")
     except DeviceError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(e.cli_message()) from None
 
 
 def resolve_dtype_name(spec: str) -> str:
@@ -129,7 +129,7 @@ def resolve_dtype_name(spec: str) -> str:
     try:
         return _resolve(spec)
     except DeviceError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(e.cli_message()) from None
 
 
 def resolve_dtype(spec: str) -> torch.dtype:
