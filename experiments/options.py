@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,13 +41,19 @@ class RunOptions:
     out: Path = Path("results")
     force: bool = False
     quiet: bool = False
+    # False: an experiment's steps/ cache (what an interrupted run resumes from) is deleted once it is complete,
+    # since a complete run never reads it again (--keep-steps yes keeps it, e.g. to inspect intermediate arrays)
+    keep_steps: bool = False
+    # --set NAME.FIELD=VALUE: experiment (CLI name) -> {Settings field: value}; typed by `settings.apply_overrides`
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         if self.max_sentences is not None and self.max_sentences < 1:
             raise UsageError(f"--max-sentences must be >= 1, got {self.max_sentences}")
-        if self.max_length < 2:
-            raise UsageError(f"--max-length must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
+        if not isinstance(self.max_length, int):
+            raise UsageError(f"--max-length must be an integer, got {self.max_length!r}")
+        # Its lower bound is the model's (special tokens plus one word piece): `check_max_length` states it once.
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         resolve_dtype_name(self.dtype)  # validate early, before anything is loaded
@@ -131,7 +137,7 @@ def resolve_device(spec: str) -> torch.device:
     try:
         return _resolve(spec or "auto")
     except DeviceError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(e.cli_message()) from None
 
 
 def resolve_dtype_name(spec: str) -> str:
@@ -142,7 +148,7 @@ def resolve_dtype_name(spec: str) -> str:
     try:
         return _resolve(spec)
     except DeviceError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(e.cli_message()) from None
 
 
 def resolve_dtype(spec: str) -> torch.dtype:

@@ -37,6 +37,7 @@ from bertscope.experiments import io
 from bertscope.experiments.context import STEPS, Context, _is_dataframe, _relative
 from bertscope.experiments.options import FINGERPRINT_OPTIONS, Inputs, RunOptions, prepare_inputs
 from bertscope.experiments.registry import Experiment, check_experiment, code_sha256
+from bertscope.experiments.settings import experiment_settings
 
 MANIFEST = "manifest.json"
 RESULTS = "results"
@@ -150,7 +151,7 @@ def run_experiment(
     inputs = inputs if inputs is not None else prepare_inputs(options)
     out_dir = options.out / module.DIRNAME
     fingerprint = run_fingerprint(module.NAME, options, inputs)
-    settings = module.Settings()
+    settings = experiment_settings(module, options.settings)  # --set overrides applied
     code = code_sha256(module)
     previous = read_manifest(out_dir)
     if not options.force and is_complete(out_dir, fingerprint, previous):
@@ -196,7 +197,7 @@ def run_experiment(
 
 
 def _figures_drawn(manifest: dict[str, Any], ctx: Context, paths: list[Any]) -> None:
-    _remove_stale_steps(ctx.out_dir, ctx.steps_used)
+    _remove_stale_steps(ctx.out_dir, set() if not ctx.options.keep_steps else ctx.steps_used)
     manifest["figures"] = [_relative(Path(p), ctx.out_dir) for p in paths]
 
 
@@ -269,6 +270,8 @@ def run_fingerprint(name: str, options: RunOptions, inputs: Inputs) -> dict[str,
         "dtype": str(inputs.dtype).removeprefix("torch."),
         "model_sha256": inputs.model_info.get("weights_sha256"),
         "corpus_sha256": inputs.corpus_info.get("sha256"),
+        # --set overrides of this experiment's Settings (absent without any, so older fingerprints still match)
+        **({"settings": io.to_jsonable(options.settings[name])} if options.settings.get(name) else {}),
     }
 
 
@@ -356,12 +359,39 @@ def _settings_dict(settings: Any) -> Any:
 
 
 def _remove_stale_steps(out_dir: Path, used: set[str]) -> None:
-    # Steps cached under another key (other settings, code or inputs) can never be read again.
+    # Steps cached under another key (other settings, code or inputs) can never be read again; with nothing
+    # `used` (keep_steps off, the run complete) the whole steps/ folder goes.
     steps = out_dir / STEPS
     if steps.is_dir():
         for p in steps.iterdir():
             if p.is_file() and p.name not in used:
                 p.unlink()
+        if not used and not any(steps.iterdir()):
+            steps.rmdir()
+
+
+def clean_results(out: Path, *, dry_run: bool = False) -> tuple[list[tuple[Path, int]], list[str]]:
+    """Delete every ``OUT/<experiment>/steps/`` and every half-written ``*.partial`` file under ``out``
+    (``bertscope clean``). An experiment whose manifest says ``running`` or ``drawing`` is left alone. Returns the
+    removed (or, with ``dry_run``, removable) files with their sizes, and the names of the experiments left
+    alone."""
+    out = Path(out)
+    removed: list[tuple[Path, int]] = []
+    kept: list[str] = []
+    for folder in sorted(p for p in out.iterdir() if p.is_dir()):
+        manifest = read_manifest(folder)
+        if manifest is not None and manifest.get("status") in ("running", "drawing"):
+            kept.append(str(manifest.get("experiment", folder.name)))
+            continue
+        files = [p for p in (folder / STEPS).rglob("*") if p.is_file()] if (folder / STEPS).is_dir() else []
+        files += [p for p in folder.rglob(f"*{io.PARTIAL_SUFFIX}") if p.is_file() and p not in files]
+        removed += [(p, p.stat().st_size) for p in files]
+        if not dry_run:
+            for p in files:
+                p.unlink()
+            if (folder / STEPS).is_dir():
+                shutil.rmtree(folder / STEPS)
+    return removed, kept
 
 
 def _seed_everything(seed: int) -> None:

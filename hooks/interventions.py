@@ -21,6 +21,8 @@ transformers 5 accepts ``head_mask`` and silently ignores it; these hooks are th
 
 from __future__ import annotations
 
+import operator
+import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
@@ -29,7 +31,7 @@ import torch
 from bertscope.hooks.cache import ActivationCache
 from bertscope.hooks.hook_points import HookFn, HookPoint, NamesFilter
 
-HeadSpec = Mapping[int, Sequence[int]] | Iterable[tuple[int, int]]
+HeadSpec = Mapping[int, Sequence[int] | int] | Iterable[tuple[int, int] | str] | tuple[int, int] | str
 FwdHooks = list[tuple[NamesFilter, HookFn]]
 AblationMethod = Literal["zero", "mean", "uniform"]
 
@@ -44,7 +46,8 @@ def ablate_heads(
     reference: Mapping[int, torch.Tensor] | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> FwdHooks:
-    """Hooks that knock out the given heads (``heads``: ``{layer: [head, ...]}`` or ``[(layer, head), ...]``).
+    """Hooks that knock out the given heads (``heads``: ``{layer: [head, ...]}``, ``{layer: head}``,
+    ``[(layer, head), ...]``, ``(layer, head)`` or names ``"L3H5"``; see :func:`parse_heads`).
 
     - ``"zero"``: the head's output ``z`` is set to 0, so it writes nothing (equal to zeroing its slice of
       ``W_O``; the output bias stays).
@@ -163,12 +166,58 @@ def _old_order(fn: str, new: str) -> None:
 
 
 # ====================================================================== helpers
+#: How ``heads`` may be written (the error for anything else lists these).
+HEAD_SPELLINGS = ("{layer: [head, ...]}", "{layer: head}", "[(layer, head), ...]", "(layer, head)",
+                  "'L3H5' (or 'L3H5,L4H0', a list of such names)")  # fmt: skip
+_HEAD_NAME = re.compile(r"\s*L(\d+)\s*H(\d+)\s*", re.IGNORECASE)
+
+
+def parse_heads(heads: object) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs from any of :data:`HEAD_SPELLINGS`: ``{3: [5, 7]}``, ``{3: 5}``, ``[(3, 5)]``,
+    ``(3, 5)``, ``"L3H5"``, ``"L3H5,L4H0"``, ``["L3H5", (4, 0)]``; anything else is a ``TypeError`` that lists
+    the accepted spellings."""
+    def bad(why: str) -> TypeError:
+        return TypeError(f"heads: {why}; write them as one of {', '.join(HEAD_SPELLINGS)}")
+
+    def index(value: object, what: str) -> int:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            return operator.index(value)  # int, numpy and 0-d torch integers
+        except TypeError:
+            raise bad(f"{what} {value!r} is not an integer") from None
+
+    if isinstance(heads, str):
+        parts = [p for p in heads.replace(";", ",").split(",") if p.strip()]
+        matches = [_HEAD_NAME.fullmatch(p) for p in parts]
+        if not parts or not all(matches):
+            raise bad(f"cannot read {heads!r} as head names like 'L3H5'")
+        return [(int(m.group(1)), int(m.group(2))) for m in matches if m]
+    if isinstance(heads, Mapping):
+        pairs = []
+        for layer, hs in heads.items():
+            hs = hs.tolist() if hasattr(hs, "tolist") else hs  # numpy / torch index arrays
+            hs = hs if isinstance(hs, Iterable) and not isinstance(hs, str) else [hs]
+            pairs += [(index(layer, "layer"), index(h, "head")) for h in hs]
+        return pairs
+    if isinstance(heads, tuple) and len(heads) == 2 and not any(isinstance(x, (tuple, list, str)) for x in heads):
+        return [(index(heads[0], "layer"), index(heads[1], "head"))]
+    if not isinstance(heads, Iterable):
+        raise bad(f"got {type(heads).__name__}")
+    pairs = []
+    for item in heads:
+        if isinstance(item, str):
+            pairs += parse_heads(item)
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            pairs.append((index(item[0], "layer"), index(item[1], "head")))
+        else:
+            raise bad(f"cannot read {item!r} as one head")
+    return pairs
+
+
 def _normalise(heads: HeadSpec, n_layers: int | None, n_heads: int | None) -> dict[int, list[int]]:
-    pairs = (
-        [(layer, h) for layer, hs in heads.items() for h in hs] if isinstance(heads, Mapping) else list(heads)
-    )
     spec: dict[int, list[int]] = {}
-    for layer, h in pairs:
+    for layer, h in parse_heads(heads):
         if n_layers is not None and not 0 <= layer < n_layers:
             raise ValueError(f"layer {layer} out of range 0..{n_layers - 1}")
         if n_heads is not None and not 0 <= h < n_heads:

@@ -41,7 +41,7 @@ METHODS = (*PER_LAYER, *(f"rollout:{m}" for m in PER_LAYER), *(f"flow:{m}" for m
 
 def contributions(
     model: torch.nn.Module,
-    inputs: Mapping[str, torch.Tensor] | torch.Tensor,
+    inputs: str | Sequence[str] | Mapping[str, torch.Tensor] | torch.Tensor,
     method: str,
     *,
     layers: Sequence[int] | None = None,
@@ -55,8 +55,9 @@ def contributions(
 ) -> torch.Tensor:
     """Token-to-token contributions by ``method`` (one of ``METHODS``).
 
-    ``inputs``: ``model.tokenize(...)``'s dict (``input_ids`` ``[batch, pos]``, optional ``attention_mask``,
-    ``token_type_ids``) or an ``input_ids`` tensor.
+    ``inputs``: text (a string or a list of strings, tokenised with ``model.tokenize`` as ``model()`` and
+    ``run_with_cache`` do), ``model.tokenize(...)``'s dict (``input_ids`` ``[batch, pos]``, optional
+    ``attention_mask``, ``token_type_ids``) or an ``input_ids`` tensor.
 
     Returns
       - per-layer methods and ``rollout:``/``flow:``: ``[batch, layer, query, key]``; ``layer`` runs over
@@ -75,6 +76,10 @@ def contributions(
     ``max_flow_tokens``: ``flow:`` refuses longer sentences (its cost is layers x n^2 max-flow problems).
     Padding rows and columns are zero. Needs the model in eval mode.
     """
+    from bertscope.models.text import is_text
+
+    if is_text(inputs):  # text, as model() and run_with_cache take it
+        inputs = model.tokenize(list(inputs) if isinstance(inputs, tuple) else inputs)
     ids, mask, types = _unpack(model, inputs)
     if method not in METHODS:
         raise ValueError(f"unknown contribution method {method!r}; choose one of {', '.join(METHODS)}")
@@ -364,7 +369,7 @@ def _unpack(model, inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
         ids, mask, types = inputs["input_ids"], inputs.get("attention_mask"), inputs.get("token_type_ids")
     else:
         raise TypeError(
-            f"inputs must be model.tokenize(...)'s dict or an input_ids tensor, got {type(inputs).__name__}"
+            f"inputs must be text, model.tokenize(...)'s dict or an input_ids tensor, got {type(inputs).__name__}"
         )
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise ValueError("input_ids must be a [batch, pos] tensor")

@@ -17,7 +17,23 @@ DTYPE_NAMES = {
 
 
 class DeviceError(ValueError):
-    """A device or dtype that does not exist here or is not supported (message names the fix)."""
+    """A device or dtype that does not exist here or is not supported (message names the fix).
+
+    ``str(e)`` speaks the API's words (``device='cuda': CUDA is not available ...; use device='cpu' or
+    device='auto'``); :meth:`cli_message` the command line's (``--device cuda: ...; use --device cpu or
+    --device auto``)."""
+
+    def __init__(self, option: str, value: object, reason: str, fixes: tuple[str, ...] = (), *,
+                 quote: bool = False) -> None:  # fmt: skip
+        self.option, self.value, self.reason, self.fixes = option, value, reason, fixes
+        self.shown = repr(value) if quote else str(value)  # how the command line shows it
+        fix = f"; use {' or '.join(f'{option}={v!r}' for v in fixes)}" if fixes else ""
+        super().__init__(f"{option}={value!r}: {reason}{fix}")
+
+    def cli_message(self) -> str:
+        """The message with the command line's option name, e.g. ``--device cuda: ...; use --device cpu``."""
+        fix = f"; use {' or '.join(f'--{self.option} {v}' for v in self.fixes)}" if self.fixes else ""
+        return f"--{self.option} {self.shown}: {self.reason}{fix}"
 
 
 def resolve_device(spec: str | torch.device | None = None) -> torch.device:
@@ -31,20 +47,16 @@ def resolve_device(spec: str | torch.device | None = None) -> torch.device:
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise DeviceError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N") from None
+        raise DeviceError("device", spec, "not one of auto, cpu, cuda, cuda:N", quote=True) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(
-                f"--device {text}: CUDA is not available (torch {torch.__version__}, "
-                f"built with CUDA {torch.version.cuda}); use --device cpu or --device auto"
-            )
+            raise DeviceError("device", text, f"CUDA is not available (torch {torch.__version__}, built with CUDA "
+                              f"{torch.version.cuda})", ("cpu", "auto"))  # fmt: skip
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise DeviceError(
-                f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) visible; use cuda:0 .. "
-                f"cuda:{torch.cuda.device_count() - 1}"
-            )
+            n = torch.cuda.device_count()
+            raise DeviceError("device", text, f"only {n} CUDA device(s) visible", tuple(f"cuda:{i}" for i in range(n)))
     elif device.type != "cpu":
-        raise DeviceError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N")
+        raise DeviceError("device", spec, "not one of auto, cpu, cuda, cuda:N", quote=True)
     return device
 
 
@@ -57,7 +69,7 @@ def resolve_dtype_name(spec: str | torch.dtype | None) -> str:
         spec = str(spec).removeprefix("torch.")
     name = DTYPE_NAMES.get(str(spec).strip().lower())
     if name is None:
-        raise DeviceError(f"--dtype {spec!r} is not supported; use one of float32, float16, bfloat16, float64")
+        raise DeviceError("dtype", spec, "not supported", ("float32", "float16", "bfloat16", "float64"), quote=True)
     return name
 
 

@@ -39,6 +39,12 @@ def as_batch(
 
     Token ids pass through unchanged (the model checks them); text is tokenised with ``model.tokenize``.
     """
+    if isinstance(inputs, (list, tuple)) and not is_text(inputs):
+        if not inputs:
+            raise ValueError("no text: got an empty list; give a string, a list of strings, or token ids")
+        kinds = sorted({type(t).__name__ for t in inputs if not isinstance(t, str)})
+        raise TypeError(f"a list input must hold strings (texts), got a list with {', '.join(kinds)}; give token ids "
+                        "as a torch.Tensor [batch, pos] (e.g. torch.tensor([ids]))")  # fmt: skip
     if is_text(inputs):
         batch = model.tokenize(list(inputs) if isinstance(inputs, tuple) else inputs)
     elif isinstance(inputs, Mapping):

@@ -182,7 +182,7 @@ def test_run_all_writes_results_figures_manifest_and_report(
     assert manifest["options"] == {
         "model": str(tiny_model_dir), "corpus": "builtin", "max_sentences": 12, "max_length": 128,
         "batch_size": 32, "device": "cpu", "dtype": "float32", "seed": 3, "out": str(out), "force": False,
-        "quiet": True,
+        "quiet": True, "keep_steps": False, "settings": {},
     }  # fmt: skip
     assert manifest["seed"] == 3 and manifest["device"]["device"] == "cpu" and manifest["dtype"] == "float32"
     assert manifest["packages"]["torch"] == metadata.version("torch")
@@ -404,7 +404,7 @@ def test_resumed_run_with_changed_settings_recomputes_the_affected_steps(
     assert fake.step_computations == 2 and fake.lengths_computations == 1
     fake.interrupt_after_step = False
     monkeypatch.setattr(fake.module, "Settings", lambda: FakeSettings(scale=3))  # other settings, then resume
-    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
+    assert bertscope(capsys, *run_args(tiny_model_dir, out, "--keep-steps", "yes"))[0] == 0
     assert fake.lengths_computations == 2  # the step that depends on the settings was recomputed (and checked)
     manifest = json.loads((out / "fake" / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["settings"] == {"scale": 3}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import re
 
 import pytest
@@ -344,3 +345,36 @@ def test_repeated_random_m_seed_and_errors(tokenizer):
         load_corpus("repeated-random:m=7", tokenizer=tokenizer, m=8)
     with pytest.raises(ValueError, match="positive integer"):
         repeated_random(tokenizer, 5, m=0)
+
+
+# ------------------------------------------------------------------------------------ invisible words (27.4)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".conllu"])
+@pytest.mark.parametrize("word", ["\u200b\u200b", "\ufeff", "\u200d\u2060"])
+def test_a_word_of_only_invisible_characters_is_an_error_naming_file_and_line(tmp_path, suffix, word):
+    """Issue 27.4: a word made only of zero-width / format characters gives no word piece and broke every
+    experiment; the reader names the file and line."""
+    path = tmp_path / f"zw{suffix}"
+    if suffix == ".txt":
+        path.write_text(f"ok line\n{word}\n", encoding="utf-8")
+        line = 2
+    elif suffix == ".jsonl":
+        path.write_text('{"text": "ok line"}\n' + json.dumps({"text": f"a {word} b"}) + "\n", encoding="utf-8")
+        line = 2
+    else:
+        path.write_text(f"1\tok\t_\t_\t_\t_\t_\t_\t_\t_\n2\t{word}\t_\t_\t_\t_\t_\t_\t_\t_\n\n", encoding="utf-8")
+        line = 2
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:{line}:") + ".*invisible"):
+        load_corpus(path)
+
+
+def test_invisible_characters_inside_a_visible_word_are_kept(tmp_path):
+    path = tmp_path / "zwj.txt"
+    path.write_text("co\u200boperate now\n", encoding="utf-8")
+    assert read_text(path)[0].words == ("co\u200boperate", "now")
+
+
+def test_sentence_rejects_an_invisible_word():
+    with pytest.raises(ValueError, match="invisible"):
+        Sentence(id="s", words=("ok", "\u200b"), text="ok \u200b")

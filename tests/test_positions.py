@@ -268,7 +268,7 @@ def test_ctrl_c_after_n_probes_keeps_those_n_on_the_rerun(tmp_path, tokenizer, t
 
     model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer).eval()
     corpus = load_corpus("builtin", max_sentences=150)
-    options = RunOptions(out=tmp_path, quiet=True, max_length=64)
+    options = RunOptions(out=tmp_path, quiet=True, max_length=64, keep_steps=True)
     inputs = Inputs(model, corpus, torch.device("cpu"), torch.float32, model_summary(model), corpus_summary(corpus))
     settings = dataclasses.replace(SMALL, mdl=False, sublayer_controls=False, n_boot=0)
     monkeypatch.setattr(positions, "Settings", lambda: settings)

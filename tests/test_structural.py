@@ -349,7 +349,8 @@ def test_passes_trained_side_by_side_equal_the_passes_trained_in_turn(tiny, tmp_
     tables = {}
     for workers in (1, 2):
         monkeypatch.setattr(structure, "Settings", lambda w=workers: dataclasses.replace(SMALL, workers=w))
-        result = run_experiment(structure, RunOptions(out=tmp_path / str(workers), quiet=True), inputs)
+        result = run_experiment(structure, RunOptions(out=tmp_path / str(workers), quiet=True, keep_steps=True),
+                                inputs)
         assert result.status == "complete", result.error
         tables[workers] = pd.read_parquet(tmp_path / str(workers) / "structure" / "training.parquet")
         tables[f"res{workers}"] = pd.read_parquet(tmp_path / str(workers) / "structure" / "results.parquet")

@@ -94,10 +94,17 @@ def read_index(out_dir: str | Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     path = out_dir / INDEX
     if not path.is_file():
-        state = "unfinished" if any(out_dir.glob(SHARD_GLOB)) else "missing"
+        if not out_dir.exists():
+            raise CaptureError(f"{out_dir} does not exist; give the folder a capture was written to (bertscope "
+                               f"capture --hooks ... --out FOLDER)")  # fmt: skip
+        if not out_dir.is_dir():
+            raise CaptureError(f"{out_dir} is a file; give the folder a capture was written to")
+        if not any(out_dir.glob(SHARD_GLOB)):
+            raise CaptureError(f"{out_dir} holds no capture (no {INDEX}, no shards); write one there with "
+                               f"`bertscope capture --hooks ... --out {out_dir}`")  # fmt: skip
         raise CaptureError(
-            f"capture in {out_dir} is {state} (no {INDEX}); rerun the same `bertscope capture` command to "
-            "finish it"
+            f"capture in {out_dir} is unfinished (shards but no {INDEX}); rerun the same `bertscope capture` "
+            "command to finish it"
         )
     index = io.read_json(path)
     if index.get("format") != FORMAT:

@@ -61,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    _check_set_targets(options, names)
     modules, broken = {}, {}
     for name in names:
         try:
@@ -69,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.experiment != "all":
                 raise
             broken[name] = f"{type(e).__name__}: {e}"
+    _type_settings(options, modules)  # a bad --set stops here, before the model is loaded
     inputs = prepare_inputs(options) if modules else None  # bad input stops here, before any output
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
@@ -119,7 +121,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_explore(args: argparse.Namespace) -> int:
     """``bertscope explore``: write an explorer page for the given texts."""
     from bertscope.experiments.explorer import explore, mixing_methods
-    from bertscope.experiments.options import load_model, resolve_device, resolve_dtype
+    from bertscope.experiments.options import check_max_length, load_model, resolve_device, resolve_dtype
 
     texts = list(args.texts)
     if any(not t.strip() for t in texts):
@@ -133,6 +135,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from e
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
+    check_max_length(args.max_length, model)
     lengths = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
     too_long = [i + 1 for i, n in enumerate(lengths) if n > args.max_length]
     if too_long:
@@ -146,6 +149,29 @@ def cmd_explore(args: argparse.Namespace) -> int:
     print(f"explorer: {path}  ({len(texts)} sentence(s), {view.nbytes / 1e6:.2f} MB; open it in a browser)")
     return EXIT_OK
 
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """``bertscope clean``: delete the step caches and partial files under OUT (see `runner.clean_results`)."""
+    from bertscope.experiments.runner import clean_results
+
+    if not args.out.is_dir():
+        raise UsageError(f"{args.out} is not a folder; give a results folder (e.g. results)")
+    removed, kept = clean_results(args.out, dry_run=args.dry_run)
+    for name in kept:
+        print(f"  {name:<12} manifest says running: its steps are kept (delete them by hand if no process runs it)")
+    freed = sum(size for _, size in removed)
+    verb = "would free" if args.dry_run else "freed"
+    print(f"clean: {len(removed)} file(s) under {args.out}/, {verb} {_bytes(freed)}")
+    return EXIT_OK
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
 
 
 def group_hook_names(names: Sequence[str]) -> list[str]:
@@ -192,6 +218,27 @@ def _report_explorer(args: argparse.Namespace) -> Any:
 
 
 
+def _check_set_targets(options: RunOptions, names: list[str]) -> None:
+    """``--set`` for an experiment this command does not run is a mistake: a `UsageError`."""
+    for name, fields in options.settings.items():
+        if name not in names:
+            item = f"{name}.{next(iter(fields))}"
+            raise UsageError(f"--set {item}=...: `bertscope run {names[0] if len(names) == 1 else 'all'}` does not "
+                             f"run {name}; drop it or run {name}")  # fmt: skip
+
+
+def _type_settings(options: RunOptions, modules: dict[str, Any]) -> None:
+    """Type and check each experiment's ``--set`` values against its ``Settings`` (`UsageError` if bad); the
+    options then hold the typed values (what the manifest and the fingerprint record)."""
+    from bertscope.experiments.settings import apply_overrides
+
+    for name, texts in list(options.settings.items()):
+        if name in modules:
+            defaults = modules[name].Settings()
+            typed = apply_overrides(name, defaults, texts)
+            options.settings[name] = {k: getattr(typed, k) for k in texts}
+
+
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """The shared ``RunOptions`` of ``capture`` and ``run`` from their parsed arguments."""
     if args.out.exists() and not args.out.is_dir():
@@ -208,7 +255,16 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         out=args.out,
         force=args.force,
         quiet=args.quiet,
+        keep_steps=getattr(args, "keep_steps", "no") == "yes",
+        settings=_set_assignments(args),
     )
+
+
+def _set_assignments(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """``--set NAME.FIELD=VALUE`` items split by experiment (texts; typed once the experiments are imported)."""
+    from bertscope.experiments.settings import parse_assignments
+
+    return parse_assignments(getattr(args, "set", None), list(EXPERIMENTS))
 
 
 def _summary(results: list[Any], broken: dict[str, str]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from bertscope.experiments.registry import EXPERIMENTS
 
-from .commands import cmd_capture, cmd_explore, cmd_info, cmd_report, cmd_run
+from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -30,7 +30,22 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_run(sub, argv)
     _add_report(sub)
     _add_explore(sub)
+    _add_clean(sub)
     return parser
+
+
+def _add_clean(sub: Any) -> None:
+    """``bertscope clean``: delete the step caches under a results folder."""
+    p = sub.add_parser(
+        "clean",
+        help="delete the step caches (OUT/<experiment>/steps/) and half-written files under a results folder",
+        description="Delete OUT/<experiment>/steps/ (intermediate results an interrupted run resumes from; a "
+        "complete run never reads them again) and half-written *.partial files. Tables, figures, manifests and "
+        "the report stay. Experiments still running (manifest status running) are left alone.",
+    )
+    p.add_argument("out", nargs="?", type=Path, default=Path("results"), help="results folder (default results)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    p.set_defaults(handler=cmd_clean)
 
 
 def _add_info(sub: Any) -> None:
@@ -100,7 +115,28 @@ def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which experiment")
     _add_shared_options(p, out_default=Path("results"))
     p.add_argument("--no-report", action="store_true", help="do not write OUT/index.html afterwards")
+    p.add_argument("--keep-steps", choices=("yes", "no"), default="no",
+                   help="keep OUT/<experiment>/steps/ (the cache an interrupted run resumes from) after the "
+                   "experiment completes (default no: deleted then, since a complete run never reads it again)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME.FIELD=VALUE",
+                   help="change one of an experiment's settings, e.g. --set heads.syntax_min_arcs=5 (repeat for "
+                   "more; typed and checked; part of the manifest and of what a rerun must match). "
+                   "`bertscope run NAME --help` lists NAME's settings with defaults and meanings")  # fmt: skip
+    if chosen and {"-h", "--help"} & set(argv):  # only for help: it imports the experiment (and torch)
+        p.epilog = _settings_epilog(chosen)
     p.set_defaults(handler=cmd_run)
+
+
+def _settings_epilog(name: str) -> str | None:
+    """``run NAME --help``'s list of NAME's settings (None when the experiment does not import)."""
+    from bertscope.experiments.registry import load_experiment
+    from bertscope.experiments.settings import settings_help
+
+    try:
+        module = load_experiment(name)
+    except Exception as e:  # a broken experiment still gets its --help, saying why its settings are missing
+        return f"settings of {name}: unavailable ({type(e).__name__}: {e})"
+    return settings_help(name, type(module.Settings()))
 
 
 def _add_report(sub: Any) -> None:
@@ -131,7 +167,7 @@ def _add_explore(sub: Any) -> None:
     )
     p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more sentences (quote each)")
     _add_model_options(p)
-    p.add_argument("--max-length", type=_positive_int, default=128,
+    p.add_argument("--max-length", type=_int, default=128,
                    help="word pieces per text incl. [CLS]/[SEP]; a longer text is an error (default 128)")  # fmt: skip
     p.add_argument("--mixing", default=None, metavar="METHODS",
                    help="context-mixing methods for the menu, comma-separated, e.g. alti,attention_norm")  # fmt: skip
@@ -191,7 +227,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     )
     p.add_argument(
         "--max-length",
-        type=_positive_int,
+        type=_int,  # its one lower bound is the model's (options.check_max_length)
         default=128,
         help="word pieces per sequence incl. [CLS]/[SEP]; longer ones are truncated and counted (default 128)",
     )
@@ -201,6 +237,13 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     p.add_argument("--force", action="store_true", help="recompute even what is already finished")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
 
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _positive_int(text: str) -> int:

@@ -8,11 +8,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import overload
 
 import pandas as pd
+
+#: Unicode categories with no visible glyph: control, format (zero-width space/joiners, BOM, word joiner), surrogate,
+#: and separators. A word made only of these gives no word piece with BERT-family tokenizers (their normaliser
+#: drops control and format characters), so it cannot be a word of a corpus.
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+
+
+def invisible_word(word: str) -> bool:
+    """True when ``word`` is empty or made only of invisible characters (see `INVISIBLE_CATEGORIES`), e.g.
+    ``"\u200b\u200b"``; a visible word with a zero-width joiner inside is not."""
+    return all(unicodedata.category(c) in INVISIBLE_CATEGORIES for c in word)
+
+
+def invisible_problem(words: tuple[str, ...] | list[str]) -> str | None:
+    """What is wrong with the first invisible word of ``words`` (see `invisible_word`), or ``None``."""
+    for i, word in enumerate(words):
+        if isinstance(word, str) and word and invisible_word(word):
+            codes = " ".join(f"U+{ord(c):04X}" for c in word[:8]) + (" ..." if len(word) > 8 else "")
+            return (f"word {i + 1} ({codes}) has only invisible characters (zero-width, format or control) and "
+                    "gives no word piece; remove it from the corpus")
+    return None
 
 
 class CorpusError(ValueError):
@@ -48,6 +70,9 @@ class Sentence:
         bad = [i for i, w in enumerate(self.words) if not isinstance(w, str) or not w or w.isspace()]
         if bad:
             raise ValueError(f"sentence {self.id!r}: word {bad[0] + 1} is empty or whitespace")
+        problem = invisible_problem(self.words)
+        if problem:
+            raise ValueError(f"sentence {self.id!r}: {problem}")
         for name in ("upos", "heads", "deprels"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self.words):

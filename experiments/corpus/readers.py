@@ -9,7 +9,7 @@ import json
 import warnings
 from pathlib import Path
 
-from .base import Corpus, CorpusError, CorpusFileNotFoundError, Sentence, tree_problems
+from .base import Corpus, CorpusError, CorpusFileNotFoundError, Sentence, invisible_problem, tree_problems
 
 CONLLU_COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
 SUFFIXES = {".txt": "text", ".text": "text", ".conllu": "conllu", ".conll": "conllu", ".jsonl": "jsonl",
@@ -38,6 +38,7 @@ def read_text(path: str | Path, *, max_sentences: int | None = None) -> Corpus:
         if max_sentences is not None and len(sentences) >= max_sentences:
             break
         words = line.split()
+        _check_visible(path, lineno, words)
         if words:
             sentences.append(Sentence(id=f"{path.name}:{lineno}", words=tuple(words), text=line.strip()))
     return _corpus(path, sentences)
@@ -67,6 +68,7 @@ def read_jsonl(path: str | Path, *, max_sentences: int | None = None, field: str
         if not isinstance(text, str):
             raise CorpusError(f"{path}:{lineno}: field {field!r} must be a string, got {type(text).__name__}")
         words = text.split()
+        _check_visible(path, lineno, words)
         if not words:
             empty.append(lineno)
             continue
@@ -147,6 +149,12 @@ def _read_lines(path: Path) -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
+def _check_visible(path: Path, lineno: int, words: list[str]) -> None:
+    problem = invisible_problem(words)
+    if problem:
+        raise CorpusError(f"{path}:{lineno}: {problem}")
+
+
 def _corpus(path: Path, sentences: list[Sentence]) -> Corpus:
     if not sentences:
         raise CorpusError(f"{path} contains no sentences")
@@ -177,6 +185,8 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]], comments: dict[st
         form, head, deprel = cols[1], cols[6], cols[7]
         if not form or form.isspace():
             raise CorpusError(f"{where}: empty FORM")
+        if invisible_problem([form]):
+            raise CorpusError(f"{where}: FORM {invisible_problem([form]).removeprefix('word 1 ')}")
         if head != "_" and not head.isdigit():
             raise CorpusError(f"{where}: HEAD must be a non-negative integer or '_', got {head!r}")
         words.append(form)

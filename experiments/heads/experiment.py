@@ -63,9 +63,9 @@ class Settings:
     # torch thread each; bit-identical for any value >= 2, equal to the in-process loop (1) to float rounding.
     workers: int = 2
     gradient_batch: int = 16  # sentences per gradient pass (its random projections are drawn batch by batch)
-    methods: tuple[str, ...] = imp.METHODS
-    n_boot: int = 1000
-    ci: float = 0.95
+    methods: tuple[str, ...] = imp.METHODS  # ablations: zero, mean (the head's mean output z), uniform (attention)
+    n_boot: int = 1000  # bootstrap resamples (over sentences) behind every interval
+    ci: float = 0.95  # level of every percentile interval
     offset_bins: int = 8  # argmax-offset histogram reported for -8..8 (plus the two tails)
     syntax_min_arcs: int = 10  # relations with fewer arcs are left out of syntax.csv (named in a warning)
     collapse_subtypes: bool = False  # True: nmod:poss counts as nmod (Clark et al. keep subtypes apart)

@@ -45,8 +45,9 @@ class Settings:
 
     max_sentences: int = 120  # per-layer methods (cheap: a few forward passes), when --max-sentences is not given
     costly_sentences: int = 12  # value_zeroing, loo, IG, grad x input and every faithfulness row: O(tokens) passes
+    # per-layer contribution methods on max_sentences (bertscope.contributions; their rollouts are added)
     methods: tuple[str, ...] = ("attention", "attention_norm", "residual_norm", "alti")
-    costly_methods: tuple[str, ...] = ("value_zeroing",)
+    costly_methods: tuple[str, ...] = ("value_zeroing",)  # methods costing O(tokens) passes, on costly_sentences
     baseline: str = "mask"  # what replaces a token in loo and IG (mt-upc's blank-out uses [MASK])
     ig_steps: int = 16  # integrated gradients' Riemann steps
     n_examples: int = 2  # sentences drawn as example maps

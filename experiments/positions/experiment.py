@@ -109,7 +109,7 @@ class Settings:
     mdl_blocks: int = 8  # doublings of the online code
     sublayer_controls: bool = False  # shuffled / zeroed-position probes at the sublayer sites too
     heatmap_sites: tuple[str, ...] | None = None  # None: embed.hook_out, the middle and the last block
-    batch_size: int = 32
+    batch_size: int = 32  # windows per forward pass when collecting activations
     blas_threads: int | None = 1  # torch / BLAS threads per probe (None: leave as is)
     # solver of the position probes (`probes.LinearProbe`): "torch" reaches the optimum where the classes are
     # nearly separable (weak L2, the embeddings and first blocks), where scikit-learn's lbfgs stops at the same

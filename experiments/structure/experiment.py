@@ -65,7 +65,7 @@ class Settings:
     random_weights: bool = True  # the random-weights control at the residual sites
     ranks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # rank sweep, plus full rank (ranks >= d are skipped)
     n_boot: int = 1000  # group-bootstrap resamples (sentences)
-    ci: float = 0.95
+    ci: float = 0.95  # level of every percentile interval
     n_examples: int = 3  # test sentences drawn as gold vs predicted trees
     threads: int | None = None  # torch threads while training (None: leave as is)
     # processes that train the passes side by side (forked, one torch thread each; 1: one pass after another in
