@@ -1,6 +1,6 @@
 """Set up bertscope in ./.venv and run the main job or the tests. Needs only Python >= 3.10 and pip.
 
-    python3 dev.py run      # set up, then `bertscope run all` and `bertscope report results`
+    python3 dev.py run      # set up, then `bertscope run all` (which writes the report, explorer included)
     python3 dev.py test     # set up, then ruff and the test suite
     python3 dev.py setup    # set up only
 
@@ -32,7 +32,6 @@ def main() -> int:
     if command == "run":
         out = os.environ.get("BERTSCOPE_OUT", "results")
         run([str(BIN / "bertscope"), "run", "all", "--out", out, *sys.argv[2:]])
-        run([str(BIN / "bertscope"), "report", out])
         print(f"\nResults: {ROOT / out}/  —  open {ROOT / out / 'index.html'} in a browser.")
     elif command == "test":
         run([str(BIN / "ruff"), "check", "."])

@@ -345,6 +345,24 @@ def test_report_command_and_linked_figures(
     assert 'src="fake/fig_row_sums.png"' in page and 'href="fake/fig_row_sums.pdf"' in page
 
 
+def test_run_writes_the_same_report_as_the_report_command(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, fake: FakeExperiment
+) -> None:
+    """One report (issue 27.12): `run` wrote one without the explorer section, `report` one with it."""
+    out = tmp_path / "results"
+    assert bertscope(capsys, *run_args(tiny_model_dir, out))[0] == 0
+    by_run = (out / "index.html").read_text()
+    assert bertscope(capsys, "report", out)[0] == 0
+    by_report = (out / "index.html").read_text()
+
+    def explorer(page: str) -> str:
+        assert '<section id="explorer">' in page
+        return page.split('<section id="explorer">')[1].split("</section>")[0]
+
+    assert explorer(by_run) == explorer(by_report)
+    assert by_run.split("<nav>")[1].split("</nav>")[0] == by_report.split("<nav>")[1].split("</nav>")[0]
+
+
 # --------------------------------------------------------------------------------------------------- errors
 
 

@@ -133,5 +133,5 @@ def test_every_figure_has_a_caption():
 
     assert set(positions.CAPTIONS) >= {"fig_absolute_vs_layer", "fig_capacity_sweep", "fig_mdl_vs_layer",
                                        "fig_confusion", "fig_position_table", "fig_probe_free_vs_layer"}  # fmt: skip
-    assert plots.site_title("blocks.5.hook_resid_post") == "after layer 6"
+    assert plots.site_title("blocks.5.hook_resid_post") == "after layer 5"  # blocks from 0, as in hook names
     assert plots.site_title("embed.hook_out") == "embedding output"

@@ -93,12 +93,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_summary(results, broken))
     print(f"results: {options.out}/")
     if not args.no_report and (options.out.is_dir() and any(options.out.glob("*/manifest.json"))):
-        from bertscope.experiments.report import build_report
-
-        page = build_report(options.out)
+        page, explorer = _run_report(options, inputs)
         print(f"report:  {page}  (open it in a browser)")
+        if explorer.html is None:
+            _say(options, f"explorer: {explorer.message}")
     failed = broken or any(r.status == "failed" for r in results)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _run_report(options: RunOptions, inputs: Any) -> tuple[Path, Any]:
+    """The report `run` writes: the same page as `bertscope report OUT` (default explorer included), built with
+    the model already loaded. Returns (page, the explorer choice)."""
+    from bertscope.experiments import report_explore
+    from bertscope.experiments.options import load_model, resolve_device, resolve_dtype
+    from bertscope.experiments.report import build_report
+
+    def load() -> Any:
+        if inputs is not None:
+            return inputs.model
+        return load_model(options.model, device=resolve_device(options.device), dtype=resolve_dtype(options.dtype))
+
+    explorer = report_explore.choose(options.out, load_model=load)
+    return build_report(options.out, explorer=explorer), explorer
 
 
 def cmd_report(args: argparse.Namespace) -> int:

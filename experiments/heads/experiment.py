@@ -37,6 +37,7 @@ from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
 from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, role_summary
+from bertscope.experiments.naming import head_name
 from bertscope.experiments.options import sentences_used
 from bertscope.probes.bootstrap import group_bootstrap, mean_of_groups
 
@@ -347,7 +348,7 @@ def _top_heads_table(importance: dict[str, np.ndarray], n_heads: int, settings: 
                                   ci=settings.ci, seed=seed):  # fmt: skip
             for key in ("chosen_on_0", "chosen_on_1", "chosen_all"):
                 layer, head = divmod(rec.pop(key), n_heads)
-                rec[key] = f"{layer}-{head}"
+                rec[key] = head_name(layer, head)
             rows.append({"ranking": name, **rec, "selection": "held-out"})
     return pd.DataFrame(rows)
 

@@ -7,10 +7,12 @@ syntax scores and the syntactic role (itself held-out, with a false-discovery-ra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 from bertscope.experiments.findings import Finding, fmt_ci
+from bertscope.experiments.naming import head_name
 
 CAPTIONS: dict[str, str] = {
     "fig_heatmaps": "Mean attention statistics of every head (rows: layers, columns: heads), averaged over "
@@ -70,16 +72,18 @@ def _specialisation(syntax: pd.DataFrame, roles: pd.DataFrame | None) -> Finding
     beats = rel[rel["heldout_gain_low"] > 0]
     clear = rel[rel["heldout_gain_low"] > threshold]
     n_syntactic = _n_assigned(roles, "syntactic")
+    n_primary = _n_primary(roles, "syntactic")
     numbers: dict[str, float] = {
         "relations": float(len(rel)),
         "beat_baseline": float(len(beats)),
         "clear_threshold": float(len(clear)),
         "syntactic_heads": float(n_syntactic),
+        "syntactic_primary": float(n_primary),
     }
     if rel.empty:
         return Finding("No relation had enough arcs for a held-out syntax score.", "specialisation", None, numbers)
     best = rel.loc[rel["heldout_gain"].idxmax()]
-    where = f"layer {int(best['layer'])} head {int(best['head'])}, {best['direction']}"
+    where = f"{head_name(best['layer'], best['head'])}, {best['direction']}"
     numbers.update(best_gain=float(best["heldout_gain"]), best_accuracy=float(best["heldout_accuracy"]),
                    best_baseline=float(best["heldout_baseline_accuracy"]))  # fmt: skip
     pooled = syntax[syntax["relation"] == "PER-RELATION"]
@@ -102,8 +106,8 @@ def _specialisation(syntax: pd.DataFrame, roles: pd.DataFrame | None) -> Finding
         f"(punct and root aside) a head chosen on half the sentences beats the best fixed-offset baseline on the "
         f"other half (interval above 0), {len(clear)} by more than {threshold * 100:.0f} points; largest: "
         f"{best['relation']} ({where}) at {fmt_ci(best['heldout_accuracy'], best['heldout_accuracy_low'], best['heldout_accuracy_high'])} "  # noqa: E501
-        f"vs {best['heldout_baseline_accuracy']:.2f}. {n_syntactic} heads earn the syntactic role (held-out, "
-        f"Benjamini-Hochberg over head x relation candidates).{pooled_text}"
+        f"vs {best['heldout_baseline_accuracy']:.2f}. {_syntactic_heads(roles, n_syntactic, n_primary)}"
+        f"{pooled_text}"
     )
     return Finding(text, "specialisation", holds, numbers)
 
@@ -121,14 +125,45 @@ def _roles(roles: pd.DataFrame) -> Finding:
 def _top_head(top: pd.DataFrame) -> Finding:
     first = top[top["rank"] == 1].iloc[0]
     numbers = {"heldout_value": float(first["heldout_value"]), "in_sample_value": float(first["value"])}
-    stable = first["chosen_on_0"] == first["chosen_on_1"]
+    a, b, whole = (_head_text(first[c]) for c in ("chosen_on_0", "chosen_on_1", "chosen_all"))
+    stable = a == b
     text = (
-        f"Most important head by {first['ranking']}: chosen on each half of the sentences "
-        f"({first['chosen_on_0']} and {first['chosen_on_1']}{', the same head' if stable else ''}), its effect on the "
+        f"Most important head by {ranking_words(str(first['ranking']))}: chosen on each half of the sentences "
+        f"({a} and {b}{', the same head' if stable else ''}), its effect on the "
         f"other half is {fmt_ci(first['heldout_value'], first['ci_low'], first['ci_high'], 3)} "
-        f"(in-sample {first['value']:.3f} for {first['chosen_all']})."
+        f"(in-sample {first['value']:.3f} for {whole})."
     )
     return Finding(text, None, None, numbers)
+
+
+_METHOD_WORDS = {"zero": "zeroing its output", "mean": "replacing its output by its mean",
+                 "uniform": "making its attention uniform"}
+_MEASURE_WORDS = {"pooled_cos": "the change of the mean-pooled sentence embedding (1 - cosine)",
+                  "hidden_cos": "the change of the token states (1 - cosine)"}
+
+
+def ranking_words(key: str) -> str:
+    """A ranking's table key in words: ``ablation:zero:pooled_cos`` -> "ablation (zeroing its output), read as
+    the change of the mean-pooled sentence embedding (1 - cosine)"; ``grad_importance:mlm (...)`` -> "gradient
+    importance on the masked-LM loss (...)"; any other key unchanged."""
+    parts = key.split(":")
+    if len(parts) == 3 and parts[0] == "ablation":
+        method = _METHOD_WORDS.get(parts[1], parts[1])
+        return f"ablation ({method}), read as {_MEASURE_WORDS.get(parts[2], parts[2])}"
+    if parts[0] == "grad_importance":
+        rest = parts[1] if len(parts) > 1 else ""
+        tail = rest.split(" ", 1)[1] if " " in rest else ""
+        return "gradient importance on the masked-LM loss" + (f" {tail}" if tail else "")
+    return key
+
+
+def _head_text(value: object) -> str:
+    """A head as the table holds it (``L2H8``, or ``2-8`` in tables written before the convention) -> ``L2H8``."""
+    text = str(value)
+    if re.fullmatch(r"\d+-\d+", text):
+        layer, head = text.split("-")
+        return head_name(int(layer), int(head))
+    return text
 
 
 def _pruning(pruning: pd.DataFrame) -> Finding | None:
@@ -158,6 +193,33 @@ def _syntax_threshold(roles: pd.DataFrame | None) -> float:
     from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD
 
     return SYNTAX_THRESHOLD
+
+
+def _syntactic_heads(roles: pd.DataFrame | None, n_syntactic: int, n_primary: int) -> str:
+    """The sentence on the syntactic role, with the same counts the role table and the MDS colours show."""
+    heads = "head earns" if n_syntactic == 1 else "heads earn"
+    text = f"{n_syntactic} {heads} the syntactic role (held-out, Benjamini-Hochberg over head x relation candidates)"
+    if n_syntactic == 0:
+        return text + "."
+    names = _assigned_heads(roles, "syntactic")
+    text += f": {', '.join(names)}"
+    if n_primary == n_syntactic:
+        return text + f"; it is the primary role of {'that head' if n_syntactic == 1 else 'each of them'}."
+    return text + f"; it is the primary role of {n_primary} of them."
+
+
+def _assigned_heads(roles: pd.DataFrame | None, role: str) -> list[str]:
+    if roles is None or roles.empty:
+        return []
+    rows = roles[(roles["role"] == role) & roles["assigned"]].sort_values(["layer", "head"])
+    return [head_name(r.layer, r.head) for r in rows.itertuples()]
+
+
+def _n_primary(roles: pd.DataFrame | None, role: str) -> int:
+    if roles is None or roles.empty or "primary_role" not in roles:
+        return 0
+    primary = roles.groupby(["layer", "head"])["primary_role"].first()
+    return int((primary == role).sum())
 
 
 def _n_assigned(roles: pd.DataFrame | None, role: str) -> int:

@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.experiments.naming import head_name
 
 HEATMAP_METRICS = (
     "mass_cls", "mass_sep", "mass_punct", "mass_self", "mass_prev", "mass_next",
     "sep_to_sep", "entropy_ratio", "confidence", "mean_distance", "top_offset_fraction",
     "norm_cls", "norm_sep", "norm_punct", "norm_prev", "norm_next",
 )  # fmt: skip
+DOT_COLUMNS = 4  # panels per row of fig_layer_dots (7 panels: a 4 + 3 grid, not one wide strip)
 DOT_METRICS = ("cls", "sep", "punct", "self", "prev", "next")
 TITLES = {
     "mass_cls": "attention to [CLS]", "mass_sep": "attention to [SEP]", "mass_punct": "attention to . and ,",
@@ -113,9 +115,13 @@ def plot_layer_dots(results: pd.DataFrame, out_dir: Path, formats: Formats = FOR
     panels = metrics + extra
     if not panels:
         return []
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2), squeeze=False)
+    n_cols = min(DOT_COLUMNS, len(panels))
+    n_rows = -(-len(panels) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.2 * n_cols, 2.9 * n_rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     rng = np.random.default_rng(0)  # jitter only
-    for ax, name in zip(axes[0], panels, strict=True):
+    for ax, name in zip(axes.flat, panels, strict=False):
         if name == "entropy":
             grid = _grid(results, "entropy")
             layers = np.arange(grid.shape[0])
@@ -138,7 +144,9 @@ def plot_layer_dots(results: pd.DataFrame, out_dir: Path, formats: Formats = FOR
             ax.set_title(f"attention to {TITLES.get(name, name)}", fontsize=9)
             ax.set_ylabel("mean attention mass")
         ax.set_xlabel("layer")
+        ax.set_xticks(range(int(results["layer"].max()) + 1))
     axes[0][0].legend(fontsize=7)
+    fig.suptitle("Attention mass per head, by layer (one dot per head)")
     fig.tight_layout()
     return io.save_figure(fig, out_dir / "fig_layer_dots", formats=formats)
 
@@ -164,12 +172,12 @@ def plot_offsets(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
     fig, ax = plt.subplots(figsize=(8, max(5, 0.13 * n_rows)))
     im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks(range(len(labels)), labels, fontsize=6)
-    ax.set_yticks(range(n_rows), [f"{layer}-{head}" for layer, head in wide.index], fontsize=5)
+    ax.set_yticks(range(n_rows), [head_name(layer, head) for layer, head in wide.index], fontsize=5)
     layers = wide.index.get_level_values(0).to_numpy()
     for i in np.flatnonzero(np.diff(layers)):  # white lines between layers
         ax.axhline(i + 0.5, color="white", lw=1.2)
     ax.axvline(0.5, color="white", lw=0.8, ls=":")
-    ax.set_ylabel("head (layer-head)")
+    ax.set_ylabel("head (L{layer}H{head})")
     ax.set_xlabel("offset of the argmax key from the query (tokens; the left tail includes argmaxes on [CLS])")
     ax.set_title("Where each head's strongest weight falls")
     fig.colorbar(im, ax=ax, fraction=0.046, label="share of queries / attention mass")
@@ -205,7 +213,7 @@ def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path, formats: Form
     from scipy.spatial.distance import squareform
 
     labels = distances.drop_duplicates(["layer_a", "head_a"])[["layer_a", "head_a"]]
-    names = [f"{layer}-{head}" for layer, head in labels.itertuples(index=False)]
+    names = [head_name(layer, head) for layer, head in labels.itertuples(index=False)]
     d = distances.pivot_table(index=["layer_a", "head_a"], columns=["layer_b", "head_b"], values="distance").to_numpy()
     d = 0.5 * (d + d.T)
     np.fill_diagonal(d, 0.0)
@@ -220,7 +228,7 @@ def plot_distance_clusters(distances: pd.DataFrame, out_dir: Path, formats: Form
     ax.set_xticks(range(len(order)), [names[i] for i in order], rotation=90, fontsize=fontsize)
     ax.set_yticks(range(len(order)), [names[i] for i in order], fontsize=fontsize)
     fig.colorbar(im, cax=fig.add_axes([0.87, 0.05, 0.02, 0.74]), label="sqrt JSD (bits)")
-    fig.suptitle("Head distances, clustered (layer-head)")
+    fig.suptitle("Head distances, clustered (heads named L{layer}H{head})")
     return io.save_figure(fig, out_dir / "fig_distance_clusters", formats=formats)
 
 
@@ -234,14 +242,15 @@ def plot_syntax(syntax: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS)
     t = t.iloc[::-1].reset_index(drop=True)
     y = np.arange(len(t))
     fig, ax = plt.subplots(figsize=(8, 0.32 * len(t) + 1.5))
-    acc = t["heldout_accuracy"]
-    err = np.stack([acc - t["heldout_accuracy_low"], t["heldout_accuracy_high"] - acc])
+    acc = t["heldout_accuracy"].to_numpy(dtype=float)
+    err = accuracy_error_bars(acc, t["heldout_accuracy_low"].to_numpy(dtype=float),
+                              t["heldout_accuracy_high"].to_numpy(dtype=float))  # fmt: skip
     ax.barh(y + 0.2, t["heldout_accuracy"], height=0.4, xerr=np.nan_to_num(err), label="best head (held-out)",
             color="C0", error_kw={"lw": 0.8})  # fmt: skip
     ax.barh(y - 0.2, t["heldout_baseline_accuracy"], height=0.4, label="best offset baseline (held-out)", color="C7")
     labels = []
     for rec in t.to_dict("records"):
-        where = "" if pd.isna(rec["layer"]) else f"  {int(rec['layer'])}-{int(rec['head'])} {rec['direction']}"
+        where = "" if pd.isna(rec["layer"]) else f"  {head_name(rec['layer'], rec['head'])} {rec['direction']}"
         labels.append(f"{rec['relation']} (n={rec['n']}){where}")
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(0, 1)
@@ -251,6 +260,14 @@ def plot_syntax(syntax: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS)
     ax.set_title("Dependency relations: best attention head vs fixed-offset baseline\n(punct and root left out)")
     fig.tight_layout()
     return io.save_figure(fig, out_dir / "fig_syntax", formats=formats)
+
+
+def accuracy_error_bars(value: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """``xerr [2, n]`` for bars of accuracies: the interval clipped to the metric's range [0, 1] (an accuracy
+    cannot pass 1 whatever its bootstrap says), never negative, and 0 where there is no interval (NaN)."""
+    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+    err = np.stack([value - low, high - value])
+    return np.clip(np.nan_to_num(err, nan=0.0), 0.0, None)
 
 
 def plot_ablation(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
@@ -303,7 +320,7 @@ def plot_pruning(pruning: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
 
 
 def _label_without_overlap(ax: object, mds: pd.DataFrame, min_gap: float = 0.045) -> None:
-    """Label points ``layer-head``, skipping a label that would land within ``min_gap`` (share of the axis
+    """Label points ``L{layer}H{head}``, skipping a label that would land within ``min_gap`` (share of the axis
     span) of one already placed; the skipped count is stated in the corner."""
     span = np.array([np.ptp(mds["x"]) or 1.0, np.ptp(mds["y"]) or 1.0])
     placed: list[np.ndarray] = []
@@ -314,8 +331,8 @@ def _label_without_overlap(ax: object, mds: pd.DataFrame, min_gap: float = 0.045
             skipped += 1
             continue
         placed.append(at)
-        ax.annotate(f"{rec['layer']}-{rec['head']}", (rec["x"], rec["y"]), xytext=(3, 2), textcoords="offset points",
-                    fontsize=6, alpha=0.8)  # fmt: skip
+        ax.annotate(head_name(rec["layer"], rec["head"]), (rec["x"], rec["y"]), xytext=(3, 2),
+                    textcoords="offset points", fontsize=6, alpha=0.8)  # fmt: skip
     if skipped:
         ax.text(0.01, 0.01, f"{skipped} crowded labels omitted", transform=ax.transAxes, fontsize=6, alpha=0.7)
 

@@ -182,7 +182,7 @@ def _n(summary: pd.DataFrame) -> float:
 
 
 def _where(site: str) -> str:
-    """``after layer 6`` / ``at the embedding output``."""
+    """``after layer 5`` / ``at the embedding output`` (blocks from 0, ``naming``)."""
     name = _site_name(site)
     return name if name.startswith("after") else f"at the {name}"
 

@@ -1,8 +1,9 @@
 """Figures of the positions experiment, drawn from the saved tables only (``results.parquet`` and the
 side tables ``confusion``, ``position_table_pca``, ``position_table_cosine``).
 
-x axes: ``word`` (token embedding only), ``emb`` (embedding output), then layer k = output of block k-1;
-sublayer sites sit between layers (``attn_out`` and ``resid_mid`` at k - 0.5).
+x axes: ``word`` (token embedding only), ``emb`` (embedding output), then the output of each block, labelled
+with the block's index from 0 (``naming``: "after layer L"; the tables' ``layer`` column counts the embedding
+output as 0, so its k is labelled k - 1); sublayer sites sit half a step before their block's output.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.experiments.naming import residual_tick
 from bertscope.hooks.sites import parse_site
 
 CONDITION_STYLE = {
@@ -66,8 +68,9 @@ def plot(out_dir: Path) -> list[Path]:
 
 
 def site_title(site: str) -> str:
-    """A readable name of a site: ``embed.hook_out`` -> "embedding output", ``blocks.3.hook_resid_post`` ->
-    "after layer 4", ``embed.hook_word`` -> "word embedding"."""
+    """A readable name of a site, blocks counted from 0 as in the hook names (``naming``):
+    ``embed.hook_out`` -> "embedding output", ``blocks.3.hook_resid_post`` -> "after layer 3",
+    ``embed.hook_word`` -> "word embedding"."""
     fixed = {"embed.hook_word": "word embedding", "embed.hook_out": "embedding output"}
     if site in fixed:
         return fixed[site]
@@ -75,7 +78,7 @@ def site_title(site: str) -> str:
     if parsed.layer is not None and "." not in parsed.suffix:
         what = {"hook_resid_post": "after layer", "hook_attn_out": "attention output of layer",
                 "hook_resid_mid": "residual after attention, layer", "hook_mlp_out": "MLP output of layer"}
-        return f"{what.get(parsed.suffix, parsed.suffix)} {parsed.layer + 1}"
+        return f"{what.get(parsed.suffix, parsed.suffix)} {parsed.layer}"
     return site
 
 
@@ -310,7 +313,7 @@ def _sublayer_panel(ax, rows: pd.DataFrame, target: str, metric: str) -> None:
         _line(ax, part, **style)
     _baselines(ax, rows)
     ax.set_title(f"Absolute position (windows) by sublayer: {metric}")
-    ax.set_xlabel("layer (sublayers at layer - 0.5)")
+    ax.set_xlabel("after layer L (blocks from 0); a block's sublayers sit half a step before its output")
     ax.set_ylabel(metric)
     _layer_axis(ax, rows)
     ax.legend(fontsize=7)
@@ -341,6 +344,6 @@ def _baselines(ax, rows: pd.DataFrame) -> None:
 def _layer_axis(ax, rows: pd.DataFrame) -> None:
     n = int(rows["layer"].max()) if len(rows) else 0
     ax.set_xticks([-1, 0, *range(1, n + 1)])
-    ax.set_xticklabels(["word", "emb", *map(str, range(1, n + 1))])
-    ax.set_xlabel("layer")
+    ax.set_xticklabels(["word", "emb", *(residual_tick(k) for k in range(1, n + 1))])
+    ax.set_xlabel(ax.get_xlabel() or "after layer L (blocks from 0; emb = embedding output)")
     ax.grid(alpha=0.3)

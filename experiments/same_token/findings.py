@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 from bertscope.experiments.findings import Finding, fmt_ci
+from bertscope.experiments.naming import head_name
 
 RAW_WORD, RAW_LN = "embed.hook_word", "embed.hook_out"
 RANDOM, CONTROL = "repeated-random", "random-control"
@@ -124,11 +125,11 @@ def _layer_input(layer: int) -> str:
 
 
 def _heads(row: pd.Series) -> str:
-    """'layer 2, head 9 on both halves' or 'layer 2, head 9 on the first half; layer 1, head 1 on the second'."""
-    if (row.layer, row["head"]) == (row.layer_other, row.head_other):
-        return f"layer {row.layer}, head {row['head']} on both halves"
-    return f"layer {row.layer}, head {row['head']} on the first half; layer {row.layer_other}, head {row.head_other} " \
-        "on the second"
+    """'L2H9 on both halves' or 'L2H9 on the first half; L1H1 on the second'."""
+    first, second = head_name(row.layer, row["head"]), head_name(row.layer_other, row.head_other)
+    if first == second:
+        return f"{first} on both halves"
+    return f"{first} on the first half; {second} on the second"
 
 
 def _held_out(held: pd.DataFrame, main: str) -> list[Finding]:

@@ -249,12 +249,12 @@ def _pooled_vs_balanced(ax, results: pd.DataFrame, corpus: str) -> None:  # noqa
 
 
 def _panel_title(panel: str) -> str:
-    """'L3H5: duplicate / uniform null = 12.3' -> 'layer 3, head 5: duplicate mass 12.3x its uniform null'."""
+    """'L3H5: duplicate / uniform null = 12.3' -> 'L3H5: duplicate mass 12.3x its uniform null'."""
     match = re.fullmatch(r"L(\d+)H(\d+): (\w+) / (\w+) null = (.+)", panel)
     if not match:
         return panel.replace("raw:", "raw softmax(X X^T / sqrt(d)) on the").replace("  ", " ")
     layer, head, metric, kind, ratio = match.groups()
-    return f"layer {layer}, head {head}: {metric} mass\n{ratio}x its {kind} null"
+    return f"L{layer}H{head}: {metric} mass\n{ratio}x its {kind} null"
 
 
 def _slug(name: str) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 from bertscope.experiments.findings import Finding, fmt_ci
+from bertscope.experiments.naming import residual_name
 
 CAPTIONS = {
     "structure_layers": "Structural probes per layer on held-out sentences: UUAS and distance Spearman (distance "
@@ -33,12 +34,13 @@ def findings(out_dir: Path) -> list[Finding]:
     layer = int(best["layer"])
     where = ("Chosen on the dev sentences" if "dev_uuas" in s
              else "Chosen on the test sentences themselves (this table predates dev scores)")
-    text = (f"{where}, layer {layer} of {int(s['layer'].max())} has the distance probe's best UUAS; on the test "
-            f"sentences it reaches {fmt_ci(best['uuas'], best['uuas_ci_low'], best['uuas_ci_high'])}")
+    text = (f"{where}, the residual stream {residual_name(layer)} (of {int(s['layer'].max())} layers) has the "
+            f"distance probe's best UUAS; on the test sentences it reaches "
+            f"{fmt_ci(best['uuas'], best['uuas_ci_low'], best['uuas_ci_high'])}")
     nums = {"peak_layer": layer, "peak_uuas": float(best["uuas"])}
     if len(emb):
         e = emb.iloc[0]
-        text += f", against {fmt_ci(e['uuas'], e['uuas_ci_low'], e['uuas_ci_high'])} at the embedding layer"
+        text += f", against {fmt_ci(e['uuas'], e['uuas_ci_low'], e['uuas_ci_high'])} at the embeddings"
         nums["embedding_uuas"] = float(e["uuas"])
     lin = float(best["linear_chain_uuas"])
     text += (f", the linear-chain tree's {lin:.2f} and a random tree's {float(best['random_tree_uuas']):.2f}")
@@ -50,22 +52,29 @@ def findings(out_dir: Path) -> list[Finding]:
     out.append(Finding(text + f" (the chosen layer is {verdict} the linear baseline).", numbers=nums))
     if "dspr" in s:
         b = s.loc[_chosen(s, "dspr")]
-        out.append(Finding(f"Distance Spearman is best at layer {int(b['layer'])} (chosen on dev): "
+        out.append(Finding(f"Distance Spearman is best {_at(b['layer'])} (chosen on dev): "
                            f"{fmt_ci(b['dspr'], b['dspr_ci_low'], b['dspr_ci_high'])} on test.",
                            numbers={"dspr_layer": int(b["layer"]), "dspr": float(b["dspr"])}))
     if "root_acc" in s:
         b = s.loc[_chosen(s, "root_acc")]
-        out.append(Finding(f"The depth probe finds the root best at layer {int(b['layer'])} (chosen on dev): root "
+        out.append(Finding(f"The depth probe finds the root best {_at(b['layer'])} (chosen on dev): root "
                            f"accuracy {fmt_ci(b['root_acc'], b['root_acc_ci_low'], b['root_acc_ci_high'])}, NSpr "
                            f"{fmt_ci(b['nspr'], b['nspr_ci_low'], b['nspr_ci_high'])} on test.",
                            numbers={"root_layer": int(b["layer"]), "root_acc": float(b["root_acc"])}))
     out += _training(Path(out_dir))
     if pd.notna(best.get("smallest_rank")):
-        out.append(Finding(f"At layer {layer} a rank-{int(best['smallest_rank'])} probe already reaches the "
+        out.append(Finding(f"{_at(layer).capitalize()} a rank-{int(best['smallest_rank'])} probe already reaches the "
                            f"full-rank probe's dev interval; its test UUAS is "
                            f"{float(best['uuas_at_smallest_rank']):.2f}.",
                            numbers={"smallest_rank": int(best["smallest_rank"])}))
     return out
+
+
+def _at(index: int) -> str:
+    """The summary's ``layer`` (0 = embeddings, k = after block k - 1) as words: "at the embeddings" /
+    "after layer 2"."""
+    name = residual_name(int(index))
+    return "at the embeddings" if name == "embeddings" else name
 
 
 def _chosen(s: pd.DataFrame, metric: str) -> int:

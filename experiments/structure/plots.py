@@ -1,6 +1,8 @@
 """Figures of the structure experiment, drawn from the saved tables only (``results``, ``rank_sweep``,
-``examples``, ``example_edges``). x axes: layer 0 = embedding output, layer k = output of block k (the paper's
-numbering); sublayer sites inside block k sit at k - 0.5 (attn_out, resid_mid) and k - 0.25 (mlp_out).
+``examples``, ``example_edges``). The tables' ``layer`` counts the embedding output as 0 and the output of
+block k - 1 as k (``hidden_states[k]``, Hewitt & Manning's numbering); the axes are labelled with the report's
+convention (``naming``): "emb", then the block the stream leaves ("after layer L", blocks from 0). Sublayer
+sites inside a block sit between its input and its output.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from bertscope.experiments.naming import residual_name, residual_tick
 
 METRIC_LABEL = {"uuas": "UUAS (distance probe)", "dspr": "DSpr. (distance Spearman)",
                 "root_acc": "root accuracy (depth probe)", "nspr": "NSpr. (norm Spearman)"}
@@ -72,8 +75,10 @@ def _layers(results: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_title(METRIC_LABEL[metric])
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
+    ticks = sorted(int(v) for v in results.loc[results["component"].isin(["embed", "resid_post"]), "layer"].unique())
     for ax in axes[1]:
-        ax.set_xlabel("layer (0 = embeddings, k = output of block k)")
+        ax.set_xticks(ticks, [residual_tick(t) for t in ticks])
+        ax.set_xlabel("residual stream: embeddings (emb), then after layer L (blocks from 0)")
     axes[0, 0].legend(fontsize=7, loc="best")
     model, corpus = results["model"].iloc[0], results["corpus"].iloc[0]
     fig.suptitle(f"Structural probes per layer: {Path(str(model)).name} on {corpus} "
@@ -92,7 +97,7 @@ def _ranks(sweep: pd.DataFrame, out_dir: Path) -> list[Path]:
     for n, layer in enumerate(layers):
         g = sweep[sweep["layer"] == layer].sort_values("rank")
         _band(ax, g["rank"].to_numpy(), g, color=cmap(n / max(1, len(layers) - 1)), marker="o", ms=3,
-              label="embeddings" if layer == 0 else f"layer {layer}")
+              label=residual_name(layer))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("probe rank k (columns of B)")
     ax.set_ylabel("UUAS (test)")
@@ -114,6 +119,16 @@ def _arcs(ax, edges: pd.DataFrame, sign: float, color: str, gold: set) -> None:
                          lw=1.5, ls="-" if hit or sign > 0 else "--"))
 
 
+def _tree_legend() -> list:
+    """Legend entries of ``structure_trees``: one per colour and line style the arcs and words use."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color="C0", lw=1.5, label="gold edge (above)"),
+            Line2D([], [], color="C2", lw=1.5, label="predicted edge that is gold (below)"),
+            Line2D([], [], color="C3", lw=1.5, ls="--", label="predicted edge not in the gold tree (below)"),
+            Line2D([], [], color="0.6", marker="s", ls="none", label="punctuation (grey; left out)")]
+
+
 def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
@@ -121,7 +136,7 @@ def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path) -> list[Path
     if words.empty:
         return []
     examples = sorted(words["example"].unique())
-    fig, axes = plt.subplots(len(examples), 1, figsize=(11, 2.6 * len(examples)), squeeze=False)
+    fig, axes = plt.subplots(len(examples), 1, figsize=(11, 2.6 * len(examples) + 0.9), squeeze=False)
     for ax, e in zip(axes[:, 0], examples, strict=True):
         w = words[words["example"] == e].sort_values("word_index")
         ed = edges[edges["example"] == e]
@@ -139,10 +154,12 @@ def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path) -> list[Path
         ax.set_ylim(-span, span)
         ax.axis("off")
         hits = len(set(zip(pred["i"], pred["j"], strict=True)) & gold_set)
-        ax.set_title(f"above: gold tree; below: predicted MST at layer {int(ed['layer'].iloc[0])} "
-                     f"({hits}/{len(gold)} gold edges; red dashed = wrong edge; punctuation grey, left out)",
-                     fontsize=9)
-    fig.tight_layout()
+        ax.set_title(f"test sentence {e}: {hits} of {len(gold)} gold edges found", fontsize=9)
+    layer = residual_name(int(edges["layer"].iloc[0]))
+    fig.suptitle(f"Gold trees (above each sentence) and minimum spanning trees of the distance probe's predicted "
+                 f"distances (below), residual stream {layer}", fontsize=10)
+    fig.legend(handles=_tree_legend(), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 / len(examples) ** 0.5, 1, 1))
     return save_figure(fig, out_dir / "structure_trees", formats=FORMATS)
 
 

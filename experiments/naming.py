@@ -1,0 +1,79 @@
+"""One numbering of layers and one naming of heads for every report sentence, figure label and the explorer.
+
+The convention (``CONVENTION``, stated once at the top of the report):
+
+- layers are the transformer blocks, counted from 0 as in the hook names ``blocks.{L}``: "layer 3" is
+  ``blocks.3``;
+- the residual stream before the first block is "embeddings"; after block L it is "after layer L"
+  (``blocks.{L}.hook_resid_post``);
+- a head is ``L{layer}H{head}``, both from 0: ``L2H8`` is head 8 of ``blocks.2.attn``.
+
+Tables keep their own columns (public); where a table counts the embeddings as layer 0 (structure's ``layer``,
+positions' ``layer``), its sentences and labels are translated with ``residual_name``.
+``stray_spellings`` finds any other spelling in a text (the tests scan the generated report with it).
+"""
+
+from __future__ import annotations
+
+import re
+
+CONVENTION = (
+    "Layers are the transformer blocks, counted from 0 as in the hook names blocks.{L}; \"embeddings\" is the "
+    "residual stream before layer 0 and \"after layer L\" the stream leaving block L (blocks.{L}.hook_resid_post). "
+    "A head is written L{layer}H{head}, both counted from 0: L2H8 is head 8 of blocks.2.attn."
+)
+
+_HEAD = re.compile(r"^L(\d+)H(\d+)$")
+
+
+def head_name(layer: int, head: int) -> str:
+    """``(2, 8)`` -> ``"L2H8"`` (layer and head counted from 0, as in ``blocks.2.attn``)."""
+    return f"L{int(layer)}H{int(head)}"
+
+
+def parse_head(name: str) -> tuple[int, int]:
+    """``"L2H8"`` -> ``(2, 8)``; ``ValueError`` for any other spelling."""
+    m = _HEAD.match(name.strip())
+    if m is None:
+        raise ValueError(f"a head is written L{{layer}}H{{head}} (e.g. L2H8), got {name!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def layer_name(layer: int) -> str:
+    """Block ``layer`` (from 0) -> ``"layer 3"``."""
+    return f"layer {int(layer)}"
+
+
+def residual_name(index: int) -> str:
+    """A residual-stream index that counts the embeddings as 0 (``hidden_states[k]``) -> ``"embeddings"`` or
+    ``"after layer {k - 1}"``."""
+    index = int(index)
+    if index < 0:
+        raise ValueError(f"a residual index is >= 0 (0 = embeddings), got {index}")
+    return "embeddings" if index == 0 else f"after layer {index - 1}"
+
+
+def residual_tick(index: int) -> str:
+    """Short axis label of ``residual_name``: ``"emb"``, ``"0"``, ``"1"``, ... (the block the stream leaves)."""
+    return "emb" if int(index) == 0 else str(int(index) - 1)
+
+
+# Spellings of a head or a layer other than the convention's. Each pattern is one way the report once wrote
+# them ("layer 2 head 8", "layer 2, head 8", "2-8" beside "head", "L2-H8", "head 8 of layer 2", "layer 4 of 6",
+# "embedding layer", "layer 0 (embeddings)").
+_STRAY = (
+    re.compile(r"\blayers? \d+,? heads? \d+", re.IGNORECASE),
+    re.compile(r"\bhead \d+ (?:of|in) layer \d+", re.IGNORECASE),
+    re.compile(r"\bL\d+[-_. ]H?\d+\b"),
+    re.compile(r"\bl\d+h\d+\b"),
+    re.compile(r"\bheads? \d+-\d+\b", re.IGNORECASE),
+    re.compile(r"\b\d+-\d+ (?:head|dep->head|head->dep)\b"),
+    re.compile(r"\blayer \d+ of \d+\b", re.IGNORECASE),
+    re.compile(r"\bembedding layer\b", re.IGNORECASE),
+    re.compile(r"\blayer 0 \(embedding", re.IGNORECASE),
+)
+
+
+def stray_spellings(text: str) -> list[str]:
+    """Every substring of ``text`` that names a head or layer against the convention (empty when it keeps it)."""
+    return [m.group(0) for pattern in _STRAY for m in pattern.finditer(text)]
