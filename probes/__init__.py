@@ -8,10 +8,13 @@
   (`probes/bootstrap.py`), used by every experiment.
 - `mdl_probe`: Voita & Titov (2020) online codelength and compression.
 - `StructuralProbe`: Hewitt & Manning (2019) distance / depth probes (metrics in `probes.structural`).
+- `LeaceFitter`, `LeaceEraser`, `INLP`, `MeanProjection`, `RandomSubspaceEraser` (`probes/erasure.py`): linear
+  concept erasure on arrays and as hook interventions (`eraser.hook(model, site)`).
 """
 
 from .bootstrap import Interval, group_bootstrap, mean_of_groups, percentile_interval, ratio_of_sums, resample_counts
 from .controls import control_labels, selectivity
+from .erasure import INLP, LeaceEraser, LeaceFitter, MeanProjection, RandomSubspaceEraser
 from .estimator import LinearProbe
 from .evaluate import (
     DEFAULT_ALPHAS,
@@ -27,7 +30,12 @@ from .structural import StructuralProbe
 __all__ = [
     "DEFAULT_ALPHAS",
     "CrossValPredictions",
+    "INLP",
     "Interval",
+    "LeaceEraser",
+    "LeaceFitter",
+    "MeanProjection",
+    "RandomSubspaceEraser",
     "LinearProbe",
     "control_labels",
     "evaluate",

@@ -51,6 +51,11 @@ class Sentence:
 
     `heads` and `deprels` come together or not at all; when given, they must form one tree
     (exactly one word with head 0, every head in 0..len(words), no cycles), else `ValueError`.
+
+    `words` are syntactic words (what annotations index). `multiword` lists the surface tokens that hold several
+    of them, as CoNLL-U's `1-2` ranges do: `(first, last, form)` with 0-based inclusive word indices, e.g.
+    `(3, 4, "don't")` for the words `do` `n't`; the model reads the surface form and each syntactic word gets the
+    pieces of its part of it (see `encoding.encode`). `xpos` are language-specific tags (PTB for English).
     """
 
     id: str
@@ -59,12 +64,15 @@ class Sentence:
     upos: tuple[str, ...] | None = None
     heads: tuple[int, ...] | None = None
     deprels: tuple[str, ...] | None = None
+    multiword: tuple[tuple[int, int, str], ...] = ()
+    xpos: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("words", "upos", "heads", "deprels"):
+        for name in ("words", "upos", "heads", "deprels", "xpos"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
+        object.__setattr__(self, "multiword", tuple(tuple(m) for m in self.multiword))
         if not self.words:
             raise ValueError(f"sentence {self.id!r} has no words")
         bad = [i for i, w in enumerate(self.words) if not isinstance(w, str) or not w or w.isspace()]
@@ -73,7 +81,8 @@ class Sentence:
         problem = invisible_problem(self.words)
         if problem:
             raise ValueError(f"sentence {self.id!r}: {problem}")
-        for name in ("upos", "heads", "deprels"):
+        self._check_multiword()
+        for name in ("upos", "heads", "deprels", "xpos"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self.words):
                 raise ValueError(
@@ -90,6 +99,30 @@ class Sentence:
     def __len__(self) -> int:
         return len(self.words)
 
+    def _check_multiword(self) -> None:
+        end = -1
+        for first, last, form in self.multiword:
+            if not (isinstance(first, int) and isinstance(last, int) and end < first < last < len(self.words)):
+                raise ValueError(f"sentence {self.id!r}: multiword token {(first, last, form)!r} must span two or more "
+                                 f"words in 0..{len(self.words) - 1}, in order, without overlap")
+            if not isinstance(form, str) or not form.strip():
+                raise ValueError(f"sentence {self.id!r}: multiword token {first}-{last} has an empty form")
+            end = last
+
+    def surface_tokens(self) -> list[tuple[str, list[int]]]:
+        """The surface tokens in order, each with the syntactic words it holds: `[("I", [0]), ("don't", [1, 2])]`."""
+        starts = {first: (last, form) for first, last, form in self.multiword}
+        out, i = [], 0
+        while i < len(self.words):
+            if i in starts:
+                last, form = starts[i]
+                out.append((form, list(range(i, last + 1))))
+                i = last + 1
+            else:
+                out.append((self.words[i], [i]))
+                i += 1
+        return out
+
 
 @dataclass
 class Corpus:
@@ -104,7 +137,8 @@ class Corpus:
     @property
     def sha256(self) -> str:
         """Hash of the content (ids, words, text and annotations, in order); independent of name/source."""
-        rows = [[s.id, s.words, s.text, s.upos, s.heads, s.deprels] for s in self.sentences]
+        rows = [[s.id, s.words, s.text, s.upos, s.heads, s.deprels]
+                + ([s.multiword] if s.multiword else []) + ([s.xpos] if s.xpos else []) for s in self.sentences]
         payload = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
@@ -117,6 +151,11 @@ class Corpus:
     def has_upos(self) -> bool:
         """True when every sentence has gold UPOS tags (and the corpus is not empty)."""
         return bool(self.sentences) and all(s.upos is not None for s in self.sentences)
+
+    @property
+    def has_xpos(self) -> bool:
+        """True when every sentence has language-specific (XPOS) tags (and the corpus is not empty)."""
+        return bool(self.sentences) and all(s.xpos is not None for s in self.sentences)
 
     @property
     def n_words(self) -> int:

@@ -225,15 +225,36 @@ def _word_prefix(tokenizer) -> str:
 
 
 def _word_pieces(sentences: list[Sentence], tokenizer) -> list[list[list[int]]]:
-    """Piece ids per word per sentence; every word must give at least one piece."""
+    """Piece ids per word per sentence; every word must give at least one piece.
+
+    A sentence with multiword tokens (`Sentence.multiword`, e.g. `don't` = `do` + `n't`) is tokenised from its
+    surface tokens; the pieces of a multiword token go to its syntactic words by character offset (the piece
+    starting at a character of `do` belongs to `do`; boundaries from the words' forms when they spell the
+    surface form, else in proportion to their lengths). Where the surface form gives fewer pieces than it has
+    words (`its` = `it` + `s` as one piece), that token falls back to its syntactic words' own pieces."""
     prefix = _word_prefix(tokenizer)
-    enc = tokenizer([[prefix + w for w in s.words] for s in sentences], is_split_into_words=True,
-                    add_special_tokens=False, verbose=False)
+    units = [[(form, idx) for form, idx in s.surface_tokens()] for s in sentences]
+    enc = tokenizer([[prefix + form for form, _ in u] for u in units], is_split_into_words=True,
+                    add_special_tokens=False, verbose=False, return_offsets_mapping=True)
     out = []
     for i, s in enumerate(sentences):
         words: list[list[int]] = [[] for _ in s.words]
-        for piece, w in zip(enc["input_ids"][i], enc.word_ids(i), strict=True):
-            words[w].append(piece)
+        by_unit: list[list[tuple[int, int]]] = [[] for _ in units[i]]
+        for piece, u, (start, _) in zip(enc["input_ids"][i], enc.word_ids(i), enc["offset_mapping"][i], strict=True):
+            by_unit[u].append((piece, max(start - len(prefix), 0)))
+        for (form, idx), pieces in zip(units[i], by_unit, strict=True):
+            if len(idx) == 1:
+                words[idx[0]] += [p for p, _ in pieces]
+                continue
+            split = _split_multiword(form, [s.words[j] for j in idx], pieces)
+            if split is None:  # fewer pieces than words: read the syntactic words themselves
+                sub = tokenizer([prefix + s.words[j] for j in idx], is_split_into_words=True,
+                                add_special_tokens=False)
+                split = [[] for _ in idx]
+                for piece, w in zip(sub["input_ids"], sub.word_ids(), strict=True):
+                    split[w].append(piece)
+            for j, part in zip(idx, split, strict=True):
+                words[j] += part
         empty = [j for j, p in enumerate(words) if not p]
         if empty:
             raise CorpusError(f"sentence {s.id!r}: word {empty[0] + 1} ({s.words[empty[0]]!r}) gives no word "
@@ -241,6 +262,21 @@ def _word_pieces(sentences: list[Sentence], tokenizer) -> list[list[list[int]]]:
                               "remove it from the corpus")
         out.append(words)
     return out
+
+
+def _split_multiword(form: str, words: list[str], pieces: list[tuple[int, int]]) -> list[list[int]] | None:
+    """The pieces (id, start character in `form`) of one multiword token shared among its syntactic `words`;
+    None when some word would get no piece."""
+    lengths = [len(w) for w in words]
+    if "".join(words).casefold() == form.casefold():
+        bounds = [sum(lengths[: j + 1]) for j in range(len(words))]
+    else:
+        total = sum(lengths)
+        bounds = [round(sum(lengths[: j + 1]) * len(form) / total) for j in range(len(words))]
+    parts: list[list[int]] = [[] for _ in words]
+    for piece, start in pieces:
+        parts[next((j for j, b in enumerate(bounds) if start < b), len(words) - 1)].append(piece)
+    return parts if all(parts) else None
 
 
 def _assemble(template: list[tuple[str, int, int]], segments: list[list[list[int]]], sentences: list[Sentence],

@@ -82,8 +82,10 @@ def read_jsonl(path: str | Path, *, max_sentences: int | None = None, field: str
 
 def read_conllu(path: str | Path, *, max_sentences: int | None = None) -> Corpus:
     """CoNLL-U: sentences separated by blank lines; `#` comment lines (`# sent_id = ...` and `# text = ...`
-    are used when present); multiword-token ranges (`1-2`) and empty nodes (`1.1`) are skipped.
-    UPOS, HEAD and DEPREL are kept when every word of a sentence has them; `_` everywhere means absent."""
+    are used when present). Words are the syntactic words (integer IDs), which HEAD indexes; a multiword-token
+    range (`3-4 don't`) becomes `Sentence.multiword` (the model reads its surface form; its words keep their
+    own annotations); empty nodes (`8.1`, enhanced graphs only) are left out (basic trees never point to them).
+    UPOS, XPOS, HEAD and DEPREL are kept when every word of a sentence has them; `_` everywhere means absent."""
     path = Path(path)
     sentences: list[Sentence] = []
     block: list[tuple[int, str]] = []
@@ -108,16 +110,22 @@ def read_conllu(path: str | Path, *, max_sentences: int | None = None) -> Corpus
 
 
 def write_conllu(corpus: Corpus, path: str | Path) -> Path:
-    """Write `corpus` as CoNLL-U (`# sent_id`, `# text`, ID FORM UPOS HEAD DEPREL; other columns `_`)."""
+    """Write `corpus` as CoNLL-U (`# sent_id`, `# text`, multiword ranges, ID FORM UPOS XPOS HEAD DEPREL; other
+    columns `_`)."""
     path = Path(path)
     out = []
     for s in corpus:
         out += [f"# sent_id = {s.id}", f"# text = {s.text}"]
+        ranges = {first: (last, form) for first, last, form in s.multiword}
         for i, word in enumerate(s.words):
+            if i in ranges:
+                last, form = ranges[i]
+                out.append("\t".join([f"{i + 1}-{last + 1}", form] + ["_"] * 8))
             upos = s.upos[i] if s.upos else "_"
+            xpos = s.xpos[i] if s.xpos else "_"
             head = str(s.heads[i]) if s.heads else "_"
             deprel = s.deprels[i] if s.deprels else "_"
-            out.append("\t".join([str(i + 1), word, "_", upos, "_", "_", head, deprel, "_", "_"]))
+            out.append("\t".join([str(i + 1), word, "_", upos, xpos, "_", head, deprel, "_", "_"]))
         out.append("")
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path
@@ -164,9 +172,11 @@ def _corpus(path: Path, sentences: list[Sentence]) -> Corpus:
 def _conllu_sentence(path: Path, block: list[tuple[int, str]], comments: dict[str, str]) -> Sentence:
     words: list[str] = []
     upos: list[str | None] = []
+    xpos: list[str | None] = []
     heads: list[int | None] = []
     deprels: list[str | None] = []
     lines: list[int] = []
+    multiword: list[tuple[int, int, str, str]] = []  # 1-based first, last, form, where
     for lineno, line in block:
         cols = line.split("\t")
         where = f"{path}:{lineno}"
@@ -179,6 +189,11 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]], comments: dict[st
             low, _, high = token_id.replace(".", "-").partition("-")
             if not (low.isdigit() and high.isdigit()):
                 raise CorpusError(f"{where}: malformed token ID {token_id!r}")
+            if "-" in token_id:
+                if int(low) != len(words) + 1 or int(high) <= int(low):
+                    raise CorpusError(f"{where}: multiword token {token_id!r} must start at the next word "
+                                      f"({len(words) + 1}) and span at least two words")
+                multiword.append((int(low), int(high), cols[1], where))
             continue
         if not token_id.isdigit() or int(token_id) != len(words) + 1:
             raise CorpusError(f"{where}: token ID {token_id!r} out of sequence (expected {len(words) + 1})")
@@ -191,13 +206,20 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]], comments: dict[st
             raise CorpusError(f"{where}: HEAD must be a non-negative integer or '_', got {head!r}")
         words.append(form)
         upos.append(None if cols[3] == "_" else cols[3])
+        xpos.append(None if cols[4] == "_" else cols[4])
         heads.append(None if head == "_" else int(head))
         deprels.append(None if deprel == "_" else deprel)
         lines.append(lineno)
     first = f"{path}:{block[0][0]}"
     if not words:
         raise CorpusError(f"{first}: sentence has no word lines (only ranges or empty nodes)")
+    for low, high, form, where in multiword:
+        if high > len(words):
+            raise CorpusError(f"{where}: multiword token {low}-{high} reaches past the sentence's {len(words)} words")
+        if not form or form.isspace() or form == "_":
+            raise CorpusError(f"{where}: multiword token {low}-{high} has no surface FORM")
     upos_t = _all_or_none(path, lines, upos, "UPOS")
+    xpos_t = tuple(xpos) if all(x is not None for x in xpos) else None  # optional: a gap means no XPOS
     heads_t = _all_or_none(path, lines, heads, "HEAD")
     deprels_t = _all_or_none(path, lines, deprels, "DEPREL")
     if heads_t is not None and deprels_t is None:
@@ -219,6 +241,8 @@ def _conllu_sentence(path: Path, block: list[tuple[int, str]], comments: dict[st
         upos=upos_t,
         heads=heads_t,
         deprels=deprels_t,
+        multiword=tuple((low - 1, high - 1, form) for low, high, form, _ in multiword),
+        xpos=xpos_t,
     )
 
 
