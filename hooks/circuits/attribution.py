@@ -1,0 +1,148 @@
+"""Attribution patching of nodes: AtP, AtP* and EAP-IG, each an estimate of exact patching's effect.
+
+For a node with clean activation ``a`` and corrupted ``a*`` (gradients through the model's real LayerNorms):
+
+- ``atp`` (Nanda 2023; Syed et al. 2023): ``(a* - a) . dm/da`` at the clean run.
+- ``atp*`` (Kramár et al. 2024, the QK fix): a head's output is a function of its queries, keys and values; its
+  effect is the sum of its query, key and value nodes' effects, where a value node is linear (``(v* - v) .
+  dm/dv``) but a query or key node's change goes through the softmax exactly: the attention row with the
+  corrupted query (each key's column with the corrupted key, all queries) is recomputed and the pattern change
+  multiplied by ``dm/dA``. This removes the error AtP makes when attention is saturated. (The paper's second fix,
+  GradDrop, is not applied: its absolute values lose the effect's sign.)
+- ``eap-ig`` (Hanna et al. 2024, as in their ``get_scores_eap_ig``): ``(a* - a) . mean_k dm/da`` over ``steps``
+  runs whose input embeddings (``embed.hook_out``) are ``e* + k/steps (e - e*)``, ``k = 0..steps-1``.
+
+Every estimate is per pair (gradients of the sum over pairs, which are independent), so the table carries the
+same intervals as exact patching's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from bertscope.hooks.circuits.results import chunks, effects_table, node_labels
+from bertscope.hooks.circuits.tasks import Task
+
+METHODS = ("atp", "atp*", "eap-ig")
+
+
+def attribute(
+    model: Any,
+    task: Task,
+    method: str = "atp",
+    nodes: str = "heads",
+    *,
+    steps: int = 5,
+    batch_size: int = 16,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Attribution-patching estimates of every node's patching effect -> the table :func:`patch` returns
+    (``method`` = "atp", "atp*" or "eap-ig"; ``nodes`` "heads" or "mlps"; ``atp*`` heads only)."""
+    effects, total = attribute_effects(model, task, method, nodes, steps=steps, batch_size=batch_size)
+    labels = node_labels(nodes, model.config.n_layers, model.config.n_heads)
+    table = effects_table(effects, total, labels, method=method, n_boot=n_boot, seed=seed)
+    table.insert(1, "source", "corrupted")
+    return table
+
+
+def attribute_effects(
+    model: Any, task: Task, method: str = "atp", nodes: str = "heads", *, steps: int = 5, batch_size: int = 16
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(estimates [n_pairs, n_nodes], total [n_pairs])`` for :func:`attribute`."""
+    if method not in METHODS:
+        raise ValueError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
+    if nodes not in ("heads", "mlps") or (method == "atp*" and nodes != "heads"):
+        raise ValueError(f"{method} attributes heads{'' if method == 'atp*' else ' or mlps'}, not {nodes!r}")
+    if method == "eap-ig" and steps < 1:
+        raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
+    out, totals = [], []
+    for rows in chunks(task.n_pairs, batch_size):
+        clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
+        est, total = _chunk(model, task, method, nodes, steps, clean, corr, rows)
+        out.append(est)
+        totals.append(total)
+    return torch.cat(out).numpy(), torch.cat(totals).numpy()
+
+
+def _site(nodes: str) -> str:
+    return "attn.hook_z" if nodes == "heads" else "hook_mlp_out"
+
+
+def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = clean["attention_mask"]
+    n = model.config.n_layers
+    site = _site(nodes)
+    extra = ["blocks.*.attn.hook_q", "blocks.*.attn.hook_k", "blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern",
+             "blocks.*.attn.hook_scores", "blocks.*.hook_resid_pre"] if method == "atp*" else []
+    names = [f"blocks.*.{site}", "embed.hook_out", *extra]
+    with torch.no_grad():
+        out_k, ck = model.run_with_cache(**corr, names_filter=names)
+    loss = lambda out: task.metric(out, mask, rows).sum()  # noqa: E731  (per-pair gradients: pairs are independent)
+    if method == "eap-ig":
+        grads = None
+        with torch.no_grad():
+            _, cc = model.run_with_cache(**clean, names_filter=names)
+        e_clean, e_corr = cc["embed.hook_out"], ck["embed.hook_out"]
+        for k in range(steps):
+            mixed = e_corr + (k / steps) * (e_clean - e_corr)
+            hook = ("embed.hook_out", lambda t, hook, mixed=mixed: mixed)
+            _, cg = model.run_with_cache(**clean, names_filter=names[:1], fwd_hooks=[hook], incl_bwd=True,
+                                         loss_fn=loss)
+            g = [cg[f"blocks.{L}.{site}_grad"] for L in range(n)]
+            grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
+        grads = [g / steps for g in grads]
+    else:
+        _, cc = model.run_with_cache(**clean, names_filter=names, incl_bwd=True, loss_fn=loss)
+        grads = [cc[f"blocks.{L}.{site}_grad"] for L in range(n)]
+    with torch.no_grad():
+        m_clean = task.metric(model(**clean), mask, rows)
+        total = (task.metric(out_k, mask, rows) - m_clean).double().cpu()
+        per_layer = []
+        for L in range(n):
+            delta = ck[f"blocks.{L}.{site}"] - cc[f"blocks.{L}.{site}"]
+            if method == "atp*":
+                per_layer.append(sum(atp_star_parts(model, L, cc, ck, mask).values()))
+            elif nodes == "heads":
+                per_layer.append((delta * grads[L]).sum((1, 3)))  # [b, h]
+            else:
+                per_layer.append((delta * grads[L]).sum((1, 2))[:, None])
+    return torch.cat(per_layer, dim=1).double().cpu(), total
+
+
+def atp_star_parts(model: Any, layer: int, cc: Any, ck: Any, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AtP* of every head of ``layer`` by node type: ``{"query", "key", "value"}`` each ``[b, h]`` (float64), from
+    the clean cache ``cc`` (with ``_grad`` entries of ``hook_pattern`` and ``hook_v``) and the corrupted ``ck``."""
+    p = f"blocks.{layer}.attn."
+    A = cc[p + "hook_pattern"].double()  # [b, h, q, k]
+    gA = cc[p + "hook_pattern_grad"].double()
+    value = ((ck[p + "hook_v"] - cc[p + "hook_v"]) * cc[p + "hook_v_grad"]).sum((1, 3)).double()
+    s_q, s_k = _scores_with(model, layer, cc, ck, mask)
+    S = cc[p + "hook_scores"].double()
+    # query nodes: row t recomputed with the corrupted query
+    query = (gA * (torch.softmax(s_q, dim=-1) - A)).sum((2, 3))
+    # key nodes: column s of every row replaced by the corrupted key's score, softmax recomputed in closed form
+    real = mask.bool()[:, None, None, :].expand_as(A)
+    delta = torch.where(real, (s_k - S).clamp(max=600.0), torch.zeros_like(S))
+    grow = torch.expm1(delta)
+    r = 1 + A * grow
+    G = (gA * A).sum(-1, keepdim=True)  # [b, h, q, 1]
+    key = ((1 / r - 1) * G + gA * A * grow / r).sum((2, 3))
+    return {"query": query, "key": key, "value": value}
+
+
+def _scores_with(model, layer, cc, ck, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block ``layer``'s attention scores with every query corrupted (keys clean), and with every key corrupted
+    (queries clean): ``[b, h, q, k]`` each. A score depends only on its own query and key (and positions), so
+    entry ``[t, s]`` is the score with only query t (or only key s) corrupted."""
+    p = f"blocks.{layer}.attn."
+    out = {}
+    for which in ("q", "k"):
+        put = (p + f"hook_{which}", lambda t, hook, w=which: ck[p + f"hook_{w}"])
+        grab = (p + "hook_scores", lambda t, hook, w=which: out.__setitem__(w, t))
+        with model.hooks([put, grab]):
+            model.forward_from(layer, cc[f"blocks.{layer}.hook_resid_pre"], mask, stop_at_layer=layer)
+    return out["q"].double(), out["k"].double()

@@ -1,0 +1,54 @@
+"""Per-pair effects -> the tidy node table every circuits step returns, and the pair batching they share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+INTERVAL = "95% percentile bootstrap over pairs (resampling pairs: the variance of the pair sample)"
+
+
+def chunks(n: int, batch_size: int) -> Iterator[torch.Tensor]:
+    """Row indices ``[k]`` of consecutive batches of at most ``batch_size`` pairs."""
+    for start in range(0, n, batch_size):
+        yield torch.arange(start, min(n, start + batch_size))
+
+
+def node_labels(kind: str, n_layers: int, n_heads: int, positions: bool = False) -> list[tuple[str, int, int]]:
+    """``(node, layer, head)`` of every node of ``kind`` ("heads" | "mlps" | "resid"); head is -1 where none."""
+    if kind == "heads":
+        return [(f"a{L}.h{h}", L, h) for L in range(n_layers) for h in range(n_heads)]
+    if kind == "mlps":
+        return [(f"m{L}", L, -1) for L in range(n_layers)]
+    return [(f"resid{L}", L, -1) for L in range(n_layers + 1)]
+
+
+def effects_table(
+    effects: np.ndarray,
+    total: np.ndarray,
+    labels: Sequence[tuple[str, int, int]],
+    *,
+    method: str,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """``effects [n_pairs, n_nodes]`` (per pair, metric change when the node is patched) and ``total [n_pairs]``
+    (``m(corrupted) - m(clean)``) -> one row per node: ``effect`` (mean over pairs), ``normalised`` (sum of
+    effects / sum of totals: the share of the clean->corrupted change the node carries) and their intervals."""
+    from bertscope.probes.bootstrap import ratio_of_sums
+
+    eff = np.asarray(effects, dtype=np.float64)
+    tot = np.asarray(total, dtype=np.float64)
+    n = eff.shape[0]
+    mean = ratio_of_sums(eff, np.ones((n, 1)), n_boot=n_boot, seed=seed)
+    norm = ratio_of_sums(eff, tot[:, None], n_boot=n_boot, seed=seed)
+    rows = pd.DataFrame(labels, columns=["node", "layer", "head"])
+    rows.insert(0, "method", method)
+    rows["effect"], rows["effect_low"], rows["effect_high"] = mean.value, mean.low, mean.high
+    rows["normalised"], rows["normalised_low"], rows["normalised_high"] = norm.value, norm.low, norm.high
+    rows["n_pairs"] = n
+    rows["interval"] = INTERVAL
+    return rows

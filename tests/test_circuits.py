@@ -1,0 +1,271 @@
+"""Circuits: known-answer tests. A planted two-head circuit is found exactly; on a model that is linear once its
+LayerNorms are frozen, edge scores sum to the total effect and equal path patching; patching a node with its own
+clean value changes nothing; AtP equals exact patching where the metric is linear in the node; CPR/CMD are MIB's
+trapezoids; bad task files fail with the line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from bertscope.hooks import circuits
+from bertscope.hooks.circuits import Metric, Task, TaskError
+from bertscope.models import Encoder, EncoderConfig
+
+D, H = 16, 2
+
+
+def _zero_(model: Encoder) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for name, p in model.named_parameters():
+            if name.endswith("weight") and ("ln" in name.split(".")[-2]):
+                p.fill_(1.0)
+
+
+def _task(clean: torch.Tensor, corrupted: torch.Tensor, u: torch.Tensor) -> Task:
+    """A task over token ids whose metric is ``<mean-pooled hidden, u>`` (linear in the final hidden state)."""
+    mask = torch.ones_like(clean)
+
+    def fn(hidden, attn, rows):
+        pooled = (hidden * attn[..., None]).sum(1) / attn.sum(1, keepdim=True)
+        return pooled @ u.to(hidden.dtype)
+
+    return Task({"input_ids": clean, "attention_mask": mask}, {"input_ids": corrupted, "attention_mask": mask},
+                Metric(fn, "dot-u"))
+
+
+def planted_model() -> tuple[Encoder, Task]:
+    """Two layers of two heads, all weights zero except: embeddings live in dims 0-3 (zero-mean patterns, so
+    centring leaves them alone); head A = a0.h0 copies dims 0-3 to 4-7; head B = a1.h1 copies 4-7 to 8-11; the
+    metric reads dims 8-11. Queries and keys are zero (uniform attention), MLPs write nothing."""
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=12, d_model=D, n_layers=2, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0)
+    model = Encoder(cfg).eval().double()
+    _zero_(model)
+    dh = D // H
+    with torch.no_grad():
+        a, b = torch.randn(12).double(), torch.randn(12).double()
+        model.embed.word.weight[:, :4] = torch.stack([a, -a, b, -b], 1)
+        for j in range(4):
+            model.blocks[0].attn.qkv.weight[2 * D + 0 * dh + j, j] = 1.0  # A's value reads dims 0-3
+            model.blocks[0].attn.out.weight[4 + j, 0 * dh + j] = 1.0  # A writes dims 4-7
+            model.blocks[1].attn.qkv.weight[2 * D + 1 * dh + j, 4 + j] = 1.0  # B's value reads dims 4-7
+            model.blocks[1].attn.out.weight[8 + j, 1 * dh + j] = 1.0  # B writes dims 8-11
+    clean = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [2, 4, 6, 8, 10]])
+    corrupted = clean.clone()
+    corrupted[:, 3] = 11
+    u = torch.zeros(D, dtype=torch.float64)
+    u[8:12] = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    return model, _task(clean, corrupted, u)
+
+
+def test_planted_two_head_circuit_is_found_exactly():
+    model, task = planted_model()
+    scores = circuits.edges(model, task, "eap")
+    planted = {"input->a0.h0", "a0.h0->a1.h1", "a1.h1->output"}
+    table = scores.table()
+    nonzero = set(table.loc[table.abs_score > 1e-9, "edge"])
+    assert nonzero == planted
+    circuit = circuits.find_circuit(model, task, scores, method="greedy", threshold=0.01)
+    assert set(circuit.edges) == planted
+    assert circuit.nodes == ["a0.h0", "a1.h1"]
+    assert circuit.faithfulness == pytest.approx(1.0, abs=1e-9)
+    top = circuits.find_circuit(model, task, scores, method="topn", n_edges=3)
+    assert set(top.edges) == planted
+
+
+def linear_model(pre_ln: bool = False) -> Encoder:
+    """A random tiny encoder made linear in its input once its LayerNorms are frozen: zero queries and keys
+    (uniform attention), MLPs that write nothing."""
+    torch.manual_seed(1)
+    cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=3, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0,
+                        norm_placement="pre" if pre_ln else "post")
+    model = Encoder(cfg).eval().double()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[: 2 * D] = 0.0
+            block.attn.qkv.bias[: 2 * D] = 0.0
+            block.mlp.fc_out.weight.zero_()
+            block.mlp.fc_out.bias.zero_()
+            block.attn.out.weight.mul_(20.0)  # heads that matter against the residual
+        model.embed.word.weight.mul_(50.0)
+    return model
+
+
+def _linear_task(seed: int = 0) -> Task:
+    gen = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, 20, (4, 6), generator=gen)
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 7) % 20
+    u = torch.randn(D, generator=gen, dtype=torch.float64)
+    return _task(clean, corrupted, u)
+
+
+def test_edge_scores_sum_to_the_total_effect_on_a_linear_model():
+    model, task = linear_model(), _linear_task()
+    scores = circuits.edges(model, task, "eap")
+    ev = circuits.Evaluator(model, task)
+    g = scores.graph
+    total = ev.empty - ev.full  # m(corrupted, frozen) - m(clean)
+    assert abs(total) > 1e-3
+    into_output = float(scores.scores[:, g.receiver_output].sum())
+    assert into_output == pytest.approx(total, rel=1e-9, abs=1e-12)
+    # each edge's score is its exact (path-patching) effect, in the frozen model
+    names = g.edge_names()
+    exact = circuits.path_patch(model, task, names)
+    est = scores.table().set_index("edge").loc[names, "score"].to_numpy()
+    np.testing.assert_allclose(est, exact["effect"].to_numpy(), rtol=1e-8, atol=1e-12)
+    assert np.abs(est).max() > 1e-3
+
+
+def test_eap_ig_equals_eap_on_a_linear_model():
+    model, task = linear_model(), _linear_task(1)
+    a, b = circuits.edges(model, task, "eap"), circuits.edges(model, task, "eap-ig", steps=3)
+    torch.testing.assert_close(a.scores, b.scores, rtol=1e-9, atol=1e-12)
+
+
+def test_the_rebuilt_forward_reproduces_clean_and_frozen_corrupted_runs():
+    model, task = linear_model(), _linear_task()
+    with torch.no_grad():
+        for L in range(3):  # make it non-linear again: real queries and keys, a working MLP
+            torch.nn.init.normal_(model.blocks[L].attn.qkv.weight, std=0.3)
+            torch.nn.init.normal_(model.blocks[L].mlp.fc_out.weight, std=0.3)
+    ev = circuits.Evaluator(model, task)
+    clean = circuits.metric_values(model, task).mean()
+    assert ev.full == pytest.approx(float(clean), rel=1e-10)
+    rows = torch.arange(task.n_pairs)
+    c = circuits.graph.capture(model, task.batch(rows))
+    k = circuits.graph.capture(model, task.batch(rows, "corrupted"), scales=c.scales)
+    assert ev.empty == pytest.approx(float(task.metric(k.final, task.mask, rows).mean()), rel=1e-12)
+
+
+def test_patching_a_node_with_its_own_clean_value_changes_nothing():
+    model, task = linear_model(), _linear_task()
+    task = Task(task.clean, task.clean, task.metric)
+    for nodes in ("heads", "mlps", "resid"):
+        pos = torch.full((task.n_pairs,), 2)
+        eff, total = circuits.patching.patch_effects(model, task, nodes, positions=pos)
+        assert np.abs(eff).max() == 0.0 and np.abs(total).max() == 0.0, nodes
+
+
+def test_atp_equals_exact_patching_when_the_metric_is_linear_in_the_node():
+    """Pre-LN without a final LayerNorm and a last MLP that writes nothing: the last layer's heads write straight
+    into the hidden state the (linear) metric pools, so first order is exact for them."""
+    torch.manual_seed(2)
+    cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=2, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0, norm_placement="pre")
+    model = Encoder(cfg).eval().double()
+    with torch.no_grad():
+        model.ln_final = None
+        model.blocks[1].mlp.fc_out.weight.zero_()
+        for p in model.parameters():
+            p.mul_(5.0)  # large enough that the earlier layers are far from linear
+    task = _linear_task()
+    exact, _ = circuits.patching.patch_effects(model, task, "heads")
+    est, _ = circuits.attribution.attribute_effects(model, task, "atp", "heads")
+    last = slice(H, 2 * H)
+    np.testing.assert_allclose(est[:, last], exact[:, last], rtol=1e-9, atol=1e-12)
+    assert np.abs(exact[:, last]).max() > 1e-3
+    assert np.abs(est[:, :H] - exact[:, :H]).max() > 1e-6  # the first layer is not linear: AtP is only first order
+
+
+def test_atp_star_query_key_part_is_exact_for_one_changed_key():
+    """One layer, metric linear in the head outputs at position 0, one token changed: the head's query/key effect
+    is one key node's (query 0 is clean), which AtP* takes through the exact softmax, so AtP*'s query + key part
+    equals exactly patching that head's queries and keys; its value part equals patching the values (linear
+    given the pattern). Plain AtP linearises the saturated softmax and misses."""
+    torch.manual_seed(3)
+    cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=1, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0, norm_placement="pre")
+    model = Encoder(cfg).eval().double()
+    with torch.no_grad():
+        model.ln_final = None
+        model.blocks[0].mlp.fc_out.weight.zero_()
+        model.blocks[0].attn.qkv.weight[:D].mul_(300.0)  # saturated attention
+    gen = torch.Generator().manual_seed(0)
+    clean = torch.randint(0, 20, (3, 5), generator=gen)
+    corrupted = clean.clone()
+    corrupted[:, 4] = (clean[:, 4] + 5) % 20
+    u = torch.randn(D, generator=gen, dtype=torch.float64)
+    mask = torch.ones_like(clean)
+    loss = lambda out: (out[:, 0] @ u).sum()  # noqa: E731
+    names = ["blocks.0.attn.hook_q", "blocks.0.attn.hook_k", "blocks.0.attn.hook_v", "blocks.0.attn.hook_pattern",
+             "blocks.0.attn.hook_scores", "blocks.0.hook_resid_pre", "blocks.0.attn.hook_z"]
+    _, cc = model.run_with_cache(clean, mask, names_filter=names, incl_bwd=True, loss_fn=loss)
+    with torch.no_grad():
+        _, ck = model.run_with_cache(corrupted, mask, names_filter=names)
+        parts = circuits.attribution.atp_star_parts(model, 0, cc, ck, mask)
+        base = model(clean, mask)[:, 0] @ u
+
+        def patched(sites, head):
+            def put(t, hook):
+                t = t.clone()
+                t[:, :, head] = ck[hook.name][:, :, head]
+                return t
+            with model.hooks([(f"blocks.0.attn.hook_{s}", put) for s in sites]):
+                return model(clean, mask)[:, 0] @ u - base
+
+        for h in range(H):
+            torch.testing.assert_close(parts["query"][:, h] + parts["key"][:, h], patched("qk", h), rtol=1e-8,
+                                       atol=1e-12)
+            torch.testing.assert_close(parts["value"][:, h], patched("v", h), rtol=1e-8, atol=1e-12)
+        qk = torch.stack([patched("qk", h) for h in range(H)], 1)
+        atp_qk = sum(((ck[f"blocks.0.attn.hook_{s}"] - cc[f"blocks.0.attn.hook_{s}"])
+                      * cc[f"blocks.0.attn.hook_{s}_grad"]).sum((1, 3)) for s in "qk")
+    assert qk.abs().max() > 1e-3
+    assert (atp_qk - qk).abs().max() > 0.1 * qk.abs().max()  # AtP on the q/k nodes linearises the softmax: off
+
+
+def test_cpr_and_cmd_are_mibs_trapezoids():
+    assert circuits.area_under_curve([0.1, 0.5, 1.0], [0.2, 0.6, 1.0]) == pytest.approx((0.56, 0.34))
+    f = [0.0, 0.05, 0.1, 0.3, 0.5, 0.9, 1.1, 1.0, 0.95, 1.0]
+    cpr, cmd = circuits.area_under_curve(circuits.PERCENTAGES, f)
+    x = np.array(circuits.PERCENTAGES)
+    assert cpr == pytest.approx(np.trapezoid(f, x))
+    assert cmd == pytest.approx(np.trapezoid(np.abs(1 - np.array(f)), x))
+
+
+def test_faithfulness_curve_and_random_control():
+    model, task = planted_model()
+    scores = circuits.edges(model, task, "eap")
+    curve, areas = circuits.faithfulness(model, task, scores, n_random=3)
+    assert set(areas.ordering) == {"scores", "random0", "random1", "random2"}
+    ours = curve[curve.ordering == "scores"]
+    assert ours.faithfulness.iloc[-1] == pytest.approx(1.0)  # 100% of edges = the full model
+    assert float(areas.loc[areas.ordering == "scores", "cpr"].iloc[0]) > areas.cpr.iloc[1:].max()
+
+
+# ====================================================================== task files
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from helpers import save_tiny_bert
+
+    from bertscope import models
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    save_tiny_bert(folder)
+    return models.load(folder).eval()
+
+
+def test_task_file_round_trip_and_errors(tiny, tmp_path):
+    good = tmp_path / "pairs.jsonl"
+    good.write_text(json.dumps({"clean": "the cat sat", "corrupted": "the dog sat", "query": "cat"}) + "\n")
+    task = circuits.load_task(tiny, good, "cosine")
+    assert task.n_pairs == 1
+    task.write(tmp_path / "again.jsonl")
+    assert circuits.load_task(tiny, tmp_path / "again.jsonl", "dot").n_pairs == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + json.dumps({"clean": "the cat sat", "corrupted": "the cat sat down",
+                                                  "query": "x"}) + "\n")
+    with pytest.raises(TaskError, match="line 2.*equal length"):
+        circuits.load_task(tiny, bad, "cosine")
+    with pytest.raises(TaskError, match="unknown metric"):
+        circuits.load_task(tiny, good, "accuracy")
+    with pytest.raises(TaskError, match="masked-LM head"):
+        circuits.load_task(tiny, good, "mask-logit-diff")

@@ -1,0 +1,62 @@
+"""Circuits on a tiny checkpoint of every family: the rebuilt frozen-LN forward reproduces the clean run, and
+patching, AtP, AtP*, EAP-IG, edges and the search all run (post-LN families through frozen LayerNorms, pre-LN
+ModernBERT through plain EAP)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from bertscope.hooks import circuits
+from bertscope.hooks.circuits.tasks import Task, pooled_similarity
+from family_fixtures import FAMILIES, save_tiny_family
+from fixtures_deberta_modernbert import save_tiny_deberta, save_tiny_modernbert
+from helpers import save_tiny_bert
+
+from bertscope import models
+
+MAKERS = {
+    "bert": save_tiny_bert,
+    **{name: (lambda folder, name=name: save_tiny_family(name, folder)) for name in FAMILIES},
+    "deberta": save_tiny_deberta,
+    "modernbert": save_tiny_modernbert,
+}
+TEXTS = ["the cat sat on the mat.", "dogs bark"]
+
+
+@pytest.fixture(scope="module", params=list(MAKERS))
+def family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    MAKERS[request.param](folder)
+    return request.param, models.load(folder).eval()
+
+
+def _task(model) -> Task:
+    """Corrupted = clean with the second token's id changed (equal lengths whatever the tokenizer)."""
+    clean = model.tokenize(TEXTS)
+    corrupted = {k: v.clone() for k, v in clean.items()}
+    ids = corrupted["input_ids"]
+    ids[:, 1] = (ids[:, 1] + 7) % model.config.vocab_size
+    return Task(clean, corrupted, pooled_similarity(model, ["cat", "dog"]))
+
+
+@pytest.mark.slow  # ~1-3 s per family on a quiet machine
+def test_circuits_run_on_every_family(family):
+    name, model = family
+    task = _task(model)
+    ev = circuits.Evaluator(model, task)
+    clean = circuits.metric_values(model, task).mean()
+    assert ev.full == pytest.approx(float(clean), abs=2e-5), name  # frozen-LN rebuild = the clean run
+    n_heads = model.config.n_layers * model.config.n_heads
+    exact = circuits.patch(model, task, "heads", n_boot=50)
+    assert len(exact) == n_heads and np.isfinite(exact.effect).all()
+    for method in ("atp", "atp*", "eap-ig"):
+        est = circuits.attribute(model, task, method, steps=2, n_boot=50)
+        assert np.isfinite(est.effect).all(), (name, method)
+    mlps = circuits.patch(model, task, "mlps", n_boot=50)
+    assert len(mlps) == model.config.n_layers
+    for method in ("eap", "eap-ig"):
+        scores = circuits.edges(model, task, method, steps=2)
+        assert torch.isfinite(scores.scores).all() and scores.scores.abs().max() > 0, (name, method)
+    circuit = circuits.find_circuit(model, task, scores, method="topn", n_edges=10, evaluator=ev)
+    assert np.isfinite(circuit.faithfulness)
