@@ -89,8 +89,9 @@ def test_batching_by_length_keeps_every_sentence_once(builtin, tokenizer):
 
 
 def test_words_giving_no_pieces_are_an_error(tokenizer):
-    with pytest.raises(CorpusError, match=r"word 2 \('\\u200b'\) gives no word pieces"):
-        encode(_corpus(Sentence("zw", ("a", "\u200b", "b"), "a b")), tokenizer)
+    # a word of only invisible characters is refused where the sentence is made, before any tokenizer sees it
+    with pytest.raises(ValueError, match=r"word 2 \(U\+200B\) has only invisible characters"):
+        Sentence("zw", ("a", "\u200b", "b"), "a b")
 
 
 # ---------------------------------------------------------------------------------------------- truncation
