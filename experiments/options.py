@@ -41,9 +41,11 @@ class RunOptions:
     out: Path = Path("results")
     force: bool = False
     quiet: bool = False
+    activations: Path | None = None  # a `bertscope capture` folder to read instead of running the forward
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        self.activations = None if self.activations is None else Path(self.activations)
         if self.max_sentences is not None and self.max_sentences < 1:
             raise UsageError(f"--max-sentences must be >= 1, got {self.max_sentences}")
         if self.max_length < 2:

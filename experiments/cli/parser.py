@@ -100,6 +100,15 @@ def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"], help="which experiment")
     _add_shared_options(p, out_default=Path("results"))
     p.add_argument("--no-report", action="store_true", help="do not write OUT/index.html afterwards")
+    p.add_argument(
+        "--activations",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read the activations from this `bertscope capture` folder instead of running the forward (it must "
+        "hold the sites the experiment reads, the run's sentences, model, dtype and --max-length); experiments "
+        "whose forward a capture cannot replace refuse it (run all: they run the model and say so)",
+    )
     p.set_defaults(handler=cmd_run)
 
 
