@@ -57,8 +57,8 @@ POOLS = ("token", "word")
 
 __all__ = [
     "CLS", "PADDING", "POOLS", "REAL", "SEP", "TOKEN_CLASSES", "ActivationBatch", "CaptureSource", "batch_activations",
-    "is_attention", "iter_activations", "last_layer_needed", "open_capture", "resolve_sites", "run_batch",
-    "token_classes",
+    "first_pieces", "is_attention", "iter_activations", "last_layer_needed", "open_capture", "resolve_sites",
+    "run_batch", "token_classes",
 ]  # fmt: skip
 
 
@@ -127,7 +127,7 @@ class ActivationBatch:
 
 def iter_activations(
     model: Any,
-    corpus_or_texts: Corpus | Encoded | Sequence[Sentence] | Sequence[str],
+    corpus_or_texts: Corpus | Sequence[Sentence] | Sequence[str],
     sites: str | Sequence[str],
     *,
     capture: str | Path | CaptureSource | None = None,
