@@ -29,8 +29,9 @@ before the first word: [CLS], <s>), ``SEP`` (a special token after a word: [SEP]
 found by their id and text, so a capture of a larger corpus serves any of its sentences; the capture must hold
 the sites, have the same ``max_length``, dtype and token ids, and (when its index records one) the same model
 weights, else `CaptureError` says which. Numbers equal a forward's when the capture was made with the same
-``batch_size`` and sites (caching ``hook_pattern`` switches attention to the explicit path, a float rounding
-difference of about 1e-6; another batch size pads differently, also rounding only).
+``batch_size`` and sites over the same sentences (caching ``hook_pattern`` switches attention to the explicit
+path, a float rounding difference of about 1e-6; another batch size, or a subset of the capture's sentences,
+is batched with other padding, also rounding only).
 """
 
 from __future__ import annotations
