@@ -29,12 +29,14 @@ before the first word: [CLS], <s>), ``SEP`` (a special token after a word: [SEP]
 found by their id and text, so a capture of a larger corpus serves any of its sentences; the capture must hold
 the sites, have the same ``max_length``, dtype and token ids, and (when its index records one) the same model
 weights, else `CaptureError` says which. Numbers equal a forward's when the capture was made with the same
-``batch_size`` and sites (caching ``hook_pattern`` switches attention to the explicit path, a float rounding
-difference of about 1e-6; another batch size pads differently, also rounding only).
+``batch_size`` and sites over the same sentences (caching ``hook_pattern`` switches attention to the explicit
+path, a float rounding difference of about 1e-6; another batch size, or a subset of the capture's sentences,
+is batched with other padding, also rounding only).
 """
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -56,8 +58,8 @@ POOLS = ("token", "word")
 
 __all__ = [
     "CLS", "PADDING", "POOLS", "REAL", "SEP", "TOKEN_CLASSES", "ActivationBatch", "CaptureSource", "batch_activations",
-    "is_attention", "iter_activations", "last_layer_needed", "open_capture", "resolve_sites", "run_batch",
-    "token_classes",
+    "first_pieces", "is_attention", "iter_activations", "last_layer_needed", "open_capture", "resolve_sites",
+    "run_batch", "token_classes",
 ]  # fmt: skip
 
 
@@ -126,7 +128,7 @@ class ActivationBatch:
 
 def iter_activations(
     model: Any,
-    corpus_or_texts: Corpus | Encoded | Sequence[Sentence] | Sequence[str],
+    corpus_or_texts: Corpus | Sequence[Sentence] | Sequence[str],
     sites: str | Sequence[str],
     *,
     capture: str | Path | CaptureSource | None = None,
@@ -281,6 +283,7 @@ class CaptureSource:
         self.index = read_index(self.folder)
         self.model = model
         self._open: OrderedDict[int, Any] = OrderedDict()
+        self._pid = os.getpid()
         self._open_files = open_files
         sentences = pd.read_parquet(self.folder / SENTENCES, columns=["sentence_index", "id", "text"])
         self.by_key: dict[tuple[str, str], int] = {}
@@ -317,12 +320,6 @@ class CaptureSource:
         """Refuse (`CaptureError`, one line) to serve ``sentences`` encoded at ``encoded.max_length`` (or an
         int max_length) when the capture has another max_length, dtype or model, lacks one of ``sites`` or
         one of the sentences. (Token ids are checked as rows are read.)"""
-        if sites is not None:
-            self.resolve(sites)
-        max_length = encoded if isinstance(encoded, int) else encoded.max_length
-        if max_length != self.max_length:
-            raise CaptureError(f"capture {self.folder} was made with --max-length {self.max_length}, this run uses "
-                               f"--max-length {max_length}; recapture or use the capture's")  # fmt: skip
         model_info = self.index.get("model") or {}
         if model_info.get("weights_sha256") not in (None, self.model.weights_sha256):
             raise CaptureError(f"capture {self.folder} was made by another model ({model_info.get('source')}); "
@@ -332,6 +329,12 @@ class CaptureSource:
         if stored != {dtype}:
             raise CaptureError(f"capture {self.folder} holds {', '.join(sorted(stored))} activations, this run's "
                                f"model is {dtype} (--dtype); recapture or use the capture's dtype")  # fmt: skip
+        max_length = encoded if isinstance(encoded, int) else encoded.max_length
+        if max_length != self.max_length:
+            raise CaptureError(f"capture {self.folder} was made with --max-length {self.max_length}, this run uses "
+                               f"--max-length {max_length}; recapture or use the capture's")  # fmt: skip
+        if sites is not None:
+            self.resolve(sites)
         corpus_name = (self.index.get("corpus") or {}).get("name", "another corpus")
         for sentence in sentences:
             if self.locate(sentence) is None:
@@ -374,6 +377,8 @@ class CaptureSource:
     def _file(self, number: int) -> Any:
         from safetensors import safe_open
 
+        if self._pid != os.getpid():  # a forked worker opens its own files
+            self._open, self._pid = OrderedDict(), os.getpid()
         if number in self._open:
             self._open.move_to_end(number)
             return self._open[number]

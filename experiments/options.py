@@ -46,9 +46,11 @@ class RunOptions:
     keep_steps: bool = False
     # --set NAME.FIELD=VALUE: experiment (CLI name) -> {Settings field: value}; typed by `settings.apply_overrides`
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    activations: Path | None = None  # a `bertscope capture` folder to read instead of running the forward
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        self.activations = None if self.activations is None else Path(self.activations)
         if self.max_sentences is not None and self.max_sentences < 1:
             raise UsageError(f"--max-sentences must be >= 1, got {self.max_sentences}")
         if not isinstance(self.max_length, int):

@@ -76,7 +76,7 @@ def _machine(path: Path) -> str:
 
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
-OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS")
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "activation_sites", "NO_ACTIVATIONS")
 
 
 @runtime_checkable
@@ -88,7 +88,7 @@ class Experiment(Protocol):
     ``run(ctx, settings=None)``: computes everything, writes side tables with ``ctx.write_table`` and returns
     the main long table; ``plot(out_dir)``: redraws the figures from the saved tables only.
 
-    Optional members (``OPTIONAL_MEMBERS``; the report uses them when present):
+    Optional members (``OPTIONAL_MEMBERS``; the report and the CLI use them when present):
 
     - ``findings(out_dir) -> list[findings.Finding]``: the sentences the report states, each formatted from the
       numbers in the tables the experiment saved under ``out_dir`` (never the model); a finding whose ``claim``
@@ -96,6 +96,11 @@ class Experiment(Protocol):
       report shows an error box naming the experiment.
     - ``CAPTIONS: dict[str, str]``: figure file stem (``fig_argmax_offset``) -> a caption saying what the figure
       shows and how to read it; a figure without one is marked "no caption" in the report.
+    - ``activation_sites(model) -> list[str]``: the sites (names or globs) the experiment reads through the
+      activations stage (`experiments.activations`); with it, ``--activations DIR`` reads them from a capture
+      (checked before the run: `cli.commands.check_activations`).
+    - ``NO_ACTIVATIONS: str``: for an experiment whose forward a capture cannot replace, why (``--activations``
+      is then refused when it runs alone, and ignored with a note in ``run all``).
     """
 
     NAME: str

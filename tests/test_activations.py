@@ -198,3 +198,38 @@ def test_missing_folder_and_unknown_site(tiny, corpus, tmp_path) -> None:
         next(iter(stage.iter_activations(tiny, corpus, "blocks.*.hook_nothing")))
     with pytest.raises(ValueError, match="pool"):
         next(iter(stage.iter_activations(tiny, corpus, "embed.hook_out", pool="sentence")))
+
+
+def test_a_capture_is_read_by_row_slices(tiny, corpus, captured, monkeypatch) -> None:
+    """Memory bounded by a batch: activations are read as row slices of the shards, never a whole tensor
+    (only the small ``rows.sentence_index`` metadata is read whole, once)."""
+    import safetensors
+
+    real = safetensors.safe_open
+    whole, sliced = [], []
+
+    class Watched:
+        def __init__(self, *args, **kwargs) -> None:
+            self.f = real(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def get_tensor(self, name):
+            whole.append(name)
+            return self.f.get_tensor(name)
+
+        def get_slice(self, name):
+            sliced.append(name)
+            return self.f.get_slice(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Watched)
+    batches = list(stage.iter_activations(tiny, corpus, "blocks.1.hook_resid_post", capture=captured,
+                                          batch_size=BATCH, max_length=64))  # fmt: skip
+    assert len(batches) == -(-N // BATCH)
+    assert set(whole) == {"rows.sentence_index"}
+    assert set(sliced) == {"rows.token_id", "blocks.1.hook_resid_post"}
+    assert sliced.count("blocks.1.hook_resid_post") == N  # one slice per sentence

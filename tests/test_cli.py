@@ -182,7 +182,7 @@ def test_run_all_writes_results_figures_manifest_and_report(
     assert manifest["options"] == {
         "model": str(tiny_model_dir), "corpus": "builtin", "max_sentences": 12, "max_length": 128,
         "batch_size": 32, "device": "cpu", "dtype": "float32", "seed": 3, "out": str(out), "force": False,
-        "quiet": True, "keep_steps": False, "settings": {},
+        "quiet": True, "keep_steps": False, "settings": {}, "activations": None,
     }  # fmt: skip
     assert manifest["seed"] == 3 and manifest["device"]["device"] == "cpu" and manifest["dtype"] == "float32"
     assert manifest["packages"]["torch"] == metadata.version("torch")

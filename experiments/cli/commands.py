@@ -72,6 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             broken[name] = f"{type(e).__name__}: {e}"
     _type_settings(options, modules)  # a bad --set stops here, before the model is loaded
     inputs = prepare_inputs(options) if modules else None  # bad input stops here, before any output
+    if inputs is not None and options.activations is not None:
+        check_activations(options, inputs, modules, alone=args.experiment != "all")
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
 
@@ -273,6 +275,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         quiet=args.quiet,
         keep_steps=getattr(args, "keep_steps", "no") == "yes",
         settings=_set_assignments(args),
+        activations=getattr(args, "activations", None),
     )
 
 
@@ -281,6 +284,32 @@ def _set_assignments(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     from bertscope.experiments.settings import parse_assignments
 
     return parse_assignments(getattr(args, "set", None), list(EXPERIMENTS))
+
+
+def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any], *, alone: bool) -> None:
+    """``--activations DIR`` before anything is written: the capture must hold the sites each experiment reads
+    (its ``activation_sites(model)``), the sentences it uses, the run's model, dtype and ``--max-length``, else
+    `UsageError`. An experiment whose forward a capture cannot replace (``NO_ACTIVATIONS``: why) is refused
+    when asked for alone; in ``run all`` it runs the model itself, and a line says so."""
+    from bertscope.experiments.activations import CaptureSource
+    from bertscope.experiments.capture import CaptureError
+    from bertscope.experiments.options import sentences_used
+
+    try:
+        source = CaptureSource(options.activations, inputs.model)
+        for name, module in modules.items():
+            sites = getattr(module, "activation_sites", None)
+            if sites is None:
+                why = getattr(module, "NO_ACTIVATIONS", "it runs the model itself")
+                if alone:
+                    raise UsageError(f"--activations: {name} cannot read its activations from a capture: {why}")
+                _say(options, f"bertscope: {name} runs the model itself ({why}); --activations is not used there")
+                continue
+            default = getattr(module.Settings(), "max_sentences", None)
+            n, _ = sentences_used(options.max_sentences, default, len(inputs.corpus))
+            source.check(options.max_length, list(inputs.corpus)[:n], sites=sites(inputs.model))
+    except CaptureError as e:
+        raise UsageError(f"--activations: {e}") from None
 
 
 def _summary(results: list[Any], broken: dict[str, str]) -> str:

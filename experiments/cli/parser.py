@@ -122,6 +122,15 @@ def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
                    help="change one of an experiment's settings, e.g. --set heads.syntax_min_arcs=5 (repeat for "
                    "more; typed and checked; part of the manifest and of what a rerun must match). "
                    "`bertscope run NAME --help` lists NAME's settings with defaults and meanings")  # fmt: skip
+    p.add_argument(
+        "--activations",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read the activations from this `bertscope capture` folder instead of running the forward (it must "
+        "hold the sites the experiment reads, the run's sentences, model, dtype and --max-length); experiments "
+        "whose forward a capture cannot replace refuse it (run all: they run the model and say so)",
+    )
     if chosen and {"-h", "--help"} & set(argv):  # only for help: it imports the experiment (and torch)
         p.epilog = _settings_epilog(chosen)
     p.set_defaults(handler=cmd_run)

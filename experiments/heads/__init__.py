@@ -9,6 +9,7 @@ attention statistics), ``syntax`` (head-by-relation accuracy), ``importance`` (a
 """
 
 from bertscope.experiments.heads.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.heads.experiment import activation_sites as activation_sites
 from bertscope.experiments.heads.findings import CAPTIONS, findings
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -30,6 +30,7 @@ from typing import Any
 import einops
 import numpy as np
 import pandas as pd
+from bertscope.experiments.activations import open_capture
 from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
 from bertscope.experiments.heads import passes
@@ -103,7 +104,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 
     batches = list(ctx.encode(corpus).batches)
     arrays = ctx.step_arrays(
-        "attention_pass", lambda: passes.attention_pass(model, batches, corpus, settings, progress=ctx.progress)
+        "attention_pass", lambda: passes.attention_pass(model, batches, corpus, settings, progress=ctx.progress,
+                                                        capture=open_capture(ctx.options.activations, model))
     )
     if int(arrays["n_truncated"]):
         ctx.warn(f"{int(arrays['n_truncated'])} truncated sentences left out of the syntax scores")
@@ -180,6 +182,12 @@ def plot(out_dir: Path) -> list[Path]:
     from bertscope.experiments.heads import plots as heads_plots
 
     return heads_plots.plot(Path(out_dir))
+
+
+def activation_sites(model: Any) -> list[str]:
+    """The sites the attention pass reads (what ``--activations`` must hold); the importance and gradient
+    passes intervene on the model, so they always run it."""
+    return passes.attention_sites(model.config.n_layers)
 
 
 def attention_table(scalars: np.ndarray, offsets: np.ndarray, settings: Settings, seed: int = 0) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import einops
 import numpy as np
 import torch
 from bertscope.experiments import attention
+from bertscope.experiments.activations import CaptureSource, batch_activations
 from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
 from bertscope.experiments.heads import pruning
@@ -34,11 +35,19 @@ def _no_progress(it: Iterable[Any], desc: str, total: int) -> Iterable[Any]:
     return it
 
 
+def attention_sites(n_layers: int) -> list[str]:
+    """The sites the attention pass reads: every layer's ``attn.hook_pattern`` and ``attn.hook_v``."""
+    return [f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v")]
+
+
 def attention_pass(
-    model: Any, batches: Sequence[Any], corpus: Any, settings: Settings, progress: Progress = _no_progress
+    model: Any, batches: Sequence[Any], corpus: Any, settings: Settings, progress: Progress = _no_progress,
+    capture: CaptureSource | None = None,
 ) -> dict[str, np.ndarray]:
     """One forward pass over ``batches`` (the encoded ``corpus``): per-sentence statistics, head distances
-    and arc hits, plus ``n_truncated`` (a scalar: truncated sentences left out of the syntax scores).
+    and arc hits, plus ``n_truncated`` (a scalar: truncated sentences left out of the syntax scores). The
+    patterns and values come from the activations stage: a forward per batch (in the worker that measures it),
+    or ``capture``.
 
     arrays: ``scalars [sentence, layer, head, metric]`` (order ``SCALARS``), ``offsets [sentence, layer, head,
     2 * max_offset + 1]``, ``distances [sentence, layer*head, layer*head]`` (first ``distance_sentences``),
@@ -59,7 +68,7 @@ def attention_pass(
     skipped_syntax = 0
 
     def one(batch: Any) -> dict[str, Any]:
-        return _attention_batch(model, batch, corpus, settings, special, max_offset)
+        return _attention_batch(model, batch, corpus, settings, special, max_offset, capture)
 
     wrap = lambda it: progress(it, "attention statistics", len(batches))  # noqa: E731
     device = next(model.parameters()).device
@@ -78,7 +87,8 @@ def attention_pass(
 
 
 def _attention_batch(
-    model: Any, batch: Any, corpus: Any, settings: Settings, special: dict[str, Any], max_offset: int
+    model: Any, batch: Any, corpus: Any, settings: Settings, special: dict[str, Any], max_offset: int,
+    capture: CaptureSource | None = None,
 ) -> dict[str, Any]:
     """One batch of ``attention_pass``: ``index`` (its sentences), their ``scalars`` and ``offsets`` rows,
     ``distances`` ``{sentence: [layer*head, layer*head]}`` (sentences below ``distance_sentences``), arc
@@ -89,12 +99,10 @@ def _attention_batch(
         "scalars": np.full((len(index), n_layers, n_heads, len(SCALARS)), np.nan),
         "offsets": np.zeros((len(index), n_layers, n_heads, 2 * max_offset + 1), dtype=np.float32),
     }
-    with torch.no_grad():
-        _, cache = model.run_with_cache(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                                        names_filter=["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_v"],
-                                        cache_device="cpu")  # fmt: skip
-    patterns = cache.stack("attn.hook_pattern")  # [layer, batch, head, q, k]
-    values = [cache[f"blocks.{layer}.attn.hook_v"] for layer in range(n_layers)]
+    acts = batch_activations(model, batch, attention_sites(n_layers), corpus=corpus, capture=capture, device="cpu")
+    # [layer, batch, head, q, k]
+    patterns = torch.stack([acts[f"blocks.{layer}.attn.hook_pattern"] for layer in range(n_layers)])
+    values = [acts[f"blocks.{layer}.attn.hook_v"] for layer in range(n_layers)]
     W_O = [block.attn.W_O.detach().cpu() for block in model.blocks]
     _batch_statistics(local, patterns, values, W_O, batch, special, max_offset, rows=np.arange(len(index)))
     distances, hits, truncated = {}, [], 0

@@ -84,6 +84,11 @@ def faithfulness_target(model: Any) -> dict[str, str]:
     return {"loo": "pooled_cosine", "integrated_gradients": "pooled_cosine", "grad_x_input": "pooled_projection"}
 
 
+#: why ``--activations`` cannot stand in for this experiment's forward (``bertscope run mixing`` refuses it)
+NO_ACTIVATIONS = ("its methods run their own forward passes (value zeroing, leave-one-out, gradients), which a "
+                  "capture cannot replace")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """The framework entry point: per-layer statistics on the corpus, the costly methods and faithfulness on its
     first sentences, example maps; writes ``example_maps`` and ``summary``, returns the long results table."""

@@ -7,6 +7,7 @@ one run), ``data`` (windows, sentences, activations), ``measures`` (probe-free m
 """
 
 from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.positions.experiment import NO_ACTIVATIONS as NO_ACTIVATIONS
 from bertscope.experiments.positions.findings import CAPTIONS, findings
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -142,6 +142,11 @@ class Settings:
 # ------------------------------------------------------------------------------------- public entry points
 
 
+#: why ``--activations`` cannot stand in for this experiment's forward (``bertscope run positions`` refuses it)
+NO_ACTIVATIONS = ("its probes read windows cut across sentences and their shuffled copies, which a capture of the "
+                  "corpus's sentences does not hold")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table (the framework writes it).
 

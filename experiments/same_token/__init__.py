@@ -9,6 +9,7 @@ duplicate mass), ``control`` (repeated-random's non-repeating control, copy-spec
 """
 
 from bertscope.experiments.same_token.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.same_token.experiment import activation_sites as activation_sites
 from bertscope.experiments.same_token.findings import CAPTIONS, findings
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -8,12 +8,13 @@ the type-balanced average (``rows|{weighting}|...``). :func:`tables` turns them 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments.activations import CaptureSource, batch_activations
 from bertscope.experiments.attention import value_norms
 from bertscope.experiments.same_token.balance import QueryRows, type_balanced_table
 from bertscope.experiments.same_token.control import shadow_ids
@@ -42,6 +43,8 @@ def collect(
     progress: Progress | None = None,
     shadow_m: int | None = None,
     raw: bool = True,
+    corpus: Sequence[Any] | None = None,
+    capture: CaptureSource | None = None,
 ) -> dict[str, np.ndarray]:
     """The model pass: per-sentence tallies of every raw site and every head (plain and norm-weighted), and
     the per-query duplicate masses that the type-balanced average needs, as flat arrays (step-cacheable).
@@ -49,16 +52,17 @@ def collect(
     encoded: the batches of ``corpus.encode`` (input_ids, attention_mask, token_type_ids, special_mask
     [batch, pos]). shadow_m: for the non-repeating control ([CLS] w_1..w_2m [SEP]), position i + m counts as
     the "copy" of position i, as in repeated-random (:func:`.control.shadow_ids`). raw: False skips raw
-    attention (the control needs only the learned heads).
+    attention (the control needs only the learned heads). The activations come from the activations stage
+    (`experiments.activations`): a forward, or ``capture`` (then ``corpus``, what ``encoded`` encodes, finds
+    the rows).
     """
     batches = list(encoded)
     if not batches:
         raise ValueError("the corpus encoded to no batches; give it at least one sentence")
     n_layers, tok = model.config.n_layers, model.tokenizer
     special_ids = {"cls": tok.cls_token_id, "sep": tok.sep_token_id}
-    raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
-    raw_sites = raw_sites if raw else []
-    names = [*raw_sites, *(f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v"))]
+    names = sites(n_layers, raw=raw)
+    raw_sites = [s for s in names if ".attn." not in s]
     W_O = [b.attn.W_O.float() for b in model.blocks]
     max_length = max(b.input_ids.shape[1] for b in batches)
     device = model.device
@@ -70,9 +74,7 @@ def collect(
     with torch.no_grad():
         for batch in progress(batches, len(batches)) if progress is not None else batches:
             ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-            _, cache = model.run_with_cache(
-                ids, attention_mask=mask, token_type_ids=batch.token_type_ids.to(device), names_filter=names
-            )
+            cache = batch_activations(model, batch, names, corpus=corpus, capture=capture, device=device).tensors
             special = batch.special_mask.to(device)
             pos = Positions.from_batch(shadow_ids(ids, mask, shadow_m), mask, special, special_ids)
             for site in raw_sites:
@@ -91,6 +93,14 @@ def collect(
         arrays.update(Tallies.concat(head_parts[weighting]).to_arrays(f"head|{weighting}|"))
         arrays.update(QueryRows.concat(row_parts[weighting]).to_arrays(f"rows|{weighting}|"))
     return arrays
+
+
+def sites(n_layers: int, *, raw: bool = True) -> list[str]:
+    """The sites :func:`collect` reads: the raw sites (``embed.hook_word``, ``embed.hook_out``, every
+    ``hook_resid_post``; ``raw=False`` leaves them out), then each layer's ``attn.hook_pattern``, ``attn.hook_v``."""
+    raw_sites = ["embed.hook_word", "embed.hook_out", *(f"blocks.{i}.hook_resid_post" for i in range(n_layers))]
+    heads = [f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v")]
+    return [*(raw_sites if raw else []), *heads]
 
 
 def tables(

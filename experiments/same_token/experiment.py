@@ -37,8 +37,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
+from bertscope.experiments.activations import open_capture
 from bertscope.experiments.options import sentences_used
 from bertscope.experiments.same_token.collect import Progress, collect, tables
+from bertscope.experiments.same_token.collect import sites as collect_sites
 from bertscope.experiments.same_token.control import CONTROL_CORPUS, RANDOM_CORPUS, control_corpus, copy_specific
 from bertscope.experiments.same_token.examples import example_maps
 from bertscope.experiments.same_token.held_out import held_out_table
@@ -99,8 +101,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("conventions", CONVENTIONS)
     stats = {"n_boot": settings.n_boot, "seed": ctx.seed, "level": settings.ci}
     stores, frames = {}, []
+    source = open_capture(ctx.options.activations, model)  # --activations: the run's corpus from a capture
     for corpus in corpora:
-        stores[corpus.name] = _collect_step(ctx, corpus)
+        stores[corpus.name] = _collect_step(ctx, corpus, source if corpus is corpora[0] else None)
         frames.append(ctx.step(f"measure_{corpus.name}", lambda c=corpus.name: tables(stores[c], corpus=c, **stats)))
     if random is not None:
         frames.append(ctx.step("copy_specific", lambda: copy_specific(stores[RANDOM_CORPUS], stores[CONTROL_CORPUS],
@@ -195,12 +198,18 @@ def _corpora(ctx: Any, settings: Settings) -> list[Any]:
     return corpora
 
 
-def _collect_step(ctx: Any, corpus: Any) -> dict[str, Any]:
+def activation_sites(model: Any) -> list[str]:
+    """The sites the pass over the run's corpus reads (what ``--activations`` must hold); repeated-random and
+    its control are generated here, so their forward always runs."""
+    return collect_sites(model.config.n_layers)
+
+
+def _collect_step(ctx: Any, corpus: Any, capture: Any = None) -> dict[str, Any]:
     """The cached model pass over one corpus (:func:`.collect.collect`); the control needs only the heads, read
-    at its would-be copies."""
+    at its would-be copies. ``capture``: a `CaptureSource` to read instead of running the model."""
     encoded = ctx.encode(corpus)
     control = corpus.name == CONTROL_CORPUS
     shadow = int(corpus.meta["m"]) if control else None
     progress = lambda it, n: ctx.progress(it, corpus.name, total=n)  # noqa: E731
-    return ctx.step_arrays(f"collect_{corpus.name}", lambda: collect(ctx.model, encoded, shadow_m=shadow,
-                                                                     raw=not control, progress=progress))
+    return ctx.step_arrays(f"collect_{corpus.name}", lambda: collect(
+        ctx.model, encoded, shadow_m=shadow, raw=not control, progress=progress, corpus=corpus, capture=capture))

@@ -6,6 +6,7 @@ intervals, baselines), ``plots`` (figures from the tables), ``findings`` (senten
 """
 
 from bertscope.experiments.structure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.structure.experiment import activation_sites as activation_sites
 from bertscope.experiments.structure.findings import CAPTIONS, findings
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

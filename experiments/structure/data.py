@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bertscope.experiments.activations import CaptureSource, batch_activations
 from bertscope.experiments.corpus import word_pool
 from bertscope.hooks.sites import BLOCK_COMPONENTS, site_layer  # noqa: F401 (one vocabulary; re-exported)
 
@@ -75,8 +76,10 @@ class WordVectors:
         return words, self.lengths[rows]
 
 
-def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[int]) -> tuple[WordVectors, list[int]]:
-    """Run ``model`` over the batches of ``encoded`` and mean-pool pieces into words at ``sites``.
+def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[int], *,
+            corpus: Sequence[Any] | None = None, capture: CaptureSource | None = None) -> tuple[WordVectors, list[int]]:
+    """The activations of ``encoded``'s batches at ``sites`` (the activations stage: a forward of ``model``, or
+    ``capture``, then ``corpus`` is what ``encoded`` encodes), pieces mean-pooled into words.
 
     Returns the packed `WordVectors` of the sentences in corpus order (``n_words``: the chosen sentences' word
     counts) and the indices of truncated sentences (left out: length 0)."""
@@ -85,8 +88,8 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
     truncated: list[int] = []
     with torch.no_grad():
         for batch in encoded:
-            _, cache = model.run_with_cache(batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                                            names_filter=list(sites))  # fmt: skip
+            cache = batch_activations(model, batch, list(sites), corpus=corpus, capture=capture, device=device,
+                                      stop_early=False)  # fmt: skip
             stacked = torch.stack([cache[s] for s in sites], dim=1).float()  # [batch, site, pos, d]
             for r, si in enumerate(batch.sentence_index):
                 if batch.n_words[r] != n_words[si]:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments.activations import open_capture
 from bertscope.experiments.options import sentences_used
 from bertscope.experiments.structure import data, measures, passes
 from bertscope.probes.structural import mst_edges, tree_distances
@@ -177,6 +178,7 @@ def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]]) -> tuple
     encoded = ctx.encode(chosen, sort_by_length=True)
     n_words = [len(s) for s in chosen]
     vectors, truncated = {}, []
+    source = open_capture(ctx.options.activations, model)  # --activations: the trained model's from a capture
     for encoder, sites in site_names.items():
         def collect(encoder: str = encoder, sites: list = sites) -> dict[str, np.ndarray]:
             net = model
@@ -185,13 +187,23 @@ def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]]) -> tuple
 
                 net = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
                 net = net.to(device=ctx.device, dtype=ctx.dtype).eval()
-            wv, cut = data.collect(net, encoded, sites, n_words)
+            wv, cut = data.collect(net, encoded, sites, n_words, corpus=chosen,
+                                   capture=source if encoder == "trained" else None)
             return {"words": wv.words, "lengths": wv.lengths, "truncated": np.asarray(cut, dtype=np.int64)}
 
         arrays = ctx.step_arrays("vectors", collect, encoder=encoder, sites=sites)
         vectors[encoder] = data.WordVectors(arrays["words"], arrays["lengths"])
         truncated = arrays["truncated"].tolist()
     return vectors, truncated
+
+
+def activation_sites(model: Any) -> list[str]:
+    """The sites the trained model's word vectors come from (what ``--activations`` must hold; the random-weights
+    control is another model, so its forward always runs)."""
+    settings, n_layers = Settings(), model.config.n_layers
+    components = (data.BLOCK_COMPONENTS[:3] if settings.sublayers is True
+                  else () if settings.sublayers is False else tuple(settings.sublayers))
+    return data.residual_sites(n_layers) + data.sublayer_sites(n_layers, components)
 
 
 def _passes(settings: Settings, site_names: dict[str, list[str]], d: int) -> list[passes.Pass]:
