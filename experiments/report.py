@@ -40,6 +40,7 @@ from bertscope.experiments.runner import MANIFEST, RESULTS
 INDEX_HTML = "index.html"
 MAX_TABLE_ROWS = 60
 RESULTS_PREVIEW_ROWS = 25
+SCORE_COLUMN = "activity percentile"  # the explorer rows' score, 0-100 (report_explore.score_sentences x 100)
 
 
 def build_report(
@@ -311,11 +312,13 @@ def _explorer_section(choice: ExploreChoice) -> str:
     if choice.html is None:
         return f'<section id="explorer"><h2>Explorer</h2>{intro}</section>'
     rows = [{"index": str(r["index"]), "sentence id": html.escape(str(r["id"])), "text": html.escape(r["text"]),
-             "score": "" if r["score"] is None else f'{r["score"]:.2f}'} for r in choice.rows]  # fmt: skip
+             SCORE_COLUMN: "" if r["score"] is None else f'{100 * r["score"]:.0f}'} for r in choice.rows]  # fmt: skip
     return (
         f'<section id="explorer"><h2>Explorer</h2>{intro}<p class="muted">Interactive attention views (head view, '
-        "model view, query-key view; pick the sentence in the page's menu). Score: the mean activity rank of the "
-        "notable heads (1 = most active).</p>"
+        "model view, query-key view; pick the sentence in the page's menu). "
+        f"{html.escape(SCORE_COLUMN.capitalize())}: for each notable head, the share of the scored sentences on "
+        "which it is at most as active as on this one, in percent, averaged over the heads (100 = the most active "
+        "sentence for every head, 50 = typical).</p>"
         + _html_rows(rows).replace('class="data"', 'class="data explore"', 1)
         + f"{page.iframe(choice.html, height=900)}</section>"
     )
