@@ -171,6 +171,7 @@ def _provenance(m: dict[str, Any]) -> str:
         f'{_fmt_number(model.get("n_parameters"))} parameters)',
         "corpus": f'{corpus.get("name", "?")}: {corpus.get("source", "?")}  (sha256 '
         f'{str(corpus.get("sha256", "?"))[:16]}…, {_fmt_number(corpus.get("n_sentences"))} sentences)',
+        "sentences used": sample_size(m).text,
         "device / dtype / seed": f'{device.get("device", "?")}'
         + (f' ({device["gpu"]})' if device.get("gpu") else "")
         + f' / {m.get("dtype", "?")} / {m.get("seed", "?")}',

@@ -217,6 +217,8 @@ def test_overview_says_what_each_experiment_used_and_that_seconds_overlap(tmp_pa
     assert "<td>700; 700; train 500; dev 100; test 100</td>" in overview
     assert "add up to 700 s; the run took 500 s from the first start to the last finish" in overview
     assert "the experiments overlap" in overview
+    section = page.split('<section id="x-a">')[1]
+    assert "<th>sentences used</th><td>per layer methods 120; costly methods 12</td>" in section
 
 
 def test_notes_list_each_setting_once(tmp_path: Path, fake_registry) -> None:
