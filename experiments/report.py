@@ -146,7 +146,7 @@ def _experiment_section(out: Path, d: Path, embed: bool, words: ExperimentWords)
     m = _manifest(d)
     name = m.get("experiment", d.name)
     parts = [f'<section id="{_anchor(d)}"><h2>{html.escape(name)} {_badge(m.get("status", "unknown"))}</h2>']
-    parts.append(experiment_findings(words))
+    parts.append(experiment_findings(words, sample_size(m)))
     parts.append(_provenance(m))
     if m.get("error"):
         parts.append(f'<details open><summary>error</summary><pre>{html.escape(str(m["error"]))}</pre></details>')

@@ -181,11 +181,14 @@ def _leads(words: list[tuple[str, ExperimentWords]], sizes: dict[str, SampleSize
     return f'<div class="leads" id="every-experiment"><h3>Every experiment</h3><ul>{"".join(items)}</ul></div>'
 
 
-def experiment_findings(words: ExperimentWords) -> str:
-    """The Findings paragraph at the top of one experiment's section (empty when it states none)."""
+def experiment_findings(words: ExperimentWords, size: SampleSize | None = None) -> str:
+    """The Findings paragraph at the top of one experiment's section (empty when it states none), with the
+    sample-size caveat when it gives a verdict on fewer than ``SMALL_SAMPLE`` sentences (``size``)."""
     parts = []
     if words.error:
         parts.append(error_box(words))
+    if size is not None and any(f.claim for f in words.findings):
+        parts.append(sample_caveat({words.name: size}))
     if words.findings:
         items = "".join(
             f"<li>{verdict_badge(f.holds) + ' ' if f.claim else ''}{html.escape(f.text)}"

@@ -237,6 +237,8 @@ def test_a_verdict_on_few_sentences_carries_a_sample_size_caveat(tmp_path: Path,
     top = build_report(tmp_path).read_text().split('<section id="overview">')[0]
     block = claim_block(top, "position")
     assert ">holds<" in block and "Sample-size caveat: this verdict rests on as few as 5 sentences" in block
+    section = build_report(tmp_path).read_text().split('<section id="x-a">')[1]
+    assert section.index("Sample-size caveat") < section.index(">holds<")  # beside the badge in its section too
     manifest = json.loads((d / "manifest.json").read_text())
     manifest["notes"] = {"n_sentences": 500}
     (d / "manifest.json").write_text(json.dumps(manifest))
