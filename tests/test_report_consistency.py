@@ -222,3 +222,14 @@ def test_explorer_score_label_and_values_agree(tmp_path: Path):
     assert "<th>activity percentile</th>" in section and "<td>100</td>" in section and "<td>76</td>" in section
     assert "100 = the most active sentence for every head" in section
     assert "rank (1 = most active)" not in section and "activity rank" not in section
+
+
+def test_explorer_page_writes_heads_as_l_h():
+    """The explorer's hover and query-key titles said "layer 2, head 8" / "layer 2 head 8": now L2H8."""
+    import re
+
+    from bertscope.experiments import explorer
+
+    js = (Path(explorer.__file__).parent / "explorer.js").read_text()
+    assert not re.search(r'layer " \+ [\w.()]+ \+ ",? head', js)
+    assert re.search(r'"L" \+ r\.l \+ "H" \+ r\.h', js)
