@@ -122,15 +122,20 @@ def save_figure(
 ) -> list[Path]:
     """Atomically save a matplotlib figure as ``base.png`` and ``base.pdf``, cropped tight, then close it.
 
+    Texts in scripts the default font lacks get installed fonts that cover them (``fonts.cover_figure``; one
+    warning naming what to install when none does).
+
     The tight crop (what ``savefig(bbox_inches="tight")`` computes) is measured once, by :func:`tight_bbox`,
     and handed to every format, so each file costs one draw instead of a throwaway layout draw plus one:
     the PNG equals ``bbox_inches="tight"``'s and the PDF page has the same bounds. The figure is closed even
     if saving fails, so a failing loop does not leak figures.
     """
     import matplotlib.pyplot as plt
+    from bertscope.experiments.fonts import cover_figure
 
     paths = []
     try:
+        cover_figure(fig)  # token labels in any script: fonts that have their glyphs, or one warning saying so
         # a layout engine (constrained) re-runs at every savefig and moves the axes: let savefig crop after it
         bbox = "tight" if _lays_out_when_drawn(fig) else tight_bbox(fig, dpi)
         with _without_placeholder_layout(fig):

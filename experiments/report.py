@@ -18,12 +18,14 @@ import base64
 import datetime as _dt
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from bertscope.experiments import io
 from bertscope.experiments.context import STEPS
+from bertscope.experiments.naming import CONVENTION
 from bertscope.experiments.registry import EXPERIMENTS
 from bertscope.experiments.report_explore import ExploreChoice
 from bertscope.experiments.report_findings import CSS as WORDS_CSS
@@ -34,12 +36,15 @@ from bertscope.experiments.report_findings import (
     figure_caption,
     findings_section,
     notes_html,
+    sample_size,
 )
 from bertscope.experiments.runner import MANIFEST, RESULTS
 
 INDEX_HTML = "index.html"
 MAX_TABLE_ROWS = 60
 RESULTS_PREVIEW_ROWS = 25
+MAX_TABLE_COLUMNS = 10  # columns a table shows on the page; the file holds them all
+SCORE_COLUMN = "activity percentile"  # the explorer rows' score, 0-100 (report_explore.score_sentences x 100)
 
 
 def build_report(
@@ -64,7 +69,9 @@ def build_report(
     if not experiments and not captures:
         raise ValueError(f"{out} holds no experiment results (no */{MANIFEST}); run `bertscope run all` first")
     words = {d: experiment_words(_manifest(d).get("experiment", d.name), d) for d in experiments}
-    body = [findings_section([(_anchor(d), w) for d, w in words.items()]), _overview(out, experiments)]
+    sizes = {w.name: sample_size(_manifest(d)) for d, w in words.items()}
+    body = [f'<p class="convention"><b>Numbering.</b> {html.escape(CONVENTION)}</p>',
+            findings_section([(_anchor(d), w) for d, w in words.items()], sizes), _overview(out, experiments)]
     if explorer is not None:
         body.append(_explorer_section(explorer))
     body += [_experiment_section(out, d, embed_figures, words[d]) for d in experiments]
@@ -95,7 +102,8 @@ def _overview(out: Path, experiments: list[Path]) -> str:
                 "seconds": _fmt_number(m.get("seconds")),
                 "model": html.escape(_short_source(m.get("model", {}).get("source", "?"))),
                 "corpus": html.escape(str(m.get("corpus", {}).get("name", "?"))),
-                "corpus size": _fmt_number(m.get("corpus", {}).get("n_sentences")),
+                "corpus sentences": _fmt_number(m.get("corpus", {}).get("n_sentences")),
+                "sentences used": html.escape(sample_size(m).text),
                 "device": html.escape(str(m.get("device", {}).get("device", "?"))),
                 "finished": html.escape(str(m.get("finished_at") or "-")),
             }
@@ -106,19 +114,44 @@ def _overview(out: Path, experiments: list[Path]) -> str:
     if missing:
         note = f'<p class="muted">Not in this folder: {html.escape(", ".join(missing))}.</p>'
     table = _html_rows(rows) if rows else "<p>No experiments.</p>"
-    return f'<section id="overview"><h2>Overview</h2>{table}{note}</section>'
+    return f'<section id="overview"><h2>Overview</h2>{table}{_timing_note(experiments)}{note}</section>'
+
+
+def _timing_note(experiments: list[Path]) -> str:
+    """What the seconds column means, with its sum against the run's wall time when they overlap."""
+    manifests = [_manifest(d) for d in experiments]
+    seconds = [float(m["seconds"]) for m in manifests if isinstance(m.get("seconds"), (int, float))]
+    starts = [_time(m.get("started_at")) for m in manifests]
+    ends = [_time(m.get("finished_at")) for m in manifests]
+    starts, ends = [t for t in starts if t is not None], [t for t in ends if t is not None]
+    if len(seconds) < 2 or not starts or not ends:
+        return ""
+    wall = (max(ends) - min(starts)).total_seconds()
+    text = (f"Seconds: from an experiment's start until its last figure was written. Together they add up to "
+            f"{sum(seconds):,.0f} s; the run took {wall:,.0f} s from the first start to the last finish")
+    if sum(seconds) > wall:
+        text += (", less than the sum: the experiments overlap (each one's figures are drawn in another process "
+                 "while the next one computes), so the seconds are not shares of the wall time")
+    return f'<p class="muted">{html.escape(text)}.</p>'
+
+
+def _time(stamp: Any) -> _dt.datetime | None:
+    try:
+        return _dt.datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return None
 
 
 def _experiment_section(out: Path, d: Path, embed: bool, words: ExperimentWords) -> str:
     m = _manifest(d)
     name = m.get("experiment", d.name)
     parts = [f'<section id="{_anchor(d)}"><h2>{html.escape(name)} {_badge(m.get("status", "unknown"))}</h2>']
-    parts.append(experiment_findings(words))
+    parts.append(experiment_findings(words, sample_size(m)))
     parts.append(_provenance(m))
     if m.get("error"):
         parts.append(f'<details open><summary>error</summary><pre>{html.escape(str(m["error"]))}</pre></details>')
     if m.get("notes"):
-        parts.append("<h3>Notes</h3>" + notes_html(m["notes"]))
+        parts.append("<h3>Notes</h3>" + notes_html(m["notes"], m.get("settings")))
     figures = _figures(d, m)
     if figures:
         parts.append("<h3>Figures</h3>")
@@ -138,6 +171,7 @@ def _provenance(m: dict[str, Any]) -> str:
         f'{_fmt_number(model.get("n_parameters"))} parameters)',
         "corpus": f'{corpus.get("name", "?")}: {corpus.get("source", "?")}  (sha256 '
         f'{str(corpus.get("sha256", "?"))[:16]}…, {_fmt_number(corpus.get("n_sentences"))} sentences)',
+        "sentences used": sample_size(m).text,
         "device / dtype / seed": f'{device.get("device", "?")}'
         + (f' ({device["gpu"]})' if device.get("gpu") else "")
         + f' / {m.get("dtype", "?")} / {m.get("seed", "?")}',
@@ -188,7 +222,8 @@ def _table_block(out: Path, path: Path, max_rows: int, heading: str | None = Non
     df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     csv = path.with_suffix(".csv")
     link_target = csv if csv.is_file() else path
-    shown = df.head(max_rows).copy()
+    shown, columns_note = _page_columns(df)
+    shown = shown.head(max_rows).copy()
     for col in shown.columns:  # long strings (paths) would stretch the page
         if not pd.api.types.is_numeric_dtype(shown[col]):
             shown[col] = shown[col].map(lambda v: _short_source(v) if isinstance(v, str) else v)
@@ -200,7 +235,30 @@ def _table_block(out: Path, path: Path, max_rows: int, heading: str | None = Non
         f"{html.escape(link_target.name)}</a></p>"
     )
     table = shown.to_html(index=False, escape=True, float_format=_fmt_float, border=0, classes="data", na_rep="")
-    return f'<h4>{html.escape(heading or path.stem)}</h4><div class="scroll">{table}</div>{more}'
+    table = re.sub(r"<th>([^<]*)</th>", lambda m: "<th>" + m.group(1).replace("_", "_<wbr>") + "</th>", table)
+    return f'<h4>{html.escape(heading or path.stem)}</h4>{columns_note}<div class="scroll">{table}</div>{more}'
+
+def _page_columns(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The columns a table shows on the page, so it fits the page's width: a column that holds one value in
+    every row is stated once above the table instead, and at most ``MAX_TABLE_COLUMNS`` of the rest are shown
+    (the others are named; the file holds them all). Returns (the table to show, the note above it)."""
+    constant = [c for c in df.columns if len(df) > 1 and df[c].nunique(dropna=False) == 1]
+    varying = [c for c in df.columns if c not in constant]
+    shown, hidden = varying[:MAX_TABLE_COLUMNS], varying[MAX_TABLE_COLUMNS:]
+    notes = []
+    if constant:
+        same = "; ".join(f"{c} = {_cell_text(df[c].iloc[0])}" for c in constant)
+        notes.append(f"In every row: {html.escape(same)}.")
+    if hidden:
+        notes.append(f"{len(hidden)} more columns in the file: {html.escape(', '.join(map(str, hidden)))}.")
+    note = f'<p class="muted">{" ".join(notes)}</p>' if notes else ""
+    return df[shown], note
+
+
+def _cell_text(value: Any) -> str:
+    if isinstance(value, float):
+        return _fmt_float(value)
+    return _short_source(value) if isinstance(value, str) else str(value)
 
 
 def _capture_section(out: Path, d: Path) -> str:
@@ -311,11 +369,13 @@ def _explorer_section(choice: ExploreChoice) -> str:
     if choice.html is None:
         return f'<section id="explorer"><h2>Explorer</h2>{intro}</section>'
     rows = [{"index": str(r["index"]), "sentence id": html.escape(str(r["id"])), "text": html.escape(r["text"]),
-             "score": "" if r["score"] is None else f'{r["score"]:.2f}'} for r in choice.rows]  # fmt: skip
+             SCORE_COLUMN: "" if r["score"] is None else f'{100 * r["score"]:.0f}'} for r in choice.rows]  # fmt: skip
     return (
         f'<section id="explorer"><h2>Explorer</h2>{intro}<p class="muted">Interactive attention views (head view, '
-        "model view, query-key view; pick the sentence in the page's menu). Score: the mean activity rank of the "
-        "notable heads (1 = most active).</p>"
+        "model view, query-key view; pick the sentence in the page's menu). "
+        f"{html.escape(SCORE_COLUMN.capitalize())}: for each notable head, the share of the scored sentences on "
+        "which it is at most as active as on this one, in percent, averaged over the heads (100 = the most active "
+        "sentence for every head, 50 = typical).</p>"
         + _html_rows(rows).replace('class="data"', 'class="data explore"', 1)
         + f"{page.iframe(choice.html, height=900)}</section>"
     )
@@ -332,7 +392,9 @@ table.data th { background: #f3f3f3; } table.data td:first-child { text-align: l
 table.facts th { text-align: left; padding: 2px 12px 2px 0; color: #444; font-weight: 600; vertical-align: top; }
 table.facts td { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { color: #555; font-size: 12px; } .scroll { overflow-x: auto; }
+figcaption { color: #555; font-size: 12px; } .scroll { overflow-x: auto; max-width: 100%; }
+table.data td { max-width: 22em; overflow-wrap: anywhere; }
+.convention { background: #f3f6fa; border: 1px solid #d5e2f5; padding: .4em .8em; font-size: 13px; }
 pre { background: #f7f7f7; padding: .8em; overflow: auto; max-height: 40em; font-size: 12px; }
 .badge { font-size: 12px; padding: 1px 8px; border-radius: 8px; vertical-align: middle; }
 .ok { background: #d7f5dd; color: #13621f; } .warn { background: #fff1c2; color: #7a5a00; }

@@ -388,3 +388,27 @@ def test_menu_shows_real_mixing_methods_matching_the_library(browser, bundled, t
         np.testing.assert_allclose(row, full[2], atol=0.51 * step + 1e-6)
     by_css(browser, "#bs-root").screenshot(str(shots / "07_real_alti.png"))
     assert problems(browser) == []
+
+
+def test_report_tables_fit_the_page_width(browser, tmp_path):
+    """The report (issue 27.11): a 32-column table once ran 3,600 px past a 1,200 px page; every table now ends
+    inside the page's body."""
+    import json as _json
+
+    import pandas as pd
+    from bertscope.experiments.report import build_report
+
+    d = tmp_path / "results" / "wide"
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(_json.dumps({"experiment": "wide", "status": "complete",
+                                                  "summary_tables": ["wide"]}))  # fmt: skip
+    wide = pd.DataFrame({f"heldout_accuracy_high_{i}": [0.123456 * i, 1.5] for i in range(30)})
+    wide["model"] = "bundled:/a/very/long/local/path/to/the/model/folder/with/many/parts"
+    wide.to_csv(d / "wide.csv", index=False)
+    browser.get(build_report(tmp_path / "results").as_uri())
+    overflow = browser.execute_script(
+        "var right = document.body.getBoundingClientRect().right;"
+        "return Array.from(document.querySelectorAll('table')).map(function (t) {"
+        "  return Math.round(t.getBoundingClientRect().right - right); }).filter(function (x) { return x > 1; });"
+    )
+    assert overflow == []

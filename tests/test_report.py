@@ -171,3 +171,98 @@ def test_every_figure_a_registered_experiment_plots_has_a_caption(
     assert stems, f"{name} wrote no figures"
     missing = sorted(stems - set(module.CAPTIONS))
     assert not missing, f"{name}: figures without a caption: {missing}"
+    # one numbering and one head naming (issue 27.9) in every caption and every generated finding
+    from bertscope.experiments.naming import stray_spellings
+
+    texts = list(module.CAPTIONS.values()) + [f.text for f in getattr(module, "findings", lambda d: [])(result.out_dir)]
+    assert not [(t, stray_spellings(t)) for t in texts if stray_spellings(t)]
+
+
+# ------------------------------------------------------------------ issue 27.9, 27.11: one report that reads right
+
+
+def _manifest(out: Path, dirname: str, name: str, **fields) -> Path:
+    d = out / dirname
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"experiment": name, "status": "complete", "summary_tables": [],
+                                                 **fields}))  # fmt: skip
+    return d
+
+
+def test_report_states_the_numbering_once_at_the_top(tmp_path: Path, fake_registry) -> None:
+    from bertscope.experiments.naming import CONVENTION, stray_spellings
+
+    write_run(tmp_path, "a", "fake-a", {}, [], pd.DataFrame({"claim": ["position"], "value": [0.9], "low": [0.8],
+                                                              "high": [0.95]}))  # fmt: skip
+    page = build_report(tmp_path).read_text()
+    import html as _html
+
+    assert _html.unescape(page).count(CONVENTION) == 1
+    assert page.index("Numbering.") < page.index('<section id="findings">')
+    assert stray_spellings(re.sub(r"<[^>]+>", " ", page)) == []
+
+
+def test_overview_says_what_each_experiment_used_and_that_seconds_overlap(tmp_path: Path, fake_registry) -> None:
+    corpus = {"name": "builtin", "n_sentences": 3000}
+    _manifest(tmp_path, "a", "fake-a", corpus=corpus, notes={"sentences": {"per_layer_methods": 120,
+              "costly_methods": 12}}, seconds=300.0, started_at="2026-01-01T10:00:00+00:00",
+              finished_at="2026-01-01T10:05:00+00:00")  # fmt: skip
+    _manifest(tmp_path, "b", "fake-b", corpus=corpus, notes={"n_sentences": 700, "split": {"train": 500, "dev": 100,
+              "test": 100}}, seconds=400.0, started_at="2026-01-01T10:02:00+00:00",
+              finished_at="2026-01-01T10:08:20+00:00")  # fmt: skip
+    page = build_report(tmp_path).read_text()
+    overview = page.split('<section id="overview">')[1].split("</section>")[0]
+    assert "<th>corpus sentences</th>" in overview and "<td>3,000</td>" in overview
+    assert "<td>per layer methods 120; costly methods 12</td>" in overview  # was only "corpus size 3,000"
+    assert "<td>700; 700; train 500; dev 100; test 100</td>" in overview
+    assert "add up to 700 s; the run took 500 s from the first start to the last finish" in overview
+    assert "the experiments overlap" in overview
+    section = page.split('<section id="x-a">')[1]
+    assert "<th>sentences used</th><td>per layer methods 120; costly methods 12</td>" in section
+
+
+def test_notes_list_each_setting_once(tmp_path: Path, fake_registry) -> None:
+    settings = {"n_boot": 1000, "vocab_sample": 2000, "max_sentences": 200}
+    notes = {"settings": settings, "n_boot": 1000, "vocab_sample": 2000, "n_truncated": 0}
+    _manifest(tmp_path, "a", "fake-a", settings=settings, notes=notes)
+    page = build_report(tmp_path).read_text()
+    notes_html = page.split('<ul class="notes">')[1].split("</ul>")[0]
+    assert notes_html.count("N boot") == 1 and notes_html.count("Vocab sample") == 1  # was 2 each
+    assert "N truncated: <b>0</b>" in notes_html
+
+
+def test_a_verdict_on_few_sentences_carries_a_sample_size_caveat(tmp_path: Path, fake_registry) -> None:
+    scores = pd.DataFrame({"claim": ["position"], "value": [0.9], "low": [0.8], "high": [0.95]})
+    d = write_run(tmp_path, "a", "fake-a", {"n_sentences": 5}, [], scores)
+    top = build_report(tmp_path).read_text().split('<section id="overview">')[0]
+    block = claim_block(top, "position")
+    assert ">holds<" in block and "Sample-size caveat: this verdict rests on as few as 5 sentences" in block
+    section = build_report(tmp_path).read_text().split('<section id="x-a">')[1]
+    assert section.index("Sample-size caveat") < section.index(">holds<")  # beside the badge in its section too
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["notes"] = {"n_sentences": 500}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    assert "Sample-size caveat" not in build_report(tmp_path).read_text()
+
+
+def test_every_experiment_has_a_finding_at_the_top(tmp_path: Path, fake_registry) -> None:
+    write_run(tmp_path, "a", "fake-a", {}, [], pd.DataFrame({"claim": ["position"], "value": [0.9], "low": [0.8],
+                                                              "high": [0.95]}))  # fmt: skip
+    top = build_report(tmp_path).read_text().split('<section id="overview">')[0]
+    leads = top.split('id="every-experiment"')[1]
+    assert "fake-a" in leads and "1 rows were read." in leads  # a finding that answers no claim
+
+
+def test_wide_tables_fit_the_page(tmp_path: Path, fake_registry) -> None:
+    d = _manifest(tmp_path, "a", "fake-a", summary_tables=["wide"])
+    wide = pd.DataFrame({f"column_{i}": range(4) for i in range(30)})
+    wide["model"], wide["selection"] = "bundled:/a/very/long/local/path/to/the/model", "held-out"
+    wide.to_csv(d / "wide.csv", index=False)
+    page = build_report(tmp_path).read_text()
+    block = page.split("<h4>wide</h4>")[1].split("</table>")[0]
+    header = block.split("<thead>")[1].split("</thead>")[0]
+    from bertscope.experiments.report import MAX_TABLE_COLUMNS
+
+    assert header.count("<th") == MAX_TABLE_COLUMNS  # was 32 columns across the page
+    assert "In every row: model = bundled:" in block and "; selection = held-out." in block
+    assert "20 more columns in the file: column_10, column_11" in block

