@@ -41,6 +41,9 @@ class RunOptions:
     out: Path = Path("results")
     force: bool = False
     quiet: bool = False
+    # report on another corpus (e.g. EWT dev) than the one trained and selected on (--corpus); experiments that
+    # support it say so in their tables (a `split`/`eval_corpus` column); the others ignore it
+    eval_corpus: str | None = None
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -66,6 +69,8 @@ class Inputs:
     dtype: torch.dtype
     model_info: dict[str, Any]
     corpus_info: dict[str, Any]
+    eval_corpus: Any = None  # experiments.corpus.Corpus from --eval-corpus, or None
+    eval_corpus_info: dict[str, Any] | None = None
 
 
 def prepare_inputs(options: RunOptions) -> Inputs:
@@ -85,7 +90,15 @@ def prepare_inputs(options: RunOptions) -> Inputs:
         )
     check_max_length(options.max_length, model)
     corpus = load_corpus_spec(options.corpus, model.tokenizer, options.max_sentences, options.seed)
-    return Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
+    inputs = Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
+    if options.eval_corpus is not None:
+        try:
+            inputs.eval_corpus = load_corpus_spec(options.eval_corpus, model.tokenizer, options.max_sentences,
+                                                  options.seed)
+        except UsageError as e:
+            raise UsageError(str(e).replace("--corpus", "--eval-corpus", 1)) from e
+        inputs.eval_corpus_info = corpus_summary(inputs.eval_corpus)
+    return inputs
 
 
 def check_max_length(max_length: int, model: Any) -> None:

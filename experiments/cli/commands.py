@@ -208,6 +208,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         out=args.out,
         force=args.force,
         quiet=args.quiet,
+        eval_corpus=getattr(args, "eval_corpus", None),
     )
 
 
