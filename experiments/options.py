@@ -56,7 +56,10 @@ class RunOptions:
         resolve_dtype_name(self.dtype)  # validate early, before anything is loaded
 
     def to_dict(self) -> dict[str, Any]:
-        return io.to_jsonable(dataclasses.asdict(self))
+        out = dataclasses.asdict(self)
+        if out["eval_corpus"] is None:  # manifests of runs without --eval-corpus stay as they were
+            del out["eval_corpus"]
+        return io.to_jsonable(out)
 
 
 @dataclass
