@@ -64,8 +64,8 @@ def choose_sentences(ctx: Any, settings: Any) -> Split:
             train = [pool[i] for i in order[n_eval:]]
             names = (f"{ctx.corpus_id}:train-part", f"{ctx.corpus_id}:eval-part")
     cap = ctx.options.max_sentences or max(settings.n_train, settings.n_eval)  # --max-sentences caps both
-    train, evaluate = train[: min(settings.n_train, cap)], evaluate[: min(settings.n_eval, cap)]
-    train, evaluate = _fits(ctx, train), _fits(ctx, evaluate)
+    n_train, n_eval = min(settings.n_train, cap), min(settings.n_eval, cap)
+    train, evaluate = _fits(ctx, train[: 3 * n_train + 20])[:n_train], _fits(ctx, evaluate[: 3 * n_eval + 20])[:n_eval]
     if len(train) < 2 or len(evaluate) < 2:
         raise UsageError(f"erasure needs sentences with gold trees and UPOS of {lo}-{hi} words: found {len(train)} "
                          f"for training and {len(evaluate)} for evaluation; use --corpus builtin or a .conllu file")
@@ -96,8 +96,8 @@ def _ewt_pair(settings: Any) -> tuple[Any, Any] | None:
     if None in paths:
         return None
     # EWT's first sentences are short fragments and headers: read enough to fill the sizes after filtering
-    return (read_conllu(paths[0], max_sentences=4 * settings.n_train),
-            read_conllu(paths[1], max_sentences=4 * settings.n_eval))
+    return (read_conllu(paths[0], max_sentences=max(200, 4 * settings.n_train)),
+            read_conllu(paths[1], max_sentences=max(200, 4 * settings.n_eval)))
 
 
 def flat_sentence_index(lengths: list[int]) -> np.ndarray:
