@@ -113,7 +113,9 @@ class LinearEraser:
         """Rank of the erased part ``I - P`` (how many directions the eraser changes)."""
         if self.left.shape[1] == 0:
             return 0
-        return int(torch.linalg.matrix_rank(self.left @ self.right, hermitian=False))
+        if self.left.shape[1] < self.dim:  # rank(left @ right) <= k: the [d, k] factors are cheaper to check
+            return min(int(torch.linalg.matrix_rank(self.left)), int(torch.linalg.matrix_rank(self.right)))
+        return int(torch.linalg.matrix_rank(self.left @ self.right))
 
     def transform(self, x: Any) -> Any:
         """Erase the concept from ``x`` [..., d] (tensor or array; type and dtype kept)."""

@@ -55,8 +55,8 @@ COLUMNS = ["model", "train_corpus", "eval_corpus", "split", "concept", "method",
 class Settings:
     """Sizes of the erasure run (defaults: about a minute on 2 CPU cores with the bundled model)."""
 
-    n_train: int = 200  # training sentences (erasers, probes, structural probes)
-    n_eval: int = 100  # evaluation sentences (every reported number)
+    n_train: int = 150  # training sentences (erasers, probes, structural probes)
+    n_eval: int = 80  # evaluation sentences (every reported number)
     min_words: int = 3
     max_words: int = 40  # sentences outside [min_words, max_words] words are skipped (before choosing)
     concepts: tuple[str, ...] = ("position", "upos")  # erased (also: "deprel", "depth", "xpos")
@@ -70,9 +70,9 @@ class Settings:
     max_position: int = 20  # position classes 0..19 and ">= 20"
     max_depth: int = 7
     structural_rank: int = 64
-    structural_epochs: int = 15
+    structural_epochs: int = 10
     mlm_every: int = 7
-    n_boot: int = 300
+    n_boot: int = 200
     ci: float = 0.95
     source: str = "auto"  # "auto" (EWT when the run's corpus is builtin and EWT is here) or "run" (the run's corpus)
 

@@ -141,20 +141,30 @@ class RidgeProbe:
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> RidgeProbe:
         """Fit on ``x`` [n, d] and integer labels ``y`` [n] (classes 0..max)."""
-        x = np.asarray(x, dtype=np.float64)
-        self.mean_, self.scale_ = x.mean(0), x.std(0)
-        self.scale_[self.scale_ < 1e-12] = 1.0
-        xs = (x - self.mean_) / self.scale_
-        onehot = np.eye(int(y.max()) + 1)[y]
-        gram = xs.T @ xs + self.alpha * len(x) * np.eye(x.shape[1])
-        self.coef_ = np.linalg.solve(gram, xs.T @ (onehot - onehot.mean(0)))
-        self.intercept_ = onehot.mean(0)
-        return self
+        return fit_probes(x, [y], alpha=self.alpha)[0]
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Class ids [n]."""
         xs = (np.asarray(x, dtype=np.float64) - self.mean_) / self.scale_
         return np.argmax(xs @ self.coef_ + self.intercept_, axis=1)
+
+
+def fit_probes(x: np.ndarray, ys: Sequence[np.ndarray], *, alpha: float) -> list[RidgeProbe]:
+    """One `RidgeProbe` per label vector in ``ys``, all on ``x`` [n, d]: one factorisation serves them all."""
+    x = np.asarray(x, dtype=np.float64)
+    mean, scale = x.mean(0), x.std(0)
+    scale[scale < 1e-12] = 1.0
+    xs = (x - mean) / scale
+    chol = np.linalg.cholesky(xs.T @ xs + alpha * len(x) * np.eye(x.shape[1]))
+    out = []
+    for y in ys:
+        onehot = np.eye(int(np.max(y)) + 1)[y]
+        rhs = xs.T @ (onehot - onehot.mean(0))
+        probe = RidgeProbe(alpha)
+        probe.mean_, probe.scale_, probe.intercept_ = mean, scale, onehot.mean(0)
+        probe.coef_ = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))
+        out.append(probe)
+    return out
 
 
 def fit_probe(x: np.ndarray, y: np.ndarray, *, alpha: float, seed: int = 0) -> RidgeProbe:

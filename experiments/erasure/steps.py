@@ -92,11 +92,11 @@ def prepare(ctx: Any, settings: Any, split: Split, probed: tuple[str, ...]) -> P
              np.array([w.lower() for s in split.eval for w in s.words]))
     sent_e = flat_sentence_index(le)
     probes, hits = {}, {}
-    for c in probed:
-        for k, s in zip(layers, sites, strict=True):
-            probes[c, k] = measures.fit_probe(clean_t.words[s], labels[c][0], alpha=settings.alpha, seed=ctx.seed)
-            pred = probes[c, k].predict(clean_e.words[s])
-            hits[c, k] = measures.sentence_hits(pred, labels[c][1], sent_e, len(le))
+    for k, s in zip(layers, sites, strict=True):
+        fitted = measures.fit_probes(clean_t.words[s], [labels[c][0] for c in probed], alpha=settings.alpha)
+        for c, probe in zip(probed, fitted, strict=True):
+            probes[c, k] = probe
+            hits[c, k] = measures.sentence_hits(probe.predict(clean_e.words[s]), labels[c][1], sent_e, len(le))
     rank = min(settings.structural_rank, model.config.d_model)
     structural = StructuralProbe("distance", rank=rank, max_epochs=settings.structural_epochs,
                                  seed=ctx.seed)
@@ -233,11 +233,12 @@ def _site_rows(ctx: Any, settings: Any, prep: Prepared, act: measures.Activation
     xt, xe = eraser(prep.clean_train.words[s].astype(np.float64)).astype(np.float32), act.words[s]
     ytr, yev, _ = prep.labels[concept]
     clean_task, clean_control, control = prep.site_clean(ctx, settings, concept, layer)
-    task = measures.fit_probe(xt, ytr, alpha=settings.alpha, seed=ctx.seed).predict(xe)
+    task_probe, control_probe = measures.fit_probes(xt, [ytr, control[0]], alpha=settings.alpha)
+    task = task_probe.predict(xe)
     r = measures.accuracy_with_change(measures.sentence_hits(task, yev, sent, n), clean_task, counts, seed=5, **boot)
     majority = float(np.mean(yev == np.bincount(ytr).argmax()))
     rows = [{**base, "measure": "site_probe_accuracy", "target": concept, "layer": layer, **r, "majority": majority}]
-    pred = measures.fit_probe(xt, control[0], alpha=settings.alpha, seed=ctx.seed).predict(xe)
+    pred = control_probe.predict(xe)
     r = measures.accuracy_with_change(measures.sentence_hits(pred, control[1], sent, n), clean_control, counts,
                                       seed=6, **boot)
     rows.append({**base, "measure": "site_control_accuracy", "target": "word_type", "layer": layer, **r})
