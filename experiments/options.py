@@ -47,6 +47,9 @@ class RunOptions:
     # --set NAME.FIELD=VALUE: experiment (CLI name) -> {Settings field: value}; typed by `settings.apply_overrides`
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     activations: Path | None = None  # a `bertscope capture` folder to read instead of running the forward
+    # report on another corpus (e.g. EWT dev) than the one trained and selected on (--corpus); experiments that
+    # support it say so in their tables (a `split`/`eval_corpus` column); the others ignore it
+    eval_corpus: str | None = None
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -61,7 +64,10 @@ class RunOptions:
         resolve_dtype_name(self.dtype)  # validate early, before anything is loaded
 
     def to_dict(self) -> dict[str, Any]:
-        return io.to_jsonable(dataclasses.asdict(self))
+        out = dataclasses.asdict(self)
+        if out["eval_corpus"] is None:  # manifests of runs without --eval-corpus stay as they were
+            del out["eval_corpus"]
+        return io.to_jsonable(out)
 
 
 @dataclass
@@ -74,6 +80,8 @@ class Inputs:
     dtype: torch.dtype
     model_info: dict[str, Any]
     corpus_info: dict[str, Any]
+    eval_corpus: Any = None  # experiments.corpus.Corpus from --eval-corpus, or None
+    eval_corpus_info: dict[str, Any] | None = None
 
 
 def prepare_inputs(options: RunOptions) -> Inputs:
@@ -97,7 +105,15 @@ def prepare_inputs(options: RunOptions) -> Inputs:
     from bertscope.experiments.naming import model_name
 
     warn_if_mostly_unknown(model.tokenizer, [s.text for s in corpus], model_name(str(model.source)))
-    return Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
+    inputs = Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
+    if options.eval_corpus is not None:
+        try:
+            inputs.eval_corpus = load_corpus_spec(options.eval_corpus, model.tokenizer, options.max_sentences,
+                                                  options.seed)
+        except UsageError as e:
+            raise UsageError(str(e).replace("--corpus", "--eval-corpus", 1)) from e
+        inputs.eval_corpus_info = corpus_summary(inputs.eval_corpus)
+    return inputs
 
 
 def sentences_used(max_sentences: int | None, default: int | None, available: int) -> tuple[int, str]:

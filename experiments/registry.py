@@ -18,6 +18,7 @@ EXPERIMENTS: dict[str, str] = {
     "positions": "bertscope.experiments.positions",
     "mixing": "bertscope.experiments.mixing",
     "structure": "bertscope.experiments.structure",
+    "erasure": "bertscope.experiments.erasure",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
@@ -42,6 +43,12 @@ HELP: dict[str, str] = {
     "against the embedding layer, random weights and linear-chain trees, with a rank sweep. Needs gold trees "
     "(builtin or CoNLL-U). Writes OUT/structure/: "
     "results, summary, rank-sweep and example tables, figures, manifest.json.",
+    "erasure": "Does the model use what a probe finds? Amnesic probing: erase a concept (position, UPOS, relation, "
+    "depth) at one layer during the forward pass with LEACE, INLP or mean projection, beside an equal-rank random "
+    "subspace, and measure later layers' probes, structural-probe UUAS/DSpr, the sentence embedding and masked-LM "
+    "accuracy; plus word-level probes with control tasks per layer. Trains on --corpus and reports on "
+    "--eval-corpus (default: EWT train/dev when found, else a split of the corpus). Writes OUT/erasure/: results, "
+    "summary and probing tables, figures, manifest.json.",
 }
 #: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on
 #: a quiet machine; nothing is typed in by hand).

@@ -263,7 +263,7 @@ def is_complete(out_dir: Path, fingerprint: dict[str, Any], manifest: dict[str, 
 def run_fingerprint(name: str, options: RunOptions, inputs: Inputs) -> dict[str, Any]:
     """What must match for a previous run to count as this run: experiment, options that change the
     numbers, resolved device type and dtype, model weights and corpus content."""
-    return {
+    out = {
         "experiment": name,
         **{k: getattr(options, k) for k in FINGERPRINT_OPTIONS},
         "device": inputs.device.type,
@@ -273,6 +273,9 @@ def run_fingerprint(name: str, options: RunOptions, inputs: Inputs) -> dict[str,
         # --set overrides of this experiment's Settings (absent without any, so older fingerprints still match)
         **({"settings": io.to_jsonable(options.settings[name])} if options.settings.get(name) else {}),
     }
+    if getattr(inputs, "eval_corpus_info", None):  # only then: runs without --eval-corpus keep their fingerprint
+        out["eval_corpus_sha256"] = inputs.eval_corpus_info.get("sha256")
+    return out
 
 
 def manifest_base(ctx: Context) -> dict[str, Any]:

@@ -113,7 +113,9 @@ class LinearEraser:
         """Rank of the erased part ``I - P`` (how many directions the eraser changes)."""
         if self.left.shape[1] == 0:
             return 0
-        return int(torch.linalg.matrix_rank(self.left @ self.right, hermitian=False))
+        if self.left.shape[1] < self.dim:  # rank(left @ right) <= k: the [d, k] factors are cheaper to check
+            return min(int(torch.linalg.matrix_rank(self.left)), int(torch.linalg.matrix_rank(self.right)))
+        return int(torch.linalg.matrix_rank(self.left @ self.right))
 
     def transform(self, x: Any) -> Any:
         """Erase the concept from ``x`` [..., d] (tensor or array; type and dtype kept)."""
@@ -358,7 +360,8 @@ class INLP(LinearEraser):
         (measured before its own projection) is within ``tolerance`` (0.01) of the dev majority rate; without
         it, every iteration's classifier is projected out (INLP's fixed iteration count).
     Each classifier is trained on ``x P`` with ``P`` the projection onto the intersection of the nullspaces
-    found so far (Ben-Israel's formula ``P = I - P_rowspace(Σ_i P_rowspace(W_i))``), as both codes do.
+    found so far, as both codes do (they use Ben-Israel's ``P = I - P_rowspace(Σ_i P_rowspace(W_i))``; here the
+    same projection is kept as an orthonormal basis of the removed span, grown by each ``W``'s new directions).
     The eraser is linear (``bias`` None): ``x -> P x``. ``steps`` records each iteration's dev accuracy.
     """
 
@@ -401,31 +404,24 @@ class INLP(LinearEraser):
             Xd, yd = np.asarray(x_dev, dtype=np.float64), np.asarray(y_dev).reshape(-1)
         d = X.shape[1]
         self.majority = float(np.max(np.unique(yd, return_counts=True)[1]) / len(yd))
-        rowspaces: list[np.ndarray] = []
-        P = np.eye(d)
+        basis = np.zeros((d, 0))  # orthonormal basis of the span of all weight rows so far
         self.steps, self.weights = [], []
         for it in range(self.n_iterations):
             if len(np.unique(y)) < 2:
                 break
+            P = np.eye(d) - basis @ basis.T  # = I - P_rowspace(Σ_i P_rowspace(W_i)) (Ben-Israel), kept as a basis
             clf = self._new_classifier().fit(X @ P, y)
             acc = float(np.mean(clf.predict(Xd @ P) == yd))
             self.steps.append(INLPStep(it, acc))
             W = np.atleast_2d(clf.coef_)
             self.weights.append(W)
-            rowspaces.append(_rowspace_projection(W))
-            P = np.eye(d) - _rowspace_projection(np.sum(rowspaces, axis=0))
+            new = W.T - basis @ (basis.T @ W.T)  # the part of W's row space not yet removed
+            basis = np.hstack([basis, _orthonormal_columns(torch.from_numpy(new)).numpy()])
             if self.stop_at_majority and acc - self.majority <= self.tolerance:
                 break
-        basis = (_orthonormal_columns(torch.from_numpy(np.sum(rowspaces, axis=0))) if rowspaces
-                 else torch.zeros(d, 0, dtype=torch.float64))
-        self.left, self.right, self.bias = basis, basis.mT.contiguous(), None
+        self.left = torch.from_numpy(np.ascontiguousarray(basis))
+        self.right, self.bias = self.left.mT.contiguous(), None
         return self
-
-
-def _rowspace_projection(W: np.ndarray) -> np.ndarray:
-    """Orthogonal projection [d, d] onto the row space of ``W`` [m, d] (``debias.get_rowspace_projection``)."""
-    basis = _orthonormal_columns(torch.from_numpy(np.ascontiguousarray(W.T, dtype=np.float64))).numpy()
-    return basis @ basis.T
 
 
 # ============================================================================================ mean projection

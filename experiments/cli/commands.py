@@ -276,6 +276,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         keep_steps=getattr(args, "keep_steps", "no") == "yes",
         settings=_set_assignments(args),
         activations=getattr(args, "activations", None),
+        eval_corpus=getattr(args, "eval_corpus", None),
     )
 
 

@@ -228,6 +228,12 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
         help="builtin (default; generated English with gold syntax), repeated-random, or a .txt/.conllu/.jsonl path",
     )
     p.add_argument(
+        "--eval-corpus",
+        default=None,
+        help="report on this corpus (e.g. a .conllu dev split) while training and every selection use --corpus; "
+        "experiments that support it (erasure) say which split each number comes from",
+    )
+    p.add_argument(
         "--max-sentences",
         type=_positive_int,
         default=None,

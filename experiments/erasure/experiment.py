@@ -1,0 +1,121 @@
+"""Amnesic probing: erase a concept at one layer during the forward pass and measure what breaks downstream.
+
+For each concept (word position, UPOS, dependency relation, tree depth) and each erasure layer L, an eraser is
+fitted on the training sentences' word vectors (mean of each word's pieces) at layer L's residual stream
+(`data.site`: ``blocks.{L-1}.hook_resid_post``): LEACE (`probes.erasure.LeaceFitter`), INLP
+(`probes.erasure.INLP`, amnesic probing's stopping rule) and mean projection; each beside a random subspace of
+the same rank. The eraser runs as a hook on the evaluation sentences (every position of the site; activations
+streamed, nothing written but the tables) and the clean and erased runs are compared on:
+
+(a) word-level probes (ridge on one-hot labels, fixed alpha, trained on the CLEAN training sentences) for every
+    concept at every later layer: accuracy on the erased run and its change from the clean run;
+(b) a distance structural probe (Hewitt & Manning) trained on the clean training sentences at every later layer:
+    UUAS and DSpr on the erased run;
+(c) the pooled sentence embedding (mean of the last hidden state): cosine to clean, and the Spearman correlation
+    of the pairwise sentence similarities with the clean ones;
+(d) masked-LM accuracy (every 7th word piece masked) where the model has a masked-LM head (the bundled
+    all-MiniLM-L6-v2 has none: no such rows);
+and, at the erased site itself, the concept probe (fresh, trained and scored on erased vectors: ~majority after
+LEACE) and a Hewitt & Liang control task (word identity): how much the eraser removes besides the concept.
+
+Splits: erasers, probes and the control task are fitted on the training sentences only; every reported number
+comes from the evaluation sentences (``split = eval``), with a group bootstrap over evaluation sentences. No
+hyper-parameter is selected (fixed probe alpha, fixed INLP classifier; INLP's stopping uses a held-out 20% of the
+training words). Corpora: ``--corpus`` trains and ``--eval-corpus`` evaluates when given; otherwise, when the run's
+corpus is ``builtin`` and UD English EWT is on this machine (`corpus.ewt.find_ewt`), EWT train trains and EWT dev
+evaluates; otherwise the run's corpus is split by sentence (seeded). The tables' ``train_corpus`` /
+``eval_corpus`` columns say which.
+
+Outputs in ``OUT/erasure/``: ``results`` (long table, columns `COLUMNS`), ``probing`` (clean word-level probes
+per layer with control tasks and selectivity), ``summary`` (per concept, method and erasure layer: the change
+in the same concept's and the other concepts' probes at the last layer, UUAS at the last layer, the embedding
+cosine; the random control beside each), figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from bertscope.experiments.erasure import data, measures, steps
+
+NAME = "erasure"
+DIRNAME = "erasure"
+SUMMARY_TABLES = ["summary.csv", "probing.csv"]
+COLUMNS = ["model", "train_corpus", "eval_corpus", "split", "concept", "method", "erase_layer", "rank", "measure",
+           "target", "layer", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "n_train",
+           "n_eval", "selection"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of the erasure run (defaults: about a minute on 2 CPU cores with the bundled model)."""
+
+    n_train: int = 150  # training sentences (erasers, probes, structural probes)
+    n_eval: int = 80  # evaluation sentences (every reported number)
+    min_words: int = 3
+    max_words: int = 40  # sentences outside [min_words, max_words] words are skipped (before choosing)
+    concepts: tuple[str, ...] = ("position", "upos")  # erased (also: "deprel", "depth", "xpos")
+    probed: tuple[str, ...] = ("position", "upos", "xpos", "deprel", "depth")  # probed (xpos only where tagged)
+    methods: tuple[str, ...] = ("leace", "inlp", "mean")
+    erase_layers: tuple[int, ...] = (1, 3)  # layer numbers (0 = embeddings, k = block k-1's output)
+    inlp_iterations: int = 5
+    inlp_classifier: str = "svm"  # "svm" (Ravfogel et al.), "sgd-log" (Elazar et al.), "logistic"
+    inlp_max_rows: int = 1500  # INLP trains on at most this many training words (seeded sample)
+    alpha: float = 1e-2  # ridge probe L2 strength on the mean loss (fixed: nothing is selected)
+    max_position: int = 20  # position classes 0..19 and ">= 20"
+    max_depth: int = 7
+    structural_rank: int = 64
+    structural_epochs: int = 40  # a cap: the probe stops early on a held-out 10% of the training sentences
+    mlm_every: int = 7
+    n_boot: int = 200
+    ci: float = 0.95
+    source: str = "auto"  # "auto" (EWT when the run's corpus is builtin and EWT is here) or "run" (the run's corpus)
+
+    def __post_init__(self) -> None:
+        if self.n_train < 2 or self.n_eval < 2:
+            raise ValueError("n_train and n_eval must be >= 2")
+        unknown = set(self.concepts + self.probed) - set(measures.CONCEPTS)
+        if unknown:
+            raise ValueError(f"unknown concepts {sorted(unknown)}; choose from {measures.CONCEPTS}")
+        if set(self.methods) - {"leace", "inlp", "mean"}:
+            raise ValueError(f"methods must be among leace, inlp, mean; got {self.methods}")
+        if self.source not in ("auto", "run"):
+            raise ValueError(f"source must be 'auto' or 'run', got {self.source!r}")
+
+
+def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
+    """Run the experiment into ``ctx.out_dir``; returns the main long table."""
+    settings = ctx.use_settings(settings)
+    t0 = time.perf_counter()
+    ctx.note("settings", dataclasses.asdict(settings))
+    split = data.choose_sentences(ctx, settings)
+    ctx.note("corpora", {"train": split.train_name, "eval": split.eval_name, "n_train": len(split.train),
+                         "n_eval": len(split.eval)})
+    ctx.log(f"train {len(split.train)} sentences of {split.train_name}, evaluate on {len(split.eval)} of "
+            f"{split.eval_name} ({time.perf_counter() - t0:.1f}s)")
+    probed = tuple(c for c in settings.probed if c != "xpos" or split.has_xpos)
+    info = {"model": ctx.model_id, "train_corpus": split.train_name, "eval_corpus": split.eval_name,
+            "split": "eval", "n_train": len(split.train), "n_eval": len(split.eval)}
+    key = {"train": split.key, "probed": probed}
+    tables = ctx.step("erasure", lambda: steps.compute(ctx, settings, split, probed, info), **key)
+    results = tables[tables["table"] == "results"].reindex(columns=COLUMNS + ["majority"]).reset_index(drop=True)
+    results = results.astype({c: "int64" for c in ("erase_layer", "rank", "layer", "n_train", "n_eval")})
+    probing = tables[tables["table"] == "probing"].dropna(axis=1, how="all").drop(columns="table")
+    probing = probing.astype({c: "int64" for c in ("layer", "n_train", "n_eval")})
+    ctx.write_table(probing.reset_index(drop=True), "probing")
+    ctx.write_table(steps.summary(results), "summary")
+    ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
+    ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
+    return results
+
+
+def plot(out_dir: Path) -> list[Path]:
+    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
+    from bertscope.experiments.erasure.plots import plot as draw
+
+    return draw(Path(out_dir))
