@@ -72,8 +72,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     n_pairs = ctx.options.max_sentences or settings.n_pairs
     pairs = measures.tfc1_pairs([s.words for s in ctx.corpus], model.tokenizer, filler=settings.filler,
                                 max_pairs=n_pairs, max_tokens=settings.max_tokens, seed=ctx.seed)
-    if len(pairs) < 4:
-        raise ValueError(f"the corpus gave {len(pairs)} TFC1 pairs; at least 4 are needed")
+    if len(pairs) < 2:
+        raise ValueError(f"the corpus gave {len(pairs)} TFC1 pairs; at least 2 are needed (intervals over pairs)")
     task = circuits.make_task(model, pairs, "cosine")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     io.write_text(ctx.out_dir / "task.jsonl", "".join(_json(p) + "\n" for p in task.pairs))

@@ -254,6 +254,39 @@ def circuit_forward(
     return output_hidden(model, x_out), tr
 
 
+def frozen_forward(model: Any, scales: dict[str, torch.Tensor], input_out: torch.Tensor,
+                   attention_mask: torch.Tensor) -> tuple[torch.Tensor, dict[tuple, torch.Tensor]]:
+    """The frozen-LN model from ``input_out`` (``embed.hook_out`` ``[b, p, m]``) with every receiver reading its own
+    copy of the stream: returns the final hidden state and the receivers' inputs (keyed as in :class:`Trace`), so
+    ``autograd.grad`` gives each receiver's own gradient. Equal to :func:`circuit_forward` with every edge in,
+    at the cost of one forward pass (no sender terms carried)."""
+    g = graph_of(model)
+    ctx = model.context(input_out, attention_mask)
+    inputs: dict[tuple, torch.Tensor] = {}
+    x = input_out
+    for layer in range(g.n_layers):
+        block = model.blocks[layer]
+        x_heads = x[:, :, None].repeat(1, 1, g.n_heads, 1)
+        inputs[("heads", layer)] = x_heads
+        attn_out = heads_forward(model, layer, x_heads, ctx).sum(2) + block.attn.b_O
+        if g.post_ln:
+            mid = _frozen_affine(block.ln1, scales[f"blocks.{layer}.ln1.hook_scale"], x + attn_out)
+        else:
+            mid = x + attn_out
+        x_mlp = mid.clone()
+        inputs[("mlp", layer)] = x_mlp
+        y = mid + mlp_forward(model, layer, x_mlp)
+        x = _frozen_affine(block.ln2, scales[f"blocks.{layer}.ln2.hook_scale"], y) if g.post_ln else y
+    x_out = x.clone()
+    inputs[("output",)] = x_out
+    return output_hidden(model, x_out), inputs
+
+
+def _frozen_affine(ln: torch.nn.Module, scale: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = ln.weight * (y - y.mean(-1, keepdim=True)) / scale
+    return out + ln.bias if ln.bias is not None else out
+
+
 def receiver_slices(g: Graph) -> list[tuple[tuple, slice]]:
     """``(trace key, receiver columns)`` for every receiver group, in the order the forward reads them."""
     out = []
