@@ -81,3 +81,26 @@ def test_head_overlap_against_chance():
     from scipy.stats import hypergeom
 
     assert o["p_value"] == pytest.approx(sum(hypergeom.pmf(k, 72, 4, 3) for k in (2, 3)))
+
+
+def test_figures_and_findings_from_saved_tables(tiny_folder, tmp_path):
+    import shutil
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from bertscope.experiments.circuits import experiment, findings, plot
+
+    task = _pairs(tmp_path / "pairs.jsonl", GOOD)
+    out = tmp_path / "out"
+    assert cli.main(["circuits", "--task", str(task), "--metric", "cosine", "--model", str(tiny_folder),
+                     "--out", str(out), "--steps", "1", "--candidates", "4", "--n-random", "1", "--quiet"]) == 0
+    shutil.copy(out / "heads.csv", out / "results.csv")  # the experiment's name for the head table
+    import pandas as pd
+
+    experiment.agreement(pd.read_csv(out / "heads.csv")).to_csv(out / "agreement.csv", index=False)
+    stems = {p.stem for p in plot(out, formats=("png",))}
+    assert {"fig_head_maps", "fig_faithfulness"} <= stems
+    texts = [f.text for f in findings(out)]
+    assert any("Agreement with exact patching" in t for t in texts)
+    assert any("Greedy pruning" in t for t in texts)

@@ -60,7 +60,7 @@ def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORM
     import matplotlib.pyplot as plt
 
     methods = [m for m in LABELS if m in set(results.method)]
-    n_layers, n_heads = int(results.layer.max()) + 1, int(results.head.max()) + 1
+    n_layers, n_heads = int(results.layer.max()) + 1, int(results["head"].max()) + 1
     grids = {m: results[results.method == m].pivot_table(index="layer", columns="head", values="normalised")
              .reindex(index=range(n_layers), columns=range(n_heads)).to_numpy() for m in methods}
     vmax = max(float(np.nanmax(np.abs(g))) for g in grids.values()) or 1.0
