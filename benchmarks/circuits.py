@@ -28,6 +28,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--ewt", type=Path, default=EWT if EWT.is_file() else Path("/work/shared/data/ud-english-ewt/"
                                                                                  "en_ewt-ud-dev.conllu"))
+    p.add_argument("--candidates", type=int, default=30)
+    p.add_argument("--n-random", type=int, default=5)
+    p.add_argument("--random-circuits", type=int, default=20)
     p.add_argument("--bert-base", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
@@ -44,7 +47,8 @@ def main() -> None:
     corpus = load_corpus(str(args.ewt))
     pairs = measures.tfc1_pairs([s.words for s in corpus], model.tokenizer, max_pairs=args.pairs, max_tokens=32)
     task = circuits.make_task(model, pairs, "cosine")
-    settings = measures.AnalysisSettings(ig_steps=args.steps, candidates=30, n_random=5, n_random_circuits=20,
+    settings = measures.AnalysisSettings(ig_steps=args.steps, candidates=args.candidates, n_random=args.n_random,
+                                         n_random_circuits=args.random_circuits,
                                          batch_size=16, n_boot=200)
     start = time.perf_counter()
     tables = measures.analyse(model, task, settings, positions=measures.injected_positions(task),
