@@ -47,6 +47,14 @@ def test_circuits_run_on_every_family(family):
     ev = circuits.Evaluator(model, task)
     clean = circuits.metric_values(model, task).mean()
     assert ev.full == pytest.approx(float(clean), abs=2e-5), name  # frozen-LN rebuild = the clean run
+    rows = torch.arange(task.n_pairs)
+    c = circuits.graph.capture(model, task.batch(rows))
+    k = circuits.graph.capture(model, task.batch(rows, "corrupted"), scales=c.scales)
+    with torch.no_grad():
+        _, tr = circuits.graph.circuit_forward(model, k, c.embed, ev.graph.valid, task.mask, trace=True)
+        _, rec = circuits.graph.frozen_forward(model, c.scales, c.embed, task.mask)
+    for key, x in rec.items():  # the one-pass frozen forward feeds every receiver what the rebuilt one does
+        torch.testing.assert_close(x, tr.inputs[key], atol=2e-5, rtol=1e-4, msg=f"{name} {key}")
     n_heads = model.config.n_layers * model.config.n_heads
     exact = circuits.patch(model, task, "heads", n_boot=50)
     assert len(exact) == n_heads and np.isfinite(exact.effect).all()

@@ -11,6 +11,7 @@ from typing import Any
 
 from bertscope.experiments.registry import EXPERIMENTS
 
+from .circuits_command import add_circuits
 from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run
 
 
@@ -31,6 +32,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_report(sub)
     _add_explore(sub)
     _add_clean(sub)
+    add_circuits(sub)
     return parser
 
 

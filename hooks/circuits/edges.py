@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.hooks.circuits.graph import Graph, capture, circuit_forward, graph_of, receiver_slices
+from bertscope.hooks.circuits.graph import (
+    Graph,
+    capture,
+    circuit_forward,
+    frozen_forward,
+    graph_of,
+    receiver_slices,
+)
 from bertscope.hooks.circuits.results import chunks
 from bertscope.hooks.circuits.tasks import Task
 from einops import einsum
@@ -87,12 +94,12 @@ def edge_scores_per_pair(model: Any, task: Task, rows: torch.Tensor, method: str
     inputs = [k.embed + (a / steps) * (c.embed - k.embed) for a in range(steps)] if method == "eap-ig" else [c.embed]
     grads: dict[tuple, torch.Tensor] = {}
     for e in inputs:
-        hidden, tr = circuit_forward(model, k, e.detach().requires_grad_(), full, mask, trace=True)
-        keys = list(tr.inputs)
-        got = torch.autograd.grad(task.metric(hidden, mask, rows).sum(), [tr.inputs[key] for key in keys],
+        hidden, rec = frozen_forward(model, c.scales, e.detach().requires_grad_(), mask)
+        keys = list(rec)
+        got = torch.autograd.grad(task.metric(hidden, mask, rows).sum(), [rec[key] for key in keys],
                                   allow_unused=True)
         for key, gr in zip(keys, got, strict=True):
-            gr = torch.zeros_like(tr.inputs[key]) if gr is None else gr.detach()
+            gr = torch.zeros_like(rec[key]) if gr is None else gr.detach()
             grads[key] = grads.get(key, 0) + gr / len(inputs)
     out = torch.zeros(len(rows), *g.valid.shape, dtype=torch.float64)
     for key, cols in receiver_slices(g):

@@ -98,7 +98,7 @@ def graph_of(model: Any) -> Graph:
 def frozen_ln(ln: torch.nn.Module, scale: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The linear part of LayerNorm ``ln`` frozen at ``scale`` ``[b, p, 1]``: ``w * (v - mean(v)) / scale`` for
     ``v`` ``[..., b, p, m]`` (no bias: applied to differences and to sender terms)."""
-    return ln.weight * (v - v.mean(-1, keepdim=True)) / scale
+    return (v - v.mean(-1, keepdim=True)).mul_(ln.weight / scale)
 
 
 def _scale_names(model: Any) -> list[str]:
@@ -218,29 +218,73 @@ def circuit_forward(
     g = graph_of(model)
     post = g.post_ln
     mask = edge_mask.to(input_out.dtype)
+    used = mask.ne(0).any(1)  # senders with an edge in the circuit: the only terms worth carrying (all if trace)
     ctx = model.context(corr.embed, attention_mask)
+    ids = [0]  # sender index of each row of ``terms``
     terms = (input_out - corr.embed)[None]  # [s, b, p, m]
     tr = Trace({}, {}) if trace else None
+
+    def add(terms: torch.Tensor, ids: list[int], new: torch.Tensor, new_ids: list[int]):
+        keep = [i for i, s in enumerate(new_ids) if trace or bool(used[s])]
+        if not keep:
+            return terms, ids
+        return torch.cat([terms, new[keep]]), ids + [new_ids[i] for i in keep]
+
     for layer in range(g.n_layers):
         r0 = g.receiver_head(layer, 0)
         x_heads = corr.resid_pre[layer][:, :, None] + einsum(
-            terms, mask[: len(terms), r0: r0 + g.n_heads], "s b p m, s h -> b p h m")
+            terms, mask[ids, r0: r0 + g.n_heads], "s b p m, s h -> b p h m")
         if tr is not None:
             tr.inputs[("heads", layer)], tr.terms[("heads", layer)] = x_heads, terms
         result = heads_forward(model, layer, x_heads, ctx)
-        terms = torch.cat([terms, (result - corr.result[layer]).permute(2, 0, 1, 3)])
+        terms, ids = add(terms, ids, (result - corr.result[layer]).permute(2, 0, 1, 3),
+                         [g.sender_head(layer, h) for h in range(g.n_heads)])
         if post:
             terms = frozen_ln(model.blocks[layer].ln1, corr.scales[f"blocks.{layer}.ln1.hook_scale"], terms)
-        x_mlp = corr.resid_mid[layer] + einsum(terms, mask[: len(terms), g.receiver_mlp(layer)], "s b p m, s -> b p m")
+        x_mlp = corr.resid_mid[layer] + einsum(terms, mask[ids, g.receiver_mlp(layer)], "s b p m, s -> b p m")
         if tr is not None:
             tr.inputs[("mlp", layer)], tr.terms[("mlp", layer)] = x_mlp, terms
-        terms = torch.cat([terms, (mlp_forward(model, layer, x_mlp) - corr.mlp_out[layer])[None]])
+        terms, ids = add(terms, ids, (mlp_forward(model, layer, x_mlp) - corr.mlp_out[layer])[None],
+                         [g.sender_mlp(layer)])
         if post:
             terms = frozen_ln(model.blocks[layer].ln2, corr.scales[f"blocks.{layer}.ln2.hook_scale"], terms)
-    x_out = corr.final + einsum(terms, mask[:, g.receiver_output], "s b p m, s -> b p m")
+    x_out = corr.final + einsum(terms, mask[ids, g.receiver_output], "s b p m, s -> b p m")
     if tr is not None:
         tr.inputs[("output",)], tr.terms[("output",)] = x_out, terms
     return output_hidden(model, x_out), tr
+
+
+def frozen_forward(model: Any, scales: dict[str, torch.Tensor], input_out: torch.Tensor,
+                   attention_mask: torch.Tensor) -> tuple[torch.Tensor, dict[tuple, torch.Tensor]]:
+    """The frozen-LN model from ``input_out`` (``embed.hook_out`` ``[b, p, m]``) with every receiver reading its own
+    copy of the stream: returns the final hidden state and the receivers' inputs (keyed as in :class:`Trace`), so
+    ``autograd.grad`` gives each receiver's own gradient. Equal to :func:`circuit_forward` with every edge in,
+    at the cost of one forward pass (no sender terms carried)."""
+    g = graph_of(model)
+    ctx = model.context(input_out, attention_mask)
+    inputs: dict[tuple, torch.Tensor] = {}
+    x = input_out
+    for layer in range(g.n_layers):
+        block = model.blocks[layer]
+        x_heads = x[:, :, None].repeat(1, 1, g.n_heads, 1)
+        inputs[("heads", layer)] = x_heads
+        attn_out = heads_forward(model, layer, x_heads, ctx).sum(2) + block.attn.b_O
+        if g.post_ln:
+            mid = _frozen_affine(block.ln1, scales[f"blocks.{layer}.ln1.hook_scale"], x + attn_out)
+        else:
+            mid = x + attn_out
+        x_mlp = mid.clone()
+        inputs[("mlp", layer)] = x_mlp
+        y = mid + mlp_forward(model, layer, x_mlp)
+        x = _frozen_affine(block.ln2, scales[f"blocks.{layer}.ln2.hook_scale"], y) if g.post_ln else y
+    x_out = x.clone()
+    inputs[("output",)] = x_out
+    return output_hidden(model, x_out), inputs
+
+
+def _frozen_affine(ln: torch.nn.Module, scale: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = ln.weight * (y - y.mean(-1, keepdim=True)) / scale
+    return out + ln.bias if ln.bias is not None else out
 
 
 def receiver_slices(g: Graph) -> list[tuple[tuple, slice]]:

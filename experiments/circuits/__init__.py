@@ -1,0 +1,11 @@
+"""Experiment `circuits` (see :mod:`bertscope.experiments.circuits.experiment` for what it measures and writes).
+
+Files by role: ``experiment`` (Settings, run: the one place that sees the run context), ``measures`` (the TFC1
+task and the analysis of any task as tables, shared with ``bertscope circuits``), ``plots``, ``findings``.
+"""
+
+from bertscope.experiments.circuits.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
+from bertscope.experiments.circuits.findings import findings
+from bertscope.experiments.circuits.plots import CAPTIONS, plot
+
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -1,0 +1,151 @@
+"""Experiment ``circuits``: which heads, connected how, carry the term-frequency signal of a bi-encoder?
+
+The built-in task follows Chen et al. (2024)'s TFC1 diagnostic: from each corpus sentence s a query term w that
+occurs once in s and is one word piece; clean document ``s + " " + w`` (w now occurs twice), corrupted document
+``s + " " + filler`` (default "the"); metric = cosine of the mean-pooled embeddings of w and the document (the
+bundled sentence-transformers model's pooling). On those pairs (written to ``OUT/circuits/task.jsonl``, the
+format ``bertscope circuits --task`` reads):
+
+1. head scores by exact patching (corrupted -> clean, one head at a time), AtP, AtP* and EAP-IG, side by side;
+2. the residual stream at the injected position patched alone, per layer (with mean pooling that token's own
+   stream carries part of the effect directly);
+3. edge scores on the frozen-LayerNorm graph (EAP-IG), a circuit found by greedy pruning with exact patching,
+   MIB's faithfulness curve with CPR/CMD against random edge orders, random circuits of the circuit's size;
+4. overlap of the circuit's heads with the same-token experiment's duplicate heads (same run, if present),
+   against chance (hypergeometric).
+
+Tables: ``results`` (long: model, corpus, method, source, node, layer, head, effect, normalised and intervals:
+95% percentile bootstrap over pairs; ``normalised`` = the head's effect / (m(corrupted) - m(clean))),
+``agreement`` (Spearman of each estimate with exact patching over heads), ``cost``, ``resid``, ``edges``,
+``circuit``, ``faithfulness``, ``areas``, ``random_circuits``, ``overlap``. Definitions and equations:
+``docs/experiments/circuits.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from bertscope.experiments import io
+from bertscope.experiments.circuits import measures
+from bertscope.hooks import circuits
+
+NAME = "circuits"
+DIRNAME = "circuits"
+SUMMARY_TABLES = ["agreement", "areas"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and choices of the circuits run (recorded in the manifest)."""
+
+    n_pairs: int = 16  # TFC1 pairs (when --max-sentences is not given)
+    max_tokens: int = 24  # longest clean document, word pieces with [CLS]/[SEP]
+    filler: str = "the"
+    ig_steps: int = 3
+    edge_method: str = "eap-ig"
+    candidates: int = 20
+    threshold: float = 0.02
+    n_random: int = 2
+    n_random_circuits: int = 10
+    n_boot: int = 1000
+
+
+CONVENTIONS = {
+    "effect": "mean over pairs of m(clean run with the node patched from the corrupted run) - m(clean); AtP, AtP* "
+    "and EAP-IG rows are estimates of the same quantity",
+    "normalised": "sum over pairs of effects / sum over pairs of (m(corrupted) - m(clean))",
+    "ci": "95% percentile bootstrap over pairs (resampling pairs)",
+    "edges": "frozen-LayerNorm EAP-IG scores, mean over pairs; circuits evaluated on the frozen-LN model",
+    "faithfulness": "(m(circuit) - m(empty)) / (m(full) - m(empty)); CPR/CMD: MIB's trapezoids over the fraction "
+    "of edges (0.001..1)",
+}
+
+
+def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
+    """Build the TFC1 task from the corpus, run :func:`measures.analyse`, write the side tables and ``task.jsonl``;
+    returns the long head-score table."""
+    settings = ctx.use_settings(settings)
+    model = ctx.model
+    n_pairs = ctx.options.max_sentences or settings.n_pairs
+    pairs = measures.tfc1_pairs([s.words for s in ctx.corpus], model.tokenizer, filler=settings.filler,
+                                max_pairs=n_pairs, max_tokens=settings.max_tokens, seed=ctx.seed)
+    if len(pairs) < 2:
+        raise ValueError(f"the corpus gave {len(pairs)} TFC1 pairs; at least 2 are needed (intervals over pairs)")
+    task = circuits.make_task(model, pairs, "cosine")
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    io.write_text(ctx.out_dir / "task.jsonl", "".join(_json(p) + "\n" for p in task.pairs))
+    ctx.note("settings", asdict(settings))
+    ctx.note("pairs", len(pairs))
+    ctx.note("conventions", CONVENTIONS)
+    known = {f.name for f in fields(measures.AnalysisSettings)}
+    analysis = measures.AnalysisSettings(**{k: v for k, v in asdict(settings).items() if k in known},
+                                         batch_size=ctx.options.batch_size)
+    tables = measures.analyse(model, task, analysis, positions=measures.injected_positions(task),
+                              progress=ctx.log, seed=ctx.seed)
+    tables["agreement"] = agreement(tables["heads"])
+    tables["overlap"] = overlap_table(tables, ctx.out_dir.parent, ctx.corpus_id, model.config)
+    for name, df in tables.items():
+        if name != "heads":
+            ctx.write_table(df, name)
+    heads = tables["heads"]
+    heads.insert(0, "corpus", ctx.corpus_id)
+    heads.insert(0, "model", ctx.model_id)
+    return heads
+
+
+def agreement(heads: pd.DataFrame) -> pd.DataFrame:
+    """Spearman (and Pearson) over heads of each estimate's effect with exact patching's."""
+    wide = heads.pivot_table(index="node", columns="method", values="effect")
+    rows = []
+    for method in wide.columns:
+        if method == "exact":
+            continue
+        rows.append({"method": method, "spearman": wide[method].corr(wide["exact"], method="spearman"),
+                     "pearson": wide[method].corr(wide["exact"]), "n_heads": len(wide)})
+    return pd.DataFrame(rows)
+
+
+def duplicate_heads(out_root: Path, corpus_id: str) -> set[tuple[int, int]] | None:
+    """The same-token experiment's held-out top duplicate heads in this run (attention weighting, on the run's
+    corpus: both halves' choices), or None when its table is absent."""
+    for name in ("held_out.parquet", "held_out.csv"):
+        path = Path(out_root) / "same_token" / name
+        if path.is_file():
+            df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+            rows = df[(df.weighting == "attention") & df.criterion.str.startswith("duplicate")]
+            if "corpus" in rows and (rows.corpus == corpus_id).any():
+                rows = rows[rows.corpus == corpus_id]
+            return {(int(r.layer), int(r.head)) for r in rows.itertuples()} | {
+                (int(r.layer_other), int(r.head_other)) for r in rows.itertuples()}
+    return None
+
+
+def overlap_table(tables: dict[str, pd.DataFrame], out_root: Path, corpus_id: str, config: Any) -> pd.DataFrame:
+    """Overlap of the circuit's heads (and of the top exact-patching heads, as many as there are duplicate heads)
+    with the same-token duplicate heads, against chance; empty when same-token has not run into this folder."""
+    dup = duplicate_heads(out_root, corpus_id)
+    if not dup:
+        return pd.DataFrame(columns=["heads", "overlap", "n_found", "n_other", "expected", "p_value"])
+    n = config.n_layers * config.n_heads
+    found = {_head(node) for node in set(tables["circuit"].sender) | set(tables["circuit"].receiver)
+             if node.startswith("a")}
+    exact = tables["heads"][tables["heads"].method == "exact"]
+    top = exact.reindex(exact.normalised.abs().sort_values(ascending=False).index).head(len(dup))
+    rows = [{"heads": "circuit", **measures.head_overlap(found, dup, n)},
+            {"heads": f"top {len(dup)} by exact patching", **measures.head_overlap(
+                {(int(r.layer), int(r.head)) for r in top.itertuples()}, dup, n)}]
+    return pd.DataFrame(rows)
+
+
+def _head(node: str) -> tuple[int, int]:
+    layer, head = node[1:].split(".h")
+    return int(layer), int(head)
+
+
+def _json(p: dict) -> str:
+    import json
+
+    return json.dumps(p)

@@ -1,0 +1,153 @@
+"""The circuits analysis of one task, as plain tables: head scores by every method (with their cost), edges, a
+circuit with its faithfulness curve, CPR/CMD and random controls; plus the built-in TFC1 task and the overlap
+with another head set. Used by the ``circuits`` experiment and by ``bertscope circuits``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from bertscope.hooks import circuits
+
+HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig")
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """What :func:`analyse` computes and at which size."""
+
+    methods: tuple[str, ...] = HEAD_METHODS
+    ig_steps: int = 5  # EAP-IG's steps, for head scores and edges
+    edge_method: str = "eap-ig"
+    candidates: int = 30  # greedy search starts from this many top edges
+    threshold: float = 0.02  # an edge stays when dropping it moves the metric by this share of m(full) - m(empty)
+    n_random: int = 3  # random edge orders for the faithfulness-curve control
+    n_random_circuits: int = 20  # random circuits of the found circuit's size
+    top_edges: int = 40  # rows of the edges table kept
+    batch_size: int = 16
+    n_boot: int = 1000
+
+
+def tfc1_pairs(sentences: Sequence[Sequence[str]], tokenizer: Any, *, filler: str = "the", max_pairs: int = 32,
+               max_tokens: int = 32, seed: int = 0) -> list[dict[str, Any]]:
+    """The TFC1 term-frequency task after Chen et al. (2024): from each sentence s (its words), a query term w
+    that occurs once in s, is alphabetic, is one word piece and is not the filler (drawn with ``seed``);
+    ``clean = s + " " + w``, ``corrupted = s + " " + filler``, ``query = w``. Sentences whose clean text is over
+    ``max_tokens`` word pieces, or with no such word, are skipped; at most ``max_pairs`` pairs."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for i, words in enumerate(sentences):
+        text = " ".join(words)
+        lowered = [w.lower() for w in words]
+        candidates = sorted({w for w in lowered if w.isalpha() and w != filler and lowered.count(w) == 1
+                             and len(tokenizer(w, add_special_tokens=False)["input_ids"]) == 1})
+        if not candidates:
+            continue
+        w = candidates[int(rng.integers(len(candidates)))]
+        clean, corrupted = f"{text} {w}", f"{text} {filler}"
+        n_clean = len(tokenizer(clean)["input_ids"])
+        if n_clean > max_tokens or n_clean != len(tokenizer(corrupted)["input_ids"]):
+            continue
+        pairs.append({"clean": clean, "corrupted": corrupted, "query": w, "sentence": i})
+        if len(pairs) >= max_pairs:
+            break
+    return pairs
+
+
+def injected_positions(task: circuits.Task) -> torch.Tensor:
+    """``[n_pairs]``: the position of the last real token before the final special token (the TFC1 term)."""
+    return task.mask.sum(1) - 2
+
+
+def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
+            positions: torch.Tensor | None = None, progress: Callable[[str], None] = lambda msg: None,
+            seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table of the circuits analysis of ``task`` (see the experiment's docstring for the columns):
+    ``heads`` (long: a row per method, layer and head), ``cost``, ``resid`` (when ``positions`` is given),
+    ``edges``, ``circuit``, ``faithfulness``, ``areas``, ``random_circuits``."""
+    s = settings
+    out: dict[str, pd.DataFrame] = {}
+    timer = _Timer(model, task, s.batch_size)
+    heads, cost = [], []
+    for method in s.methods:
+        progress(f"head scores: {method}")
+        if method == "exact":
+            table, secs = timer.time(lambda: circuits.patch(model, task, "heads", batch_size=s.batch_size,
+                                                            n_boot=s.n_boot, seed=seed))
+        else:
+            table, secs = timer.time(lambda m=method: circuits.attribute(
+                model, task, m, "heads", steps=s.ig_steps, batch_size=s.batch_size, n_boot=s.n_boot, seed=seed))
+        heads.append(table)
+        cost.append({"method": method, "seconds": secs, "forward_equivalents": secs / timer.forward_seconds})
+    out["heads"] = pd.concat(heads, ignore_index=True)
+    if positions is not None:
+        progress("residual stream at the injected position")
+        out["resid"] = circuits.patch(model, task, "resid", positions=positions, batch_size=s.batch_size,
+                                      n_boot=s.n_boot, seed=seed)
+    progress(f"edges: {s.edge_method}")
+    scores, secs = timer.time(lambda: circuits.edges(model, task, s.edge_method, steps=s.ig_steps,
+                                                     batch_size=s.batch_size))
+    cost.append({"method": f"edges:{s.edge_method}", "seconds": secs,
+                 "forward_equivalents": secs / timer.forward_seconds})
+    out["edges"] = scores.table().head(s.top_edges)
+    progress("circuit search (greedy, exact patching)")
+    ev = circuits.Evaluator(model, task, batch_size=max(s.batch_size, 32))
+    circuit, secs = timer.time(lambda: circuits.find_circuit(model, task, scores, method="greedy",
+                                                             candidates=s.candidates, threshold=s.threshold,
+                                                             evaluator=ev))
+    cost.append({"method": "greedy search", "seconds": secs, "forward_equivalents": secs / timer.forward_seconds})
+    out["cost"] = pd.DataFrame(cost)
+    progress("faithfulness curve and random controls")
+    curve, areas = circuits.faithfulness(model, task, scores, n_random=s.n_random, seed=seed, evaluator=ev)
+    out["faithfulness"], out["areas"] = curve, areas
+    rand = circuits.random_circuits(ev, len(circuit.edges), s.n_random_circuits, seed=seed)
+    out["random_circuits"] = pd.DataFrame({"draw": range(len(rand)), "n_edges": len(circuit.edges),
+                                           "faithfulness": rand})
+    out["circuit"] = circuit_table(circuit, scores)
+    return out
+
+
+def circuit_table(circuit: circuits.Circuit, scores: circuits.EdgeScores) -> pd.DataFrame:
+    """A row per edge of ``circuit`` with its score, and the circuit's faithfulness and references."""
+    g = scores.graph
+    s_of = {n: i for i, n in enumerate(g.senders)}
+    r_of = {n: i for i, n in enumerate(g.receivers)}
+    rows = []
+    for e in circuit.edges:
+        s, _, r = e.partition("->")
+        rows.append({"edge": e, "sender": s, "receiver": r, "score": float(scores.scores[s_of[s], r_of[r]])})
+    df = pd.DataFrame(rows, columns=["edge", "sender", "receiver", "score"])
+    df["faithfulness"], df["m_circuit"] = circuit.faithfulness, circuit.m_circuit
+    df["m_full"], df["m_empty"], df["n_evaluations"] = circuit.m_full, circuit.m_empty, circuit.n_evaluations
+    return df
+
+
+def head_overlap(found: set[tuple[int, int]], other: set[tuple[int, int]], n_heads: int) -> dict[str, float]:
+    """Overlap of two head sets against chance: ``overlap``, ``expected`` (``|A| |B| / n``) and the
+    hypergeometric ``p_value`` of at least that overlap when ``found`` is a random draw of its size."""
+    from scipy.stats import hypergeom
+
+    k = len(found & other)
+    p = float(hypergeom.sf(k - 1, n_heads, len(other), len(found))) if found and other else float("nan")
+    return {"overlap": float(k), "n_found": float(len(found)), "n_other": float(len(other)),
+            "expected": len(found) * len(other) / n_heads, "p_value": p}
+
+
+class _Timer:
+    """Wall time of a call, and of one clean forward pass over the task (the unit of forward-equivalents)."""
+
+    def __init__(self, model: Any, task: circuits.Task, batch_size: int) -> None:
+        start = time.perf_counter()
+        circuits.metric_values(model, task, "clean", batch_size)
+        self.forward_seconds = max(time.perf_counter() - start, 1e-9)
+
+    @staticmethod
+    def time(fn: Callable[[], Any]) -> tuple[Any, float]:
+        start = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - start

@@ -1,0 +1,129 @@
+"""Figures of the `circuits` experiment, drawn from the saved tables only (no model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from bertscope.experiments import io
+
+FORMATS = tuple(io.FIGURE_FORMATS)
+Formats = tuple[str, ...]
+LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG"}
+
+CAPTIONS: dict[str, str] = {
+    "fig_head_maps": "Which heads carry the term-frequency signal: each head's effect on the cosine between the "
+    "query term and the document when that head's output is patched from the corrupted document (filler word) "
+    "into the clean one (query term repeated), as a share of the whole clean-to-corrupted change. One panel "
+    "per method: exact patching, and the gradient estimates AtP, AtP* and EAP-IG of the same quantity.",
+    "fig_circuit": "The circuit found by greedy pruning with exact patching on the frozen-LayerNorm model: "
+    "nodes are the input, the heads and MLPs it keeps, and the output; an edge's width is its EAP-IG score's "
+    "size, its colour the sign (red: the edge pushes the metric toward the corrupted value when corrupted).",
+    "fig_faithfulness": "Faithfulness of circuits made of the top edges by score (black) and of random edge "
+    "orders (grey), as a function of the fraction of edges kept: 1 = the circuit alone recovers the full "
+    "model's metric, 0 = no better than the corrupted run. CPR is the area under the curve, CMD the area "
+    "between it and 1 (MIB).",
+}
+
+
+def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
+    """Every figure the saved tables allow; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    formats = tuple(formats or FORMATS)
+    out_dir = Path(out_dir)
+    paths: list[Path] = []
+    results = read_table(out_dir, "results")
+    if results is not None:
+        paths += plot_head_maps(results, out_dir, formats)
+    circuit = read_table(out_dir, "circuit")
+    if circuit is not None and not circuit.empty:
+        paths += plot_circuit(circuit, out_dir, formats)
+    curve = read_table(out_dir, "faithfulness")
+    if curve is not None:
+        paths += plot_faithfulness(curve, read_table(out_dir, "areas"), out_dir, formats)
+    return paths
+
+
+def read_table(out_dir: Path, name: str) -> pd.DataFrame | None:
+    """``out_dir/name.parquet`` (or .csv), None when absent."""
+    for suffix in (".parquet", ".csv"):
+        path = Path(out_dir) / f"{name}{suffix}"
+        if path.is_file():
+            return pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
+    return None
+
+
+def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in LABELS if m in set(results.method)]
+    n_layers, n_heads = int(results.layer.max()) + 1, int(results["head"].max()) + 1
+    grids = {m: results[results.method == m].pivot_table(index="layer", columns="head", values="normalised")
+             .reindex(index=range(n_layers), columns=range(n_heads)).to_numpy() for m in methods}
+    vmax = max(float(np.nanmax(np.abs(g))) for g in grids.values()) or 1.0
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 2.8), squeeze=False)
+    for ax, m in zip(axes[0], methods, strict=True):
+        im = ax.imshow(grids[m], cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
+        ax.set_title(LABELS[m], fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of the clean-to-corrupted change")
+    fig.suptitle("Head effects on the term-frequency signal (TFC1)", fontsize=10)
+    return io.save_figure(fig, out_dir / "fig_head_maps", formats)
+
+
+def _position(node: str, n_layers: int) -> tuple[float, float]:
+    if node == "input":
+        return 0.0, -1.0
+    if node == "output":
+        return 0.0, 2 * n_layers
+    if node.startswith("m"):
+        return 7.0, 2 * int(node[1:]) + 1
+    layer, head = node[1:].split(".h")
+    return int(head) - 5.5, 2 * int(layer)
+
+
+def plot_circuit(circuit: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    nodes = sorted(set(circuit.sender) | set(circuit.receiver))
+    layers = [int(n[1:].split(".")[0]) for n in nodes if n[0] in "am"]
+    n_layers = (max(layers) + 1) if layers else 1
+    pos = {n: _position(n, n_layers) for n in nodes}
+    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.6 * n_layers))
+    biggest = float(circuit.score.abs().max()) or 1.0
+    for r in circuit.itertuples():
+        (x0, y0), (x1, y1) = pos[r.sender], pos[r.receiver]
+        ax.plot([x0, x1], [y0, y1], color="tab:red" if r.score < 0 else "tab:blue",
+                lw=0.5 + 3 * abs(r.score) / biggest, alpha=0.7, zorder=1)
+    for n, (x, y) in pos.items():
+        ax.scatter([x], [y], s=120, color="white", edgecolor="black", zorder=2)
+        ax.annotate(n, (x, y), fontsize=7, ha="center", va="center", zorder=3)
+    ax.set_axis_off()
+    f = float(circuit.faithfulness.iloc[0])
+    ax.set_title(f"Circuit: {len(circuit)} edges, faithfulness {f:.2f}", fontsize=10)
+    return io.save_figure(fig, out_dir / "fig_circuit", formats)
+
+
+def plot_faithfulness(curve: pd.DataFrame, areas: pd.DataFrame | None, out_dir: Path,
+                      formats: Formats = FORMATS) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for name, part in curve.groupby("ordering", sort=False):
+        ours = name == "scores"
+        label = "top edges by score" if ours else ("random edge orders" if name == "random0" else None)
+        ax.plot(part.percent, part.faithfulness, marker="o" if ours else None, color="black" if ours else "grey",
+                lw=1.5 if ours else 0.8, label=label)
+    ax.axhline(1.0, color="black", lw=0.5, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("% of edges kept")
+    ax.set_ylabel("faithfulness")
+    if areas is not None and not areas.empty:
+        a = areas[areas.ordering == "scores"].iloc[0]
+        ax.set_title(f"Faithfulness curve (CPR {a.cpr:.2f}, CMD {a.cmd:.2f})", fontsize=10)
+    ax.legend(fontsize=8)
+    return io.save_figure(fig, out_dir / "fig_faithfulness", formats)

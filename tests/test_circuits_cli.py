@@ -1,0 +1,106 @@
+"""``bertscope circuits`` (bad input: one line, exit 2, nothing written; a small run writes its tables) and the
+experiment's pieces: the TFC1 task builder and the head-overlap statistic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bertscope.experiments import cli
+from bertscope.experiments.circuits import measures
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from helpers import save_tiny_bert
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    save_tiny_bert(folder)
+    return folder
+
+
+def _pairs(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+GOOD = [{"clean": "the cat sat on the mat cat", "corrupted": "the cat sat on the mat the", "query": "cat"},
+        {"clean": "dogs bark at night dogs", "corrupted": "dogs bark at night the", "query": "dogs"},
+        {"clean": "a bird sang in the tree bird", "corrupted": "a bird sang in the tree the", "query": "bird"}]
+
+
+@pytest.mark.parametrize("case", ["unequal", "metric", "mask"])
+def test_bad_input_fails_with_one_line_and_writes_nothing(case, tiny_folder, tmp_path, capsys):
+    rows = GOOD + ([{"clean": "a b c", "corrupted": "a b c d", "query": "a"}] if case == "unequal" else [])
+    task = _pairs(tmp_path / "pairs.jsonl", rows)
+    metric = {"unequal": "cosine", "metric": "accuracy", "mask": "mask-logit-diff"}[case]
+    out = tmp_path / "out"
+    code = cli.main(["circuits", "--task", str(task), "--metric", metric, "--model", str(tiny_folder),
+                     "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("bertscope: error:")
+    assert {"unequal": "line 4", "metric": "unknown metric", "mask": "masked-LM head"}[case] in err[0]
+    assert not out.exists()
+
+
+def test_small_run_writes_every_table(tiny_folder, tmp_path, capsys):
+    task = _pairs(tmp_path / "pairs.jsonl", GOOD)
+    out = tmp_path / "out"
+    code = cli.main(["circuits", "--task", str(task), "--metric", "cosine", "--model", str(tiny_folder),
+                     "--out", str(out), "--steps", "1", "--candidates", "4", "--n-random", "1", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    for name in ("heads", "cost", "edges", "circuit", "faithfulness", "areas", "random_circuits"):
+        assert (out / f"{name}.csv").is_file(), name
+    import pandas as pd
+
+    heads = pd.read_csv(out / "heads.csv")
+    assert set(heads.method) == {"exact", "atp", "atp*", "eap-ig"}
+    assert len(heads) == 4 * 2 * 4  # methods x layers x heads of the tiny model
+
+
+def test_tfc1_pairs_repeat_a_single_occurrence_term():
+    from helpers import BUNDLED
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(BUNDLED)
+    sentences = [["the", "cat", "sat", "on", "the", "mat"], ["the", "the"], ["a", "dog", "barked", "."]]
+    pairs = measures.tfc1_pairs(sentences, tok, max_pairs=5, seed=0)
+    assert [p["sentence"] for p in pairs] == [0, 2]  # sentence 1 has no word occurring once except the filler
+    for p in pairs:
+        words = sentences[p["sentence"]]
+        assert words.count(p["query"]) == 1 and p["query"] != "the"
+        assert p["clean"] == " ".join(words) + " " + p["query"]
+        assert p["corrupted"] == " ".join(words) + " the"
+        assert len(tok(p["clean"])["input_ids"]) == len(tok(p["corrupted"])["input_ids"])
+
+
+def test_head_overlap_against_chance():
+    found, other = {(0, 1), (1, 2), (2, 3)}, {(0, 1), (1, 2), (5, 5), (4, 4)}
+    o = measures.head_overlap(found, other, 72)
+    assert o["overlap"] == 2 and o["expected"] == pytest.approx(3 * 4 / 72)
+    from scipy.stats import hypergeom
+
+    assert o["p_value"] == pytest.approx(sum(hypergeom.pmf(k, 72, 4, 3) for k in (2, 3)))
+
+
+def test_figures_and_findings_from_saved_tables(tiny_folder, tmp_path):
+    import shutil
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from bertscope.experiments.circuits import experiment, findings, plot
+
+    task = _pairs(tmp_path / "pairs.jsonl", GOOD)
+    out = tmp_path / "out"
+    assert cli.main(["circuits", "--task", str(task), "--metric", "cosine", "--model", str(tiny_folder),
+                     "--out", str(out), "--steps", "1", "--candidates", "4", "--n-random", "1", "--quiet"]) == 0
+    shutil.copy(out / "heads.csv", out / "results.csv")  # the experiment's name for the head table
+    import pandas as pd
+
+    experiment.agreement(pd.read_csv(out / "heads.csv")).to_csv(out / "agreement.csv", index=False)
+    stems = {p.stem for p in plot(out, formats=("png",))}
+    assert {"fig_head_maps", "fig_faithfulness"} <= stems
+    texts = [f.text for f in findings(out)]
+    assert any("Agreement with exact patching" in t for t in texts)
+    assert any("Greedy pruning" in t for t in texts)
