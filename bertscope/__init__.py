@@ -65,19 +65,26 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-def load_capture(*args, **kwargs):
-    """Load activations written by ``bertscope capture``; see ``bertscope.experiments.capture.load_capture``."""
+def load_capture(out_dir, hooks=None, *, as_frame=False, order="corpus"):
+    """Load activations written by ``bertscope capture`` from folder ``out_dir``: ``(tensors, rows)`` (or one
+    DataFrame with ``as_frame=True``). ``hooks``: names or globs to load (default all); ``order``: ``"corpus"`` or
+    ``"shard"``. Full description: ``bertscope.experiments.capture.load_capture`` (imported on first call, so
+    ``import bertscope`` stays light)."""
     from bertscope.experiments.capture import load_capture as _load_capture
 
-    return _load_capture(*args, **kwargs)
+    return _load_capture(out_dir, hooks, as_frame=as_frame, order=order)
 
 
-def explore(*args, **kwargs):
+def explore(model, texts, *, maps=None, labels=None, mixing=None, qk="auto", attention=True,
+            title="bertscope explorer", batch_size=8):  # fmt: skip
     """Interactive attention explorer for a few texts (an object Jupyter shows and ``.save(path)`` writes as one
-    offline HTML page); see ``bertscope.experiments.explorer.explore``."""
+    offline HTML page). ``maps``: extra views ``{name: [batch, layer, query, key]}``; ``mixing``: context-mixing
+    methods to compute for the menu (e.g. ``"alti,attention_norm"``); ``qk``: which sentences get the query-key
+    view. Full description: ``bertscope.experiments.explorer.explore`` (imported on first call)."""
     from bertscope.experiments.explorer import explore as _explore
 
-    return _explore(*args, **kwargs)
+    return _explore(model, texts, maps=maps, labels=labels, mixing=mixing, qk=qk, attention=attention, title=title,
+                    batch_size=batch_size)
 
 
 __all__ = [

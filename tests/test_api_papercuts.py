@@ -89,3 +89,18 @@ def test_load_capture_of_a_missing_folder_says_it_does_not_exist(tmp_path):
     (tmp_path / "half" / "shard-00000.safetensors").write_bytes(b"")
     with pytest.raises(CaptureError, match="unfinished.*rerun"):
         bertscope.load_capture(tmp_path / "half")
+
+
+@pytest.mark.parametrize(("name", "module"), [("explore", "bertscope.experiments.explorer"),
+                                              ("load_capture", "bertscope.experiments.capture")])
+def test_lazy_entry_points_show_their_real_signature(name, module):
+    """`help(bertscope.explore)` showed `(*args, **kwargs)`: the lazy wrappers now carry the real parameters
+    (names, kinds and defaults equal to the function they call)."""
+    import importlib
+    import inspect
+
+    wrapper = inspect.signature(getattr(bertscope, name))
+    real = inspect.signature(getattr(importlib.import_module(module), name))
+    assert [(p.name, p.kind, p.default) for p in wrapper.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in real.parameters.values()]
+    assert "args" not in wrapper.parameters and "kwargs" not in wrapper.parameters
