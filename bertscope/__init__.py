@@ -24,25 +24,30 @@ from importlib import import_module as _import_module
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
-from bertscope.hooks import (
-    ActivationCache,
-    HookedModule,
-    HookPoint,
-    ablate_heads,
-    contributions,
-    mean_z,
-    mixing_ratio,
-    patch_activation,
-    patch_heads,
-)
-from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
-
 if TYPE_CHECKING:
+    from bertscope.hooks import (
+        ActivationCache,
+        HookedModule,
+        HookPoint,
+        ablate_heads,
+        contributions,
+        mean_z,
+        mixing_ratio,
+        patch_activation,
+        patch_heads,
+    )
+    from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
     from bertscope.probes import LinearProbe, StructuralProbe, evaluate
 
-# Imported on first use: the probes bring in scikit-learn and SciPy (over a second at start-up), which the
-# encoders, the hooks and `bertscope capture` (every one of its processes) do without.
-_LAZY = {"LinearProbe": "bertscope.probes", "StructuralProbe": "bertscope.probes", "evaluate": "bertscope.probes"}
+# Every public name is imported on first use (PEP 562), so `import bertscope` and the `bertscope` command line
+# start without torch (a usage error answers in well under a second); the probes bring in scikit-learn and SciPy,
+# which the encoders, the hooks and `bertscope capture` do without.
+_LAZY = {
+    **dict.fromkeys(("ActivationCache", "HookedModule", "HookPoint", "ablate_heads", "contributions", "mean_z",
+                     "mixing_ratio", "patch_activation", "patch_heads"), "bertscope.hooks"),
+    **dict.fromkeys(("CheckpointError", "Encoder", "EncoderConfig", "load", "random_encoder"), "bertscope.models"),
+    **dict.fromkeys(("LinearProbe", "StructuralProbe", "evaluate"), "bertscope.probes"),
+}  # fmt: skip
 
 try:
     __version__ = _metadata.version("bertscope")
@@ -51,9 +56,10 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 
 def __getattr__(name: str):
-    """``LinearProbe``, ``StructuralProbe``, ``evaluate`` and ``probes``, imported when first asked for."""
-    if name == "probes":
-        return _import_module("bertscope.probes")
+    """The public names (``load``, ``ActivationCache``, ``LinearProbe`` ...) and the subpackages, imported when
+    first asked for."""
+    if name in ("models", "hooks", "probes", "experiments"):
+        return _import_module(f"bertscope.{name}")
     if name in _LAZY:
         value = getattr(_import_module(_LAZY[name]), name)
         globals()[name] = value
