@@ -104,3 +104,19 @@ def test_lazy_entry_points_show_their_real_signature(name, module):
     assert [(p.name, p.kind, p.default) for p in wrapper.parameters.values()] == [
         (p.name, p.kind, p.default) for p in real.parameters.values()]
     assert "args" not in wrapper.parameters and "kwargs" not in wrapper.parameters
+
+
+def test_watching_leaves_outputs_bit_identical_except_pattern_and_scores(bundled):
+    """27.1: the README said "watching a tensor never changes the numbers"; what holds: every hook but
+    hook_scores/hook_pattern leaves the fused output bit-identical, and those two switch the layer to the explicit
+    path, moving outputs by float32 rounding within the kernel promise."""
+    from helpers import assert_close_across_kernels
+
+    with torch.no_grad():
+        plain = bundled(TEXTS)
+        others = [n for n in bundled.hook_names() if not n.endswith(("hook_scores", "hook_pattern"))]
+        watched, cache = bundled.run_with_cache(TEXTS, names_filter=others)
+        with_pattern, _ = bundled.run_with_cache(TEXTS, names_filter="blocks.*.attn.hook_pattern")
+    assert len(cache) == len(others) and torch.equal(watched, plain)
+    real = bundled.to_tokens(TEXTS)["attention_mask"].bool()
+    assert_close_across_kernels(with_pattern[real], plain[real])
