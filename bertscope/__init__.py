@@ -24,25 +24,30 @@ from importlib import import_module as _import_module
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
-from bertscope.hooks import (
-    ActivationCache,
-    HookedModule,
-    HookPoint,
-    ablate_heads,
-    contributions,
-    mean_z,
-    mixing_ratio,
-    patch_activation,
-    patch_heads,
-)
-from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
-
 if TYPE_CHECKING:
+    from bertscope.hooks import (
+        ActivationCache,
+        HookedModule,
+        HookPoint,
+        ablate_heads,
+        contributions,
+        mean_z,
+        mixing_ratio,
+        patch_activation,
+        patch_heads,
+    )
+    from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
     from bertscope.probes import LinearProbe, StructuralProbe, evaluate
 
-# Imported on first use: the probes bring in scikit-learn and SciPy (over a second at start-up), which the
-# encoders, the hooks and `bertscope capture` (every one of its processes) do without.
-_LAZY = {"LinearProbe": "bertscope.probes", "StructuralProbe": "bertscope.probes", "evaluate": "bertscope.probes"}
+# Every public name is imported on first use (PEP 562), so `import bertscope` and the `bertscope` command line
+# start without torch (a usage error answers in well under a second); the probes bring in scikit-learn and SciPy,
+# which the encoders, the hooks and `bertscope capture` do without.
+_LAZY = {
+    **dict.fromkeys(("ActivationCache", "HookedModule", "HookPoint", "ablate_heads", "contributions", "mean_z",
+                     "mixing_ratio", "patch_activation", "patch_heads"), "bertscope.hooks"),
+    **dict.fromkeys(("CheckpointError", "Encoder", "EncoderConfig", "load", "random_encoder"), "bertscope.models"),
+    **dict.fromkeys(("LinearProbe", "StructuralProbe", "evaluate"), "bertscope.probes"),
+}  # fmt: skip
 
 try:
     __version__ = _metadata.version("bertscope")
@@ -51,9 +56,10 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 
 def __getattr__(name: str):
-    """``LinearProbe``, ``StructuralProbe``, ``evaluate`` and ``probes``, imported when first asked for."""
-    if name == "probes":
-        return _import_module("bertscope.probes")
+    """The public names (``load``, ``ActivationCache``, ``LinearProbe`` ...) and the subpackages, imported when
+    first asked for."""
+    if name in ("models", "hooks", "probes", "experiments"):
+        return _import_module(f"bertscope.{name}")
     if name in _LAZY:
         value = getattr(_import_module(_LAZY[name]), name)
         globals()[name] = value
@@ -65,19 +71,26 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-def load_capture(*args, **kwargs):
-    """Load activations written by ``bertscope capture``; see ``bertscope.experiments.capture.load_capture``."""
+def load_capture(out_dir, hooks=None, *, as_frame=False, order="corpus"):
+    """Load activations written by ``bertscope capture`` from folder ``out_dir``: ``(tensors, rows)`` (or one
+    DataFrame with ``as_frame=True``). ``hooks``: names or globs to load (default all); ``order``: ``"corpus"`` or
+    ``"shard"``. Full description: ``bertscope.experiments.capture.load_capture`` (imported on first call, so
+    ``import bertscope`` stays light)."""
     from bertscope.experiments.capture import load_capture as _load_capture
 
-    return _load_capture(*args, **kwargs)
+    return _load_capture(out_dir, hooks, as_frame=as_frame, order=order)
 
 
-def explore(*args, **kwargs):
+def explore(model, texts, *, maps=None, labels=None, mixing=None, qk="auto", attention=True,
+            title="bertscope explorer", batch_size=8):  # fmt: skip
     """Interactive attention explorer for a few texts (an object Jupyter shows and ``.save(path)`` writes as one
-    offline HTML page); see ``bertscope.experiments.explorer.explore``."""
+    offline HTML page). ``maps``: extra views ``{name: [batch, layer, query, key]}``; ``mixing``: context-mixing
+    methods to compute for the menu (e.g. ``"alti,attention_norm"``); ``qk``: which sentences get the query-key
+    view. Full description: ``bertscope.experiments.explorer.explore`` (imported on first call)."""
     from bertscope.experiments.explorer import explore as _explore
 
-    return _explore(*args, **kwargs)
+    return _explore(model, texts, maps=maps, labels=labels, mixing=mixing, qk=qk, attention=attention, title=title,
+                    batch_size=batch_size)
 
 
 __all__ = [

@@ -7,6 +7,7 @@ Bad input from the user raises :class:`UsageError`; the CLI prints it on one lin
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,9 @@ class RunOptions:
         # Its lower bound is the model's (special tokens plus one word piece): `check_max_length` states it once.
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        resolve_dtype_name(self.dtype)  # validate early, before anything is loaded
+        # dtype and device are resolved by `prepare_inputs` before anything is loaded (that needs torch); here
+        # only what can be checked without importing it, so a usage error answers at once
+        check_device_spelling(self.device)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -149,6 +152,32 @@ def check_max_length(max_length: int, model: Any) -> None:
         raise UsageError(
             f"--max-length {max_length} exceeds the model's {limit} positions; use --max-length {limit} or less"
         )
+
+
+#: Corpus names `corpus.load_corpus` knows (kept equal to `corpus.CORPUS_NAMES` by a test; read here without
+#: importing the corpus package, which brings in torch).
+CORPUS_SPELLINGS = ("builtin", "repeated-random", "repeated-random:m=<int>")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?", re.IGNORECASE)
+
+
+def check_device_spelling(spec: str | None) -> None:
+    """``--device`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (availability is checked by `resolve_device`)."""
+    if spec is not None and not isinstance(spec, str):
+        return  # a torch.device from the API: resolve_device checks it
+    if spec is not None and not _DEVICE.fullmatch(spec.strip()):
+        raise UsageError(f"--device {spec!r}: not one of auto, cpu, cuda, cuda:N")
+
+
+def check_corpus_spelling(spec: str) -> None:
+    """``--corpus`` is a known corpus name or an existing path (read later by `load_corpus_spec`); checked
+    without importing torch."""
+    text = str(spec)
+    if text in ("builtin", "repeated-random") or re.fullmatch(r"repeated-random(:m=\d+)?", text):
+        return
+    if not Path(text).expanduser().exists():
+        raise UsageError(f"--corpus {text}: corpus {text!r} is neither a known corpus ({', '.join(CORPUS_SPELLINGS)}) "
+                         "nor an existing file; give one of those names or the path of a .txt, .conllu or .jsonl "
+                         "file")  # fmt: skip
 
 
 def resolve_device(spec: str) -> torch.device:

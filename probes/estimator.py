@@ -40,7 +40,9 @@ class LinearProbe(BaseEstimator):
 
     Parameters
     ----------
-    task: "classification" or "regression".
+    task: "classification", "regression", or None (default) = from the labels at ``fit``, as ``evaluate`` infers
+        it: float labels -> regression, integer, boolean or string labels -> classification (``task_`` holds the
+        task fitted).
     alpha: L2 strength on the MEAN loss (>= 0 for ridge, > 0 for logistic); scikit-learn's C = 1 / (alpha * n)
         for n training rows (module docstring). The same alpha means the same at any training-set size.
     standardize: scale features to zero mean / unit variance (statistics of the training rows) before fitting;
@@ -68,7 +70,7 @@ class LinearProbe(BaseEstimator):
 
     def __init__(
         self,
-        task: str = "classification",
+        task: str | None = None,
         alpha: float = 1e-3,
         standardize: bool = True,
         backend: str = "sklearn",
@@ -92,17 +94,29 @@ class LinearProbe(BaseEstimator):
         self.batch_size = batch_size
         self.n_threads = n_threads
 
+    @property
+    def _task(self) -> str:
+        """The task in force: the fitted ``task_``, else ``task`` (``None`` reads as classification until fitted)."""
+        return getattr(self, "task_", None) or (self.task if self.task is not None else "classification")
+
+    def _resolve_task(self, y: Any) -> str:
+        """``task`` checked, or (``task=None``) inferred from ``y``'s dtype."""
+        if self.task is not None:
+            return check_task(self.task)
+        kind = (y.dtype.is_floating_point and "f") if isinstance(y, torch.Tensor) else np.asarray(y).dtype.kind
+        return "regression" if kind == "f" else "classification"
+
     # -- scikit-learn integration -------------------------------------------------------------------------
     @property
     def _estimator_type(self) -> str:  # scikit-learn < 1.6 reads this to pick stratified splits / scoring
-        return "classifier" if self.task == "classification" else "regressor"
+        return "classifier" if self._task == "classification" else "regressor"
 
     def __sklearn_tags__(self):  # noqa: ANN204 (sklearn.utils.Tags, sklearn >= 1.6)
         from sklearn.utils import ClassifierTags, RegressorTags
 
         tags = super().__sklearn_tags__()
         tags.target_tags.required = True
-        if self.task == "classification":
+        if self._task == "classification":
             tags.estimator_type = "classifier"
             tags.classifier_tags = ClassifierTags()
         else:
@@ -128,6 +142,7 @@ class LinearProbe(BaseEstimator):
         if not grid:
             raise ValueError("alphas is empty; pass at least one alpha")
         checker = clone(self)
+        checker.task_ = self._resolve_task(y)
         for a in grid:
             checker.set_params(alpha=a)._check_alpha()
         with thread_limit(self.n_threads):
@@ -141,15 +156,16 @@ class LinearProbe(BaseEstimator):
             return out  # type: ignore[return-value]
 
     def _fit_path_torch(self, X: Any, y: Any, grid: list[float]) -> list[LinearProbe]:
-        check_task(self.task)
+        task = self._resolve_task(y)
         X = check_features(X)
         n, d = X.shape
-        y = check_target(y, n, self.task)
+        y = check_target(y, n, task)
         template = clone(self)
-        if self.task == "classification":
+        template.task_ = task
+        if template._task == "classification":
             template.classes_, y_idx = check_classes(y)
         Xs, device = template._standardized_tensor(X)
-        if self.task == "regression":
+        if task == "regression":
             yt = torch.as_tensor(y, dtype=torch.float64, device=device)
             sols = [(w[None, :], b[None], 0, True) for w, b in
                     _torch_solvers.fit_ridge_path(Xs, yt, grid, batch_size=self.batch_size)]  # fmt: skip
@@ -177,25 +193,25 @@ class LinearProbe(BaseEstimator):
             return self._decision_function(X)
 
     def _fit(self, X: Any, y: Any) -> LinearProbe:
-        check_task(self.task)
+        self.task_ = self._resolve_task(y)
         check_backend(self.backend)
         self._check_alpha()
         X = check_features(X)
         n, d = X.shape
-        y = check_target(y, n, self.task)
-        if self.task == "classification":
+        y = check_target(y, n, self._task)
+        if self._task == "classification":
             classes, y_idx = check_classes(y)
         previous = self._previous_solution() if self.warm_start else None
         if previous is not None and previous[0].shape[1] != d:
             previous = None
-        if self.task == "classification":
+        if self._task == "classification":
             if previous is not None and not np.array_equal(previous[2], classes):
                 previous = None
             self.classes_ = classes
         if self.backend == "torch":
-            self._fit_torch(X, y_idx if self.task == "classification" else y, previous)
+            self._fit_torch(X, y_idx if self._task == "classification" else y, previous)
         else:
-            self._fit_sklearn(X, y_idx if self.task == "classification" else y, previous)
+            self._fit_sklearn(X, y_idx if self._task == "classification" else y, previous)
         self.n_features_in_ = d
         self._sync_public_coef()
         return self
@@ -215,7 +231,7 @@ class LinearProbe(BaseEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities [n, K], columns in the order of `classes_` (classification only)."""
-        if self.task != "classification":
+        if self._task != "classification":
             raise AttributeError("predict_proba is only available for task='classification'")
         scores = self.decision_function(X)
         if scores.ndim == 1:
@@ -226,7 +242,7 @@ class LinearProbe(BaseEstimator):
     def predict(self, X: Any) -> np.ndarray:
         """Predicted labels [n] (from `classes_`) or regression values [n]."""
         scores = self.decision_function(X)
-        if self.task == "regression":
+        if self._task == "regression":
             return scores
         if scores.ndim == 1:
             return self.classes_[(scores > 0).astype(np.int64)]
@@ -236,8 +252,8 @@ class LinearProbe(BaseEstimator):
         """Accuracy (classification) or R^2 (regression), as scikit-learn's mixins define them."""
         from sklearn.metrics import accuracy_score, r2_score
 
-        y_true = check_target(y, check_features(X, min_rows=1).shape[0], self.task)
-        metric = accuracy_score if self.task == "classification" else r2_score
+        y_true = check_target(y, check_features(X, min_rows=1).shape[0], self._task)
+        metric = accuracy_score if self._task == "classification" else r2_score
         return float(metric(y_true, self.predict(X), sample_weight=sample_weight))
 
     # -- backends -------------------------------------------------------------------------------------------
@@ -250,7 +266,7 @@ class LinearProbe(BaseEstimator):
         else:
             mean, scale, Xs = np.zeros(Xn.shape[1]), np.ones(Xn.shape[1]), Xn
         self.mean_, self.scale_ = mean, _safe_scale(scale)
-        if self.task == "regression":
+        if self._task == "regression":
             est = Ridge(alpha=self.alpha * len(Xs), random_state=self.seed).fit(Xs, target)
             self._w, self._b = np.atleast_2d(est.coef_).astype(np.float64), np.atleast_1d(est.intercept_)
             self.n_iter_, self.converged_ = 0, True
@@ -275,7 +291,7 @@ class LinearProbe(BaseEstimator):
 
     def _fit_torch(self, X: Any, target: np.ndarray, previous: tuple | None) -> None:
         Xs, device = self._standardized_tensor(X)
-        if self.task == "regression":
+        if self._task == "regression":
             yt = torch.as_tensor(target, dtype=torch.float64, device=device)
             w, b = _torch_solvers.fit_ridge(Xs, yt, self.alpha, batch_size=self.batch_size)
             self._w, self._b = w.cpu().numpy()[None, :], np.atleast_1d(b.cpu().numpy())
@@ -338,9 +354,9 @@ class LinearProbe(BaseEstimator):
     # -- helpers ----------------------------------------------------------------------------------------------
     def _check_alpha(self) -> None:
         alpha = float(self.alpha)
-        if not np.isfinite(alpha) or alpha < 0 or (self.task == "classification" and alpha == 0):
-            need = "> 0" if self.task == "classification" else ">= 0"
-            raise ValueError(f"alpha must be finite and {need} for task={self.task!r}, got {self.alpha!r}")
+        if not np.isfinite(alpha) or alpha < 0 or (self._task == "classification" and alpha == 0):
+            need = "> 0" if self._task == "classification" else ">= 0"
+            raise ValueError(f"alpha must be finite and {need} for task={self._task!r}, got {self.alpha!r}")
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "_w"):
@@ -354,7 +370,7 @@ class LinearProbe(BaseEstimator):
     def _sync_public_coef(self) -> None:
         coef = self._w / self.scale_
         intercept = self._b - coef @ self.mean_
-        if self.task == "regression":
+        if self._task == "regression":
             self.coef_, self.intercept_ = coef[0], float(intercept[0])
         else:
             self.coef_, self.intercept_ = coef, intercept

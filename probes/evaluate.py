@@ -33,6 +33,7 @@ to weak L2, within one training split only: a warm start never crosses splits, w
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,10 +88,11 @@ class CrossValPredictions:
 def evaluate(
     X: Any,
     y: Any,
-    groups: Any,
+    groups: Any = None,
     *,
     task: str | None = None,
     n_folds: int = 5,
+    cv: Any = None,
     alphas: float | Sequence[float] | None = None,
     backend: str = "sklearn",
     device: str | torch.device | None = None,
@@ -113,7 +115,13 @@ def evaluate(
     X: [n, d] features (numpy, or a torch tensor for backend="torch"); y: [n] labels or targets;
     task: "classification", "regression", or None = from y (`_checks.infer_task`: floats -> regression,
         integers/strings with few values -> classification); classification on continuous y is refused.
-    groups: [n] sentence/document id of each row (use `np.arange(n)` only to demonstrate token-level leakage).
+    groups: [n] sentence/document id of each row (use `np.arange(n)` only to demonstrate token-level leakage);
+        None = every row its own group, with a warning (rows of one sentence share information, so folds and
+        intervals that treat them as independent are optimistic).
+    cv: a scikit-learn splitter (``KFold``, ``GroupKFold``, ``StratifiedGroupKFold`` ...) for the outer folds
+        instead of `n_folds` grouped, label-stratified folds; called as ``cv.split(X, y, groups)`` and must put
+        every row in exactly one test fold. Its own ``random_state`` decides the split (repeats do not redraw
+        it); a split that cuts a group across folds is warned about. The inner alpha CV stays grouped.
     alphas: None = inner grouped CV over `DEFAULT_ALPHAS`; a number or one-element list = that alpha, no
         inner CV (the fast path for many calls); a list = inner CV over it. See `LinearProbe` for the scale.
     within_k: int or ints; adds `accuracy_within_<k>` (|prediction - truth| <= k). For classification it also
@@ -139,6 +147,11 @@ def evaluate(
     here); the body checks the arguments, runs the repeats and pools them.
     """
     task = infer_task(y, task)  # before any fitting
+    if groups is None:
+        groups = np.arange(len(y))
+        warnings.warn("evaluate: no groups given, so every row is its own group; rows of one sentence share "
+                      "information, which makes folds leak and intervals too narrow: pass groups= (sentence ids)",
+                      UserWarning, stacklevel=2)  # fmt: skip
     if not 0 < ci < 1:
         raise ValueError(f"ci must be a level in (0, 1), got {ci}")
     if n_boot < 0:
@@ -151,7 +164,7 @@ def evaluate(
         seed_r = seed + r
         control_r = control(seed_r) if callable(control) else control
         runs.append(_one_repeat(
-            X, y, groups, control_r, names, numeric, task=task, n_folds=n_folds, alphas=alphas, backend=backend,
+            X, y, groups, control_r, names, numeric, task=task, n_folds=n_folds, cv=cv, alphas=alphas, backend=backend,
             device=device, seed=seed_r, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter,
             tol=tol, n_threads=n_threads, n_boot=n_boot,
         ))  # fmt: skip
@@ -162,7 +175,7 @@ def evaluate(
         "n_groups": runs[0]["cv"].n_groups,
         "alpha": float(np.median([a for run in runs for a in run["cv"].alpha_by_fold])),
         "alpha_by_fold": "|".join(";".join(f"{a:g}" for a in run["cv"].alpha_by_fold) for run in runs),
-        "n_folds": n_folds,
+        "n_folds": int(runs[0]["cv"].fold.max()) + 1,
         "n_boot": n_boot,
         "ci_level": ci,
         "task": task,
@@ -260,6 +273,7 @@ def grouped_cross_val_predict(
     device: str | torch.device | None = None,
     seed: int = 0,
     control: Any = None,
+    cv: Any = None,
     inner_folds: int = 3,
     standardize: bool = True,
     max_iter: int = 1000,
@@ -275,12 +289,16 @@ def grouped_cross_val_predict(
     loop, with input checks and each fit in helpers.
     """
     X, y, y_control, group_idx, n_groups, grid = _check_cv_inputs(
-        X, y, groups, control, task=task, n_folds=n_folds, alphas=alphas, inner_folds=inner_folds,
-        backend=backend, device=device,
+        X, y, groups, control, task=task, n_folds=2 if cv is not None else n_folds, alphas=alphas,
+        inner_folds=inner_folds, backend=backend, device=device,
     )  # fmt: skip
     n = X.shape[0]
     rng = np.random.default_rng([seed, 0])
-    fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, task))
+    if cv is None:
+        fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, task))
+    else:
+        fold = folds_from_splitter(cv, n, y, groups, group_idx)
+        n_folds = int(fold.max()) + 1
 
     def new_probe() -> LinearProbe:
         return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
@@ -320,6 +338,32 @@ def grouped_cross_val_predict(
         alpha_by_fold=alpha_by_fold, n_train_by_fold=n_train_by_fold, control_pred=control_pred,
         control_majority_pred=control_majority, converged=converged, control_converged=control_converged,
     )  # fmt: skip
+
+
+def folds_from_splitter(cv: Any, n: int, y: Any, groups: Any, group_idx: np.ndarray) -> np.ndarray:
+    """Fold [n] of each row from a scikit-learn splitter's test sets (``cv.split(X, y, groups)``); every row must
+    be tested exactly once (a K-fold splitter, not a shuffle-split). Warns when a group is cut across folds."""
+    if not hasattr(cv, "split"):
+        raise TypeError(f"cv must be a scikit-learn splitter with a split() method (e.g. GroupKFold(5)), got "
+                        f"{type(cv).__name__}")  # fmt: skip
+    fold = np.full(n, -1, dtype=np.int64)
+    for f, (_, test) in enumerate(cv.split(np.zeros((n, 1)), np.asarray(y), None if groups is None else
+                                           np.asarray(groups))):  # fmt: skip
+        if np.any(fold[test] >= 0):
+            raise ValueError(f"cv {type(cv).__name__} tests some rows in several folds; out-of-fold prediction "
+                             "needs each row tested exactly once (a K-fold splitter)")  # fmt: skip
+        fold[test] = f
+    if np.any(fold < 0):
+        raise ValueError(f"cv {type(cv).__name__} leaves {int(np.sum(fold < 0))} rows out of every test fold; "
+                         "out-of-fold prediction needs each row tested exactly once (a K-fold splitter)")
+    if fold.max() < 1:
+        raise ValueError(f"cv {type(cv).__name__} made a single fold; it needs at least 2")
+    cut = len({(g, f) for g, f in zip(group_idx.tolist(), fold.tolist(), strict=True)}) > len(np.unique(group_idx))
+    if cut:  # some group has rows in more than one fold
+        warnings.warn(f"cv {type(cv).__name__} puts rows of one group in several folds, so training and test "
+                      "share sentences (a leak); use a group-aware splitter such as GroupKFold", UserWarning,
+                      stacklevel=3)  # fmt: skip
+    return fold
 
 
 def _fit_predict(probe: LinearProbe, alpha: float, Xtr: Any, ytr: np.ndarray, Xte: Any,

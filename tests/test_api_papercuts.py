@@ -89,3 +89,34 @@ def test_load_capture_of_a_missing_folder_says_it_does_not_exist(tmp_path):
     (tmp_path / "half" / "shard-00000.safetensors").write_bytes(b"")
     with pytest.raises(CaptureError, match="unfinished.*rerun"):
         bertscope.load_capture(tmp_path / "half")
+
+
+@pytest.mark.parametrize(("name", "module"), [("explore", "bertscope.experiments.explorer"),
+                                              ("load_capture", "bertscope.experiments.capture")])
+def test_lazy_entry_points_show_their_real_signature(name, module):
+    """`help(bertscope.explore)` showed `(*args, **kwargs)`: the lazy wrappers now carry the real parameters
+    (names, kinds and defaults equal to the function they call)."""
+    import importlib
+    import inspect
+
+    wrapper = inspect.signature(getattr(bertscope, name))
+    real = inspect.signature(getattr(importlib.import_module(module), name))
+    assert [(p.name, p.kind, p.default) for p in wrapper.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in real.parameters.values()]
+    assert "args" not in wrapper.parameters and "kwargs" not in wrapper.parameters
+
+
+def test_watching_leaves_outputs_bit_identical_except_pattern_and_scores(bundled):
+    """27.1: the README said "watching a tensor never changes the numbers"; what holds: every hook but
+    hook_scores/hook_pattern leaves the fused output bit-identical, and those two switch the layer to the explicit
+    path, moving outputs by float32 rounding within the kernel promise."""
+    from helpers import assert_close_across_kernels
+
+    with torch.no_grad():
+        plain = bundled(TEXTS)
+        others = [n for n in bundled.hook_names() if not n.endswith(("hook_scores", "hook_pattern"))]
+        watched, cache = bundled.run_with_cache(TEXTS, names_filter=others)
+        with_pattern, _ = bundled.run_with_cache(TEXTS, names_filter="blocks.*.attn.hook_pattern")
+    assert len(cache) == len(others) and torch.equal(watched, plain)
+    real = bundled.to_tokens(TEXTS)["attention_mask"].bool()
+    assert_close_across_kernels(with_pattern[real], plain[real])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from bertscope.hooks import ActivationCache
 from bertscope.hooks.cache import act_name
+from helpers import assert_close_across_kernels
 
 from bertscope import models
 
@@ -208,7 +209,9 @@ def test_incl_bwd_result_pattern_and_ln_scale(bundled):
     # pattern gradient against a hand-made retain_grad run
     ref = _autograd_reference(bundled, TEXTS, ["blocks.2.attn.hook_pattern"], loss_fn)
     bundled.zero_grad(set_to_none=True)
-    torch.testing.assert_close(cache["pattern_grad", 2], ref["blocks.2.attn.hook_pattern"], atol=1e-6, rtol=1e-4)
+    # caching hook_result computes attn_out head by head (another summation order than the reference run's), so
+    # the two gradients agree to float32 summation order relative to their scale (measured 1.3-1.9e-6 of it)
+    assert_close_across_kernels(cache["pattern_grad", 2], ref["blocks.2.attn.hook_pattern"])
     assert float(cache["scale_grad", 3, "ln1"].abs().max()) > 0
 
 

@@ -192,3 +192,38 @@ def test_clean_leaves_a_running_experiment_alone_and_refuses_a_missing_folder(ca
     assert code == 0 and "heads" in said and "kept" in said and (running / "steps" / "a.npz").is_file()
     code, _, err = bertscope(capsys, "clean", tmp_path / "nope")
     assert code == 2 and "not a folder" in err
+
+
+# --------------------------------------------------------------------------- fast usage errors (27.16)
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "heads", "--max-sentences", "0"],
+    ["run", "nope"],
+    ["run", "heads", "--corpus", "no/such/file.txt"],
+    ["run", "heads", "--device", "tpu"],
+    ["run", "heads", "--set", "heads"],
+    ["run", "heads", "--set", "positions.window_len=8"],
+    ["capture", "--hooks", "x", "--corpus", "nope"],
+    ["report", "/no/such/folder"],
+    ["clean", "/no/such/folder"],
+])
+def test_usage_errors_answer_before_torch_is_imported(args, tmp_path):
+    """27.16: every CLI error cost 1.4-4.5 s because `import bertscope` imported torch before the arguments were
+    looked at. These usage errors now exit 2 with torch never imported (the time is the interpreter's)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom bertscope.experiments.cli import main\n"
+            f"try:\n    status = main({args!r})\nexcept SystemExit as e:\n    status = e.code\n"
+            "print(status, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) <= 1 or done.stderr.startswith("usage:"), done.stderr
+
+
+def test_corpus_spellings_match_the_corpus_package():
+    from bertscope.experiments import corpus
+    from bertscope.experiments.options import CORPUS_SPELLINGS
+
+    assert CORPUS_SPELLINGS == corpus.CORPUS_NAMES

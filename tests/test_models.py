@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 from bertscope.models import CheckpointError, EncoderConfig
-from helpers import BUNDLED, save_tiny_bert
+from helpers import BUNDLED, assert_close_across_kernels, save_tiny_bert
 from safetensors.torch import load_file, save_file
 
 from bertscope import models
@@ -297,7 +297,7 @@ def test_fused_and_explicit_attention_agree(bundled, tokenizer):
             explicit = bundled(**batch)
         finally:
             bundled.set_attention_impl("auto")
-    torch.testing.assert_close(fused[real], explicit[real], atol=1e-5, rtol=0)
+    assert_close_across_kernels(fused[real], explicit[real])
 
 
 # ====================================================================== variants

@@ -493,7 +493,7 @@ def test_bad_input_raises_clear_errors():
         with pytest.raises(ValueError, match="non-finite"):
             LinearProbe(backend="torch").fit(torch.from_numpy(Xbad), y)
     with pytest.raises(ValueError, match="single class"):
-        LinearProbe().fit(X, np.zeros(len(X)))
+        LinearProbe().fit(X, np.zeros(len(X), dtype=int))  # integer labels: classification (floats: regression)
     with pytest.raises(ValueError, match="single class"):
         evaluate(X, np.full(len(X), "NOUN"), groups)
     with pytest.raises(ValueError, match="only 10 distinct groups but n_folds=20"):

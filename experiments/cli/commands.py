@@ -48,9 +48,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     """``bertscope capture``: stream activations to shards (one process, N with --nproc, or under torchrun)."""
+    options = options_from_args(args)  # usage errors before the capture package (and torch) is imported
     from bertscope.experiments.capture import run_command
 
-    return run_command(args, options_from_args(args))
+    return run_command(args, options)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -121,10 +122,9 @@ def _run_report(options: RunOptions, inputs: Any) -> tuple[Path, Any]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``bertscope report``: write OUT/index.html."""
-    from bertscope.experiments.report import build_report
-
     if not args.out.is_dir():
         raise UsageError(f"{args.out} is not a folder; run `bertscope run all --out {args.out}` first")
+    from bertscope.experiments.report import build_report
     explorer = _report_explorer(args)
     try:
         page = build_report(args.out, embed_figures=not args.link_figures, explorer=explorer)
@@ -259,8 +259,11 @@ def _type_settings(options: RunOptions, modules: dict[str, Any]) -> None:
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """The shared ``RunOptions`` of ``capture`` and ``run`` from their parsed arguments."""
+    from bertscope.experiments.options import check_corpus_spelling
+
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file, not a folder; choose another --out")
+    check_corpus_spelling(args.corpus)
     return RunOptions(
         model=args.model,
         corpus=args.corpus,
