@@ -88,6 +88,25 @@ def prepare_inputs(options: RunOptions) -> Inputs:
     return Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
 
 
+def sentences_used(max_sentences: int | None, default: int | None, available: int) -> tuple[int, str]:
+    """How many sentences an experiment uses, and why, in words (the one meaning of ``--max-sentences``).
+
+    ``--max-sentences N`` caps the corpus: the experiment uses its first ``N`` sentences (all of them if it has
+    fewer). Without the option it uses the first ``default`` (its ``Settings.max_sentences``; ``None``: all).
+    ``available``: the sentences the loaded corpus holds (already capped by the option).
+    """
+    if max_sentences is not None:
+        n = min(max_sentences, available)
+        why = f"--max-sentences {max_sentences}" + ("" if n == max_sentences else f"; the corpus has only {n}")
+    elif default is not None:
+        n = min(default, available)
+        why = f"the experiment's default {default}; --max-sentences changes it"
+        why += "" if n == default else f"; the corpus has only {n}"
+    else:
+        n, why = available, "the whole corpus; --max-sentences caps it"
+    return n, why
+
+
 def check_max_length(max_length: int, model: Any) -> None:
     """``--max-length`` must fit the model's positions and hold its special tokens plus one word piece;
     anything else is a `UsageError` raised before an output is written."""

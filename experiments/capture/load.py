@@ -42,7 +42,7 @@ def load_capture(
         raise CaptureError(f"order must be 'corpus' or 'shard', got {order!r}")
     out_dir = Path(out_dir)
     index = read_index(out_dir)
-    names = _select_stored(index, hooks)
+    names = select_stored(index, hooks)
     tables = [rows.assign(shard=number) for number, rows in enumerate(_iter_rows(out_dir, index))]
     rows = pd.concat(tables, ignore_index=True)
     if order == "corpus":
@@ -81,7 +81,7 @@ def iter_capture(
 
     out_dir = Path(out_dir)
     index = read_index(out_dir)
-    names = _select_stored(index, hooks)
+    names = select_stored(index, hooks)
     for shard in index["shards"]:
         with safe_open(out_dir / shard["file"], framework="pt") as f:
             tensors = {n: f.get_tensor(n) for n in names}
@@ -116,7 +116,9 @@ class _StoredHooks:
         return self.names
 
 
-def _select_stored(index: dict[str, Any], hooks: str | Sequence[str] | None) -> list[str]:
+def select_stored(index: dict[str, Any], hooks: str | Sequence[str] | None) -> list[str]:
+    """The stored hook names of a capture's ``index`` matching ``hooks`` (names or globs; ``None``: all), in
+    stored order; a pattern matching none is a `CaptureError` naming what the capture holds."""
     stored = list(index["hooks"])
     wanted = patterns(hooks)
     if not wanted:
@@ -134,3 +136,6 @@ def _iter_rows(out_dir: Path, index: dict[str, Any]) -> Iterator[pd.DataFrame]:
     for shard in index["shards"]:
         with safe_open(out_dir / shard["file"], framework="pt") as f:
             yield pd.DataFrame({k: f.get_tensor(f"rows.{k}").numpy() for k in index["row_fields"]})
+
+
+_select_stored = select_stored  # the former private name

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bertscope.experiments import activations as stage
 from bertscope.experiments import io
 
 from .distributed import Group
@@ -68,7 +69,7 @@ def capture(
         return existing | {"run": run}
 
     writer = ShardWriter(out_dir, plan, specs, fp, skip={s.number for s in plan} - (mine - on_disk))
-    n_rows, seconds = _forward_all(model, batches, writer, names, device, quiet=quiet or group.rank != 0)
+    n_rows, seconds = _forward_all(model, batches, writer, names, quiet=quiet or group.rank != 0)
     ranks = group.gather(_rank_stats(group.rank, mine, on_disk, n_rows, seconds, out_dir, plan))
     shard_bytes = {n: b for r in ranks for n, b in r.pop("bytes").items()}
 
@@ -133,7 +134,7 @@ def _encode(model: Any, corpus: Any, max_length: int, batch_size: int) -> tuple[
     return encoded, batches, list(caught)
 
 
-def _forward_all(model: Any, batches: list[Any], writer: ShardWriter, names: list[str], device: Any,
+def _forward_all(model: Any, batches: list[Any], writer: ShardWriter, names: list[str],
                  *, quiet: bool) -> tuple[int, float]:  # fmt: skip
     """Run every batch some unfinished shard of this rank needs, handing the rows to ``writer``; returns
     (token rows run, seconds)."""
@@ -147,25 +148,16 @@ def _forward_all(model: Any, batches: list[Any], writer: ShardWriter, names: lis
     with torch.inference_mode():
         for batch_number in bar:
             batch = batches[batch_number]
-            cache = _run(model, batch, names, device, stop_at)
+            cache = _run(model, batch, names, stop_at)
             writer.add_batch(batch_number, batch, cache)
             n_rows += int(batch.attention_mask.sum())
     writer.finish()
     return n_rows, time.perf_counter() - started
 
 
-def _run(model: Any, batch: Any, names: list[str], device: Any, stop_at: int | None) -> Any:
-    """One batch's forward, caching ``names`` on the CPU and stopping after block ``stop_at``."""
-    kwargs = {"stop_at_layer": stop_at} if stop_at is not None else {}
-    _, cache = model.run_with_cache(
-        batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        token_type_ids=batch.token_type_ids.to(device),
-        names_filter=names,
-        cache_device="cpu",
-        **kwargs,
-    )
-    return cache
+def _run(model: Any, batch: Any, names: list[str], stop_at: int | None) -> Any:
+    """One batch's forward through the activations stage (`activations.run_batch`), cached on the CPU."""
+    return stage.run_batch(model, batch, names, stop_at_layer=stop_at, cache_device="cpu")
 
 
 def _index(fp: str, specs: list[Any], plan: list[Shard], shard_bytes: dict[int, int], corpus: Any,

@@ -182,7 +182,13 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
         default="builtin",
         help="builtin (default; generated English with gold syntax), repeated-random, or a .txt/.conllu/.jsonl path",
     )
-    p.add_argument("--max-sentences", type=_positive_int, default=None, help="use at most this many sentences")
+    p.add_argument(
+        "--max-sentences",
+        type=_positive_int,
+        default=None,
+        help="use the first N sentences of the corpus (a cap: all of them if it has fewer); without it each "
+        "experiment uses its own default size (its Settings.max_sentences); each prints the number it used",
+    )
     p.add_argument(
         "--max-length",
         type=_positive_int,

@@ -37,6 +37,7 @@ from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
 from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, role_summary
+from bertscope.experiments.options import sentences_used
 from bertscope.probes.bootstrap import group_bootstrap, mean_of_groups
 
 NAME = "heads"
@@ -87,7 +88,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     model = ctx.model
     if getattr(model.config, "attention_projections", True) is False:
         ctx.log("raw attention (no projections): W_O is a fixed head selection; norm-weighted masses use it")
-    corpus = ctx.corpus[: settings.max_sentences]
+    n_used, why = sentences_used(ctx.options.max_sentences, settings.max_sentences, len(ctx.corpus))
+    corpus = ctx.corpus[:n_used]
+    ctx.log(f"{n_used} sentences of {ctx.corpus_id} ({why})")
     importance_corpus = ctx.corpus[: settings.importance_sentences]
     ctx.note("settings", asdict(settings))
     ctx.note("n_sentences", len(corpus))

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 from bertscope.experiments.mixing import measures
 from bertscope.experiments.mixing.plots import plot
+from bertscope.experiments.options import sentences_used
 from bertscope.hooks import mixing_graph
 from bertscope.hooks.mixing import contributions, per_layer_contributions, undefined_reason
 
@@ -95,8 +96,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
             ctx.warn(f"{m} skipped: {why}")
         settings = replace(settings, methods=tuple(m for m in settings.methods if m not in skipped),
                            costly_methods=tuple(m for m in settings.costly_methods if m not in skipped))
-    cap = options.max_sentences or settings.max_sentences
-    corpus = ctx.corpus if options.max_sentences else ctx.corpus[:cap]
+    n_used, why = sentences_used(options.max_sentences, settings.max_sentences, len(ctx.corpus))
+    ctx.log(f"{n_used} sentences of {ctx.corpus_id} ({why})")
+    corpus = ctx.corpus[:n_used]
     subset = corpus[: min(len(corpus), settings.costly_sentences)]
     targets = faithfulness_target(model)
     ctx.note("settings", asdict(settings))

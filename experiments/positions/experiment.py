@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from bertscope.experiments.options import sentences_used
 from bertscope.experiments.positions.data import (
     Activations,
     main_sites,
@@ -164,13 +165,14 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
                          seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note,
                          cached=lambda name, **key: ctx.step_path(name, "parquet", **key).is_file())  # fmt: skip
-    kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
+    n_used, why = sentences_used(ctx.options.max_sentences, settings.max_sentences, len(ctx.corpus))
+    kept = list(ctx.corpus)[:n_used]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))
     ctx.note("n_tune_windows", len(tuning))
     ctx.note("n_sentences", len(sentences))
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
-            f"{len(sentences)} sentences")
+            f"{len(sentences)} sentences ({why})")
 
     def collect(name: str, m: Any, seqs: Any, at: list[str], hooks: tuple = ()) -> Activations:
         arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size,

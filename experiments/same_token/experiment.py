@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
+from bertscope.experiments.options import sentences_used
 from bertscope.experiments.same_token.collect import Progress, collect, tables
 from bertscope.experiments.same_token.control import CONTROL_CORPUS, RANDOM_CORPUS, control_corpus, copy_specific
 from bertscope.experiments.same_token.examples import example_maps
@@ -182,7 +183,9 @@ def _corpora(ctx: Any, settings: Settings) -> list[Any]:
 
     cap = ctx.options.max_sentences or settings.max_sentences
     tok = ctx.model.tokenizer
-    corpora = [ctx.corpus if ctx.options.max_sentences else ctx.corpus[:cap]]
+    n_used, why = sentences_used(ctx.options.max_sentences, settings.max_sentences, len(ctx.corpus))
+    ctx.log(f"{n_used} sentences of {ctx.corpus_id} ({why})")
+    corpora = [ctx.corpus[:n_used]]
     if ctx.corpus.name != settings.random_corpus:
         n_random = min(cap, settings.random_sentences)
         corpora.append(load_corpus(settings.random_corpus, tokenizer=tok, max_sentences=n_random, seed=ctx.seed))

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments.options import sentences_used
 from bertscope.experiments.structure import data, measures, passes
 from bertscope.probes.structural import mst_edges, tree_distances
 from bertscope.probes.structural_fit import ProbeSpec, Sentences
@@ -101,6 +102,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     split = data.split_sentences(len(ctx.corpus), settings.n_train, settings.n_dev, settings.n_test,
                                  ctx.rng("split"))  # fmt: skip
     chosen = [ctx.corpus[int(i)] for i in split.all()]
+    _, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
+    ctx.log(f"{len(chosen)} sentences (train {len(split.train)}, dev {len(split.dev)}, test {len(split.test)}) "
+            f"drawn from {len(ctx.corpus)} of {ctx.corpus_id} ({why})")
     components = (data.BLOCK_COMPONENTS[:3] if settings.sublayers is True
                   else () if settings.sublayers is False else tuple(settings.sublayers))
     site_names = {"trained": data.residual_sites(n_layers) + data.sublayer_sites(n_layers, components)}
