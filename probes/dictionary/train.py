@@ -342,7 +342,8 @@ def _resample_dead(state: _State, x: torch.Tensor, y: torch.Tensor, y_hat: torch
     """Anthropic's (2023) resampling: each dead latent gets a batch row drawn with probability proportional to
     its squared reconstruction error; its decoder row becomes that row's unit-norm residual target direction,
     its encoder column the same direction times 0.2 x the mean norm of the live encoder columns, its bias 0,
-    its Adam moments 0 (and a JumpReLU threshold its initial value)."""
+    its Adam moments 0 (and a JumpReLU threshold the smaller of its initial value and half the latent's new
+    pre-activation on that row, so that it fires there)."""
     d = state.dictionary
     dead = (state.tokens_since_fired >= settings.dead_tokens).to(x.device)
     n_dead = int(dead.sum())
@@ -365,7 +366,10 @@ def _resample_dead(state: _State, x: torch.Tensor, y: torch.Tensor, y_hat: torch
     d.W_enc[:, idx] = (enc_dirs * 0.2 * enc_norm).T.to(d.W_enc.dtype)
     d.b_enc[idx] = 0
     if d.log_threshold is not None:
-        d.log_threshold[idx] = math.log(settings.jumprelu_init_threshold)
+        # a JumpReLU latent fires on its row again: threshold at most half its new pre-activation there
+        h_row = (src.norm(dim=-1) * 0.2 * enc_norm).clamp_min(1e-6)
+        d.log_threshold[idx] = torch.minimum(torch.full_like(h_row, settings.jumprelu_init_threshold),
+                                             0.5 * h_row).log().to(d.log_threshold.dtype)
     for p in d.parameters():
         st = state.optimizer.state.get(p)
         if not st:
