@@ -7,10 +7,9 @@ import json
 
 import pytest
 import transformers
-from helpers import save_tiny_bert
-
 from bertscope.experiments.cli import main
 from bertscope.probes.dictionary import load_dictionary
+from helpers import save_tiny_bert
 
 SMALL = ["--train-batch", "128", "--buffer", "512", "--max-sentences", "40", "--quiet"]
 

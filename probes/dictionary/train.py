@@ -298,15 +298,22 @@ def dictionary_loss(d: Dictionary, x: torch.Tensor, y: torch.Tensor, settings: T
     """
     cfg = d.config
     h = d.pre_activation(x)
-    if cfg.arch == "relu":
-        f = h.relu()
-    elif cfg.arch == "topk":
-        f = topk_activation(h, cfg.k)
-    elif cfg.arch == "batchtopk":
-        f = batch_topk_activation(h, cfg.k)
+    if cfg.arch == "topk" and d.W_skip is None:
+        # the same numbers as topk_activation then decode, with the decoder reading only the k active rows
+        values, indices = torch.topk(h, cfg.k, dim=-1, sorted=False)
+        values = values.relu()
+        f = torch.zeros_like(h).scatter(-1, indices, values)
+        y_hat = torch.nn.functional.embedding_bag(indices, d.W_dec, per_sample_weights=values, mode="sum") + d.b_dec
     else:
-        f = JumpReLUFunction.apply(h, d.threshold, settings.jumprelu_bandwidth)
-    y_hat = d.decode(f, x)
+        if cfg.arch == "relu":
+            f = h.relu()
+        elif cfg.arch == "topk":
+            f = topk_activation(h, cfg.k)
+        elif cfg.arch == "batchtopk":
+            f = batch_topk_activation(h, cfg.k)
+        else:
+            f = JumpReLUFunction.apply(h, d.threshold, settings.jumprelu_bandwidth)
+        y_hat = d.decode(f, x)
     loss = (y_hat - y).pow(2).sum(-1).mean()
     if cfg.arch == "relu":
         coef = settings.l1_coefficient * _warm_up(tokens, settings.l1_warm_up_tokens)
