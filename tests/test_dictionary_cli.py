@@ -66,3 +66,23 @@ def test_eval_of_a_folder_that_is_not_a_dictionary(tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "is not a dictionary" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "e").exists()
+
+
+def test_ctrl_c_keeps_the_last_checkpoint_and_a_rerun_resumes(tiny, tmp_path, monkeypatch, capsys):
+    import bertscope.experiments.sae as sae_module
+
+    out = tmp_path / "sae"
+    argv = ["sae", "train", "--model", str(tiny), "--site", "blocks.0.hook_resid_post", "--k", "4", "--width", "2x",
+            "--tokens", "1k", "--checkpoint-every", "256", "--no-controls", "--out", str(out), *SMALL]
+    real_save = sae_module.save_dictionary
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sae_module, "save_dictionary", interrupted)
+    assert main(argv) == 130
+    assert (out / "checkpoint.pt").exists() and not (out / "blocks.0.hook_resid_post").exists()
+    monkeypatch.setattr(sae_module, "save_dictionary", real_save)
+    assert main(argv) == 0
+    assert load_dictionary(out / "blocks.0.hook_resid_post").config.metadata["tokens_trained"] == 896
+    assert not (out / "checkpoint.pt").exists()

@@ -346,9 +346,10 @@ def auxk_loss(d: Dictionary, h: torch.Tensor, y: torch.Tensor, y_hat: torch.Tens
 @torch.no_grad()
 def _resample_dead(state: _State, x: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor,
                    settings: TrainSettings) -> None:
-    """Anthropic's (2023) resampling: each dead latent gets a batch row drawn with probability proportional to
-    its squared reconstruction error; its decoder row becomes that row's unit-norm residual target direction,
-    its encoder column the same direction times 0.2 x the mean norm of the live encoder columns, its bias 0,
+    """Resampling after Anthropic (2023): each dead latent gets a batch row drawn with probability proportional
+    to its squared reconstruction error; its decoder row becomes the unit direction of that row's error
+    ``y - y_hat`` (what the dictionary misses; Anthropic used the input), its encoder column the same direction
+    (a transcoder: the row's input direction) times 0.2 x the mean norm of the live encoder columns, its bias 0,
     its Adam moments 0 (and a JumpReLU threshold the smaller of its initial value and half the latent's new
     pre-activation on that row, so that it fires there)."""
     d = state.dictionary
@@ -363,9 +364,10 @@ def _resample_dead(state: _State, x: torch.Tensor, y: torch.Tensor, y_hat: torch
     rows = torch.multinomial(err.cpu(), n_dead, replacement=n_dead > err.shape[0], generator=gen).to(x.device)
     alive = ~dead
     enc_norm = d.W_enc[:, alive].norm(dim=0).mean() if alive.any() else torch.tensor(1.0, device=x.device)
-    target = y[rows] - d.b_dec if d.is_sae else y[rows]
-    dirs = target / target.norm(dim=-1, keepdim=True).clamp_min(1e-8)
-    src = x[rows] - d.b_dec if d.is_sae else x[rows]
+    err = (y - y_hat)[rows].to(d.W_dec.dtype)  # what the dictionary misses on that row
+    dirs = err / err.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    x_in = (x[rows] - d.b_dec) if d.is_sae else x[rows]  # what the encoder reads on those rows
+    src = err if d.is_sae else x_in
     enc_dirs = src / src.norm(dim=-1, keepdim=True).clamp_min(1e-8)
     idx = dead.nonzero().squeeze(1)
     d.W_dec[idx] = dirs.to(d.W_dec.dtype) * (1.0 if d.arch in UNIT_NORM_DECODER else float(d.W_dec[alive].norm(
@@ -374,7 +376,7 @@ def _resample_dead(state: _State, x: torch.Tensor, y: torch.Tensor, y_hat: torch
     d.b_enc[idx] = 0
     if d.log_threshold is not None:
         # a JumpReLU latent fires on its row again: threshold at most half its new pre-activation there
-        h_row = (src.norm(dim=-1) * 0.2 * enc_norm).clamp_min(1e-6)
+        h_row = ((x_in * enc_dirs).sum(-1) * 0.2 * enc_norm).clamp_min(1e-6)
         d.log_threshold[idx] = torch.minimum(torch.full_like(h_row, settings.jumprelu_init_threshold),
                                              0.5 * h_row).log().to(d.log_threshold.dtype)
     for p in d.parameters():
