@@ -7,6 +7,12 @@ the first buffer (geometric median by default), trains with Adam, tracks dead la
 last ``dead_tokens`` tokens) and revives them (``relu`` / ``jumprelu``: resampling; ``topk`` / ``batchtopk``: the
 AuxK loss), checkpoints every ``checkpoint_tokens`` tokens and resumes from the last checkpoint. Deterministic
 per ``seed`` (on one device and thread count).
+
+Data parallel: inside an initialised ``torch.distributed`` group (``torchrun``; gloo on CPU, nccl on CUDA) every
+process reads the same stream and buffer, trains on its equal share of each batch (rows ``rank::world``) and
+averages gradients, dead-latent counts and resampling inputs over the group, so every process holds the same
+dictionary, equal to one process's within float summation order (``tests/test_dictionary_distributed.py``).
+Checkpoints are written by rank 0. BatchTopK (a selection over the whole batch) is refused.
 """
 
 from __future__ import annotations
@@ -125,9 +131,14 @@ def train_dictionaries(
     many tokens: how tests interrupt a run.
     """
     settings = settings or TrainSettings()
+    rank, world = _world()
+    if world > 1 and settings.batch_size % world:
+        raise ValueError(f"batch_size {settings.batch_size} must split evenly over {world} processes")
     if isinstance(configs, DictionaryConfig):
         configs = {configs.site or "x": configs}
     configs = dict(configs)
+    if world > 1 and any(c.arch == "batchtopk" for c in configs.values()):
+        raise ValueError("batchtopk selects over the whole batch: data-parallel training does not support it")
     sites = _sites(configs)
     single = next(iter(sites)) if len(sites) == 1 else None
     reader = RowReader(source, sites, exclude=settings.excluded, single_site=single)
@@ -146,7 +157,7 @@ def train_dictionaries(
         _initialise(states, buffer.fill(), settings, device, dtype)
     total_steps = settings.tokens // settings.batch_size
     bar = tqdm(total=total_steps * settings.batch_size, initial=trained, unit="tok", unit_scale=True,
-               disable=not settings.progress, desc="training dictionaries")
+               disable=not settings.progress or rank > 0, desc="training dictionaries")
     step = trained // settings.batch_size
     try:
         while step < total_steps:
@@ -165,7 +176,10 @@ def train_dictionaries(
                 break  # the source ran out
             if ckpt is not None and settings.checkpoint_tokens and trained - last_ckpt >= settings.checkpoint_tokens \
                     and step < total_steps:
-                _save_checkpoint(ckpt, states, buffer, reader, trained, settings)
+                if rank == 0:
+                    _save_checkpoint(ckpt, states, buffer, reader, trained, settings)
+                if world > 1:
+                    torch.distributed.barrier()
                 last_ckpt = trained
                 if stop_after_tokens is not None and trained >= stop_after_tokens:
                     raise TrainingInterrupted(f"stopped after a checkpoint at {trained} tokens")
@@ -254,6 +268,10 @@ def _train_step(state: _State, acts: dict[str, torch.Tensor], step: int, total_s
     cfg = d.config
     x = (acts[cfg.site].to(device=device, dtype=dtype)) * state.scale_in
     y = x if cfg.kind == "sae" else acts[cfg.site_out].to(device=device, dtype=dtype) * state.scale_out
+    x_all, y_all = x, y
+    rank, world = _world()
+    if world > 1:  # data parallel: this rank's equal share of the batch; gradients averaged below
+        x, y = x[rank::world], y[rank::world]
     tokens = step * settings.batch_size
     for group in state.optimizer.param_groups:
         group["lr"] = settings.lr * _lr_factor(step, total_steps, settings.lr_decay_fraction)
@@ -261,6 +279,11 @@ def _train_step(state: _State, acts: dict[str, torch.Tensor], step: int, total_s
     loss, f, y_hat = dictionary_loss(d, x, y, settings, tokens=tokens, dead=dead)
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if world > 1:
+        for p in d.parameters():
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad)
+                p.grad /= world
     if cfg.arch in UNIT_NORM_DECODER:
         d.remove_parallel_gradient()
     torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
@@ -273,15 +296,40 @@ def _train_step(state: _State, acts: dict[str, torch.Tensor], step: int, total_s
             if positive.any():
                 lr = settings.topk_threshold_lr
                 d.batch_threshold.mul_(1 - lr).add_(lr * f[positive].min())
-        fired = (f > 0).any(0).cpu()
-        state.tokens_since_fired += x.shape[0]
-        state.tokens_since_fired[fired] = 0
+        fired = (f > 0).any(0)
+        if world > 1:
+            fired = fired.to(torch.int32)
+            torch.distributed.all_reduce(fired, op=torch.distributed.ReduceOp.MAX)
+            fired = fired.bool()
+        state.tokens_since_fired += x_all.shape[0]
+        state.tokens_since_fired[fired.cpu()] = 0
         if settings.resample and cfg.arch in ("relu", "jumprelu") and (step + 1) % _resample_every(settings) == 0:
-            _resample_dead(state, x, y, y_hat, settings)
+            # every rank resamples from the whole batch, with the same pre-step reconstruction
+            y_hat_all = _pre_step_prediction(state, x_all, y_hat, rank, world) if world > 1 else y_hat
+            _resample_dead(state, x_all, y_all, y_hat_all, settings)
         resid = (y - y_hat).float()
         state.last = {"l0": float((f > 0).sum(-1).float().mean()),
                       "ev": float(1 - resid.pow(2).sum(-1).mean() / (y - y.mean(0)).float().pow(2).sum(-1).mean()),
                       "dead": float((state.tokens_since_fired >= settings.dead_tokens).float().mean())}
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) of the running ``torch.distributed`` group, (0, 1) without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _pre_step_prediction(state: _State, x_all: torch.Tensor, y_hat: torch.Tensor, rank: int,
+                         world: int) -> torch.Tensor:
+    """The whole batch's reconstruction before this step's update, gathered from the ranks' shares (rows
+    ``rank::world``), in the batch's row order."""
+    parts = [torch.empty_like(y_hat) for _ in range(world)]
+    torch.distributed.all_gather(parts, y_hat.detach().contiguous())
+    out = torch.empty(x_all.shape[0], y_hat.shape[1], dtype=y_hat.dtype, device=y_hat.device)
+    for r, part in enumerate(parts):
+        out[r::world] = part
+    return out
 
 
 def dictionary_loss(d: Dictionary, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, *, tokens: int,
