@@ -86,3 +86,11 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_a_rerun_resumes(tiny, tmp_path, mo
     assert main(argv) == 0
     assert load_dictionary(out / "blocks.0.hook_resid_post").config.metadata["tokens_trained"] == 896
     assert not (out / "checkpoint.pt").exists()
+
+
+def test_sae_commands_have_help(capsys):
+    for command in (["sae"], ["sae", "train"], ["sae", "eval"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*command, "--help"])
+        assert exc.value.code == 0
+        assert "usage: bertscope sae" in capsys.readouterr().out
