@@ -23,6 +23,7 @@ from bertscope.probes.dictionary import (
     DictionaryConfig,
     TrainSettings,
     evaluate_dictionary,
+    load_dictionary,
     neuron_topk_dictionary,
     pca_topk_dictionary,
     save_dictionary,
@@ -63,12 +64,14 @@ def main() -> None:
     ap.add_argument("--no-reinit", action="store_true")
     ap.add_argument("--only-reinit", action="store_true", help="just the re-initialised model (run beside another)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reuse", action="store_true", help="evaluate dictionaries already saved in OUT (no training)")
+    ap.add_argument("--max-train", type=int, default=None, help="use the first N training sentences")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dict-bench"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     model = bertscope.load()
-    train = list(load_corpus(args.train, tokenizer=model.tokenizer))
+    train = list(load_corpus(args.train, tokenizer=model.tokenizer))[: args.max_train]
     dev_texts = [s.text for s in load_corpus(args.dev, tokenizer=model.tokenizer)][: args.max_dev]
     models = {} if args.only_reinit else {"bundled": model}
     if not args.no_reinit:
@@ -91,11 +94,14 @@ def main() -> None:
                                l1_warm_up_tokens=args.tokens // 20, l0_coefficient=0.05,
                                jumprelu_init_threshold=0.5)
             t0 = time.perf_counter()
-            d = train_dictionaries(source, cfg, st)[SITE]
-            secs = time.perf_counter() - t0
-            timing[f"{mname}_{arch}_train_s"] = secs
-            timing[f"{mname}_{arch}_tokens_per_s"] = d.config.metadata["tokens_trained"] / secs
-            save_dictionary(d, args.out / f"{mname}-{arch}")
+            if args.reuse:
+                d = load_dictionary(args.out / f"{mname}-{arch}")
+            else:
+                d = train_dictionaries(source, cfg, st)[SITE]
+                secs = time.perf_counter() - t0
+                timing[f"{mname}_{arch}_train_s"] = secs
+                timing[f"{mname}_{arch}_tokens_per_s"] = d.config.metadata["tokens_trained"] / secs
+                save_dictionary(d, args.out / f"{mname}-{arch}")
             ev = evaluate_dictionary(m, d, dev_texts, objective="sentence")
             ev.insert(0, "dictionary", f"{mname}/{arch}")
             tables.append(ev)
@@ -109,7 +115,8 @@ def main() -> None:
                         ev = evaluate_dictionary(m, ctl, dev_texts, objective="sentence")
                         ev.insert(0, "dictionary", f"{mname}/{name}-top{l0}")
                         tables.append(ev)
-            (args.out / "timing.json").write_text(json.dumps(timing, indent=2))
+            if not args.reuse:
+                (args.out / "timing.json").write_text(json.dumps(timing, indent=2))
         del source
     import pandas as pd
 
