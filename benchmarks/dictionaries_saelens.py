@@ -103,7 +103,7 @@ def _saelens_throughput(x: torch.Tensor, tokens: int) -> float:
                 yield x[i : i + BATCH]
 
     cfg = SAETrainerConfig(n_checkpoints=0, checkpoint_path=None, save_final_checkpoint=False,
-                           total_training_samples=tokens, device="cpu", autocast=False, lr=3e-4, lr_end=None,
+                           total_training_samples=tokens, device="cpu", autocast=False, lr=3e-4, lr_end=3e-5,
                            lr_scheduler_name="constant", lr_warm_up_steps=0, adam_beta1=0.9, adam_beta2=0.999,
                            lr_decay_steps=0, n_restart_cycles=1, train_batch_size_samples=BATCH,
                            dead_feature_window=1000, feature_sampling_window=2000,
