@@ -135,7 +135,7 @@ def test_relu_loss_weights_l1_by_decoder_norms_with_warm_up():
     x = torch.tensor([[1.0, 2.0, 0.0]])
     f = torch.tensor([[1.0, 2.0]])
     x_hat = f @ d.W_dec
-    mse = (x_hat - x).pow(2).sum()
+    mse = (x_hat - x).pow(2).sum().detach()
     l1 = 1.0 * 2.0 + 2.0 * 0.5  # sum_i f_i ||W_dec[i]||
     st = TrainSettings(tokens=10, batch_size=1, l1_coefficient=0.1, l1_warm_up_tokens=4, progress=False)
     loss, _, _ = dictionary_loss(d, x, x, st, tokens=1)  # warm-up: (1 + 1) / 4 of the coefficient
