@@ -54,6 +54,14 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return run_command(args, options)
 
 
+def cmd_sae(args: argparse.Namespace) -> int:
+    """``bertscope sae train|eval``: sparse dictionaries (bodies in ``experiments.sae``)."""
+    from bertscope.experiments import sae
+
+    run = sae.run_train_command if args.sae_command == "train" else sae.run_eval_command
+    return run(args, options_from_args(args))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``bertscope run``: run experiments, then write the report."""
     from bertscope.experiments.options import prepare_inputs

@@ -12,7 +12,7 @@ from typing import Any
 from bertscope.experiments.registry import EXPERIMENTS
 
 from .circuits_command import add_circuits
-from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run
+from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run, cmd_sae
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -33,6 +33,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_explore(sub)
     _add_clean(sub)
     add_circuits(sub)
+    _add_sae(sub)
     return parser
 
 
@@ -184,6 +185,55 @@ def _add_explore(sub: Any) -> None:
                    help="context-mixing methods for the menu, comma-separated, e.g. alti,attention_norm")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("explore.html"), help="HTML file to write (default explore.html)")
     p.set_defaults(handler=cmd_explore)
+
+
+def _add_sae(sub: Any) -> None:
+    """``bertscope sae train|eval``: sparse dictionaries (docs/dictionaries.md)."""
+    p = sub.add_parser("sae", help="train and evaluate sparse dictionaries (SAEs, transcoders) on a model's sites",
+                       description="Sparse autoencoders and transcoders: `sae train` streams activations from a "
+                       "corpus (or a capture) into dictionaries saved in SAELens's format; `sae eval` scores them "
+                       "on held-out sentences, per token class and spliced into the model.")
+    inner = p.add_subparsers(dest="sae_command", metavar="ACTION", required=True)
+    t = inner.add_parser("train", help="train dictionaries at one or more sites")
+    t.add_argument("--site", action="append", required=True, help="hook name to read (repeat for several)")
+    t.add_argument("--site-out", default=None, help="transcoders: the hook to predict (e.g. blocks.3.hook_mlp_out)")
+    t.add_argument("--kind", choices=["sae", "transcoder", "skip_transcoder"], default="sae")
+    t.add_argument("--arch", choices=["topk", "batchtopk", "relu", "jumprelu"], default="topk")
+    t.add_argument("--k", type=_positive_int, default=32, help="active latents per token (topk, batchtopk)")
+    t.add_argument("--width", default="8x", help="latents: a multiple of the site's width (8x) or a number")
+    t.add_argument("--tokens", type=_count, default=2_000_000, help="training tokens, e.g. 2M (default 2M)")
+    t.add_argument("--activations", default=None, metavar="DIR", help="read a `bertscope capture` folder "
+                   "instead of running the model (its corpus is --corpus)")
+    t.add_argument("--include-special", action="store_true", help="train on [CLS]/[SEP]-like tokens too")
+    t.add_argument("--train-batch", type=_positive_int, default=4096, help="tokens per step (default 4096)")
+    t.add_argument("--buffer", type=_count, default=65536, help="shuffle-buffer rows (bounds memory)")
+    t.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
+    t.add_argument("--l1", type=float, default=5.0, help="relu: L1 coefficient")
+    t.add_argument("--l0", type=float, default=1e-3, help="jumprelu: L0 coefficient")
+    t.add_argument("--checkpoint-every", type=_count, default=500_000, help="tokens between checkpoints")
+    t.add_argument("--no-controls", action="store_true", help="skip the PCA / neuron-basis controls")
+    _add_shared_options(t, out_default=Path("results/sae"))
+    t.set_defaults(handler=cmd_sae)
+    e = inner.add_parser("eval", help="evaluate dictionaries on held-out sentences")
+    e.add_argument("folder", type=Path, help="a dictionary folder, or a `sae train` output folder")
+    e.add_argument("--objective", choices=["auto", "sentence", "mlm"], default="auto",
+                   help="spliced-in objective (auto: mlm with a masked-LM head, else sentence embeddings)")
+    e.add_argument("--include-special", action="store_true", help="score and splice special tokens too")
+    _add_shared_options(e, out_default=Path("results/sae-eval"))
+    e.set_defaults(handler=cmd_sae)
+
+
+def _count(text: str) -> int:
+    """A count with an optional k / M / G suffix (``2M`` = 2,000,000)."""
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9}
+    t = text.strip().lower()
+    try:
+        value = int(float(t[:-1]) * scale[t[-1]]) if t and t[-1] in scale else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 500000, 500k, 2M)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
 
 
 def _version() -> str:
