@@ -76,7 +76,25 @@ def _machine(path: Path) -> str:
 
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
-OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS")
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check")
+
+
+class CannotRun(Exception):
+    """An experiment cannot run on these inputs: the corpus lacks what it needs (gold trees) or is too small.
+
+    The one framework exception for usage problems an experiment finds. Raise it from the experiment's
+    ``check(inputs, settings)`` (called before anything is written) or, if only found later, from ``run``. The
+    message is one line that names what is missing and an option that fixes it. ``bertscope run NAME`` prints
+    it and exits with status 2, writing nothing; ``bertscope run all`` skips the experiment with that line and
+    goes on."""
+
+
+def check_inputs(module: Any, inputs: Any, settings: Any = None) -> None:
+    """Call the experiment's ``check(inputs, settings)`` when it has one (``settings``: its ``Settings()`` by
+    default); raises `CannotRun` when the inputs do not fit the experiment."""
+    check = getattr(module, "check", None)
+    if check is not None:
+        check(inputs, settings if settings is not None else module.Settings())
 
 
 @runtime_checkable
@@ -96,6 +114,10 @@ class Experiment(Protocol):
       report shows an error box naming the experiment.
     - ``CAPTIONS: dict[str, str]``: figure file stem (``fig_argmax_offset``) -> a caption saying what the figure
       shows and how to read it; a figure without one is marked "no caption" in the report.
+    - ``check(inputs, settings) -> None``: raises `CannotRun` (one line naming an option that fixes it) when the
+      inputs (`options.Inputs`: model, corpus) cannot give this experiment a result: no gold trees, too few
+      sentences or word pieces. Called before anything is written, so a refusal leaves nothing behind; it
+      must be cheap (no forward pass).
     """
 
     NAME: str

@@ -8,8 +8,10 @@
   (`probes/bootstrap.py`), used by every experiment.
 - `mdl_probe`: Voita & Titov (2020) online codelength and compression.
 - `StructuralProbe`: Hewitt & Manning (2019) distance / depth probes (metrics in `probes.structural`).
+- `thread_limit`: cap torch, BLAS and OpenMP threads inside a block (every probe fit runs under one).
 """
 
+from ._checks import thread_limit
 from .bootstrap import Interval, group_bootstrap, mean_of_groups, percentile_interval, ratio_of_sums, resample_counts
 from .controls import control_labels, selectivity
 from .estimator import LinearProbe
@@ -42,4 +44,5 @@ __all__ = [
     "selectivity",
     "strata_of",
     "StructuralProbe",
+    "thread_limit",
 ]

@@ -6,7 +6,7 @@ one run), ``data`` (windows, sentences, activations), ``measures`` (probe-free m
 ``plots`` (figures from the tables).
 """
 
-from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, plot, run
 from bertscope.experiments.positions.findings import CAPTIONS, findings
 
-__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

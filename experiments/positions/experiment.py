@@ -141,6 +141,23 @@ class Settings:
 # ------------------------------------------------------------------------------------- public entry points
 
 
+def check(inputs: Any, settings: Settings) -> None:
+    """Refuse (`registry.CannotRun`) a model too short for a window or a corpus too short for the windows the
+    probes need (`plan_windows`), before anything is written."""
+    from bertscope.experiments.registry import CannotRun
+
+    model, corpus = inputs.model, inputs.corpus
+    if settings.window_len + 2 > model.config.max_length:
+        raise CannotRun(f"windows of {settings.window_len} word pieces plus [CLS] and [SEP] exceed the model's "
+                        f"{model.config.max_length} positions; use a model with at least {settings.window_len + 2}")
+    n_pieces = _stream_length(corpus, model.tokenizer)
+    if plan_windows(n_pieces, settings) is None:
+        need = _MIN_WINDOW * 4 * settings.n_folds
+        raise CannotRun(f"needs at least {need} word pieces of text ({4 * settings.n_folds} windows of "
+                        f"{_MIN_WINDOW}: {settings.n_folds} folds to probe and to tune on), and corpus "
+                        f"{corpus.name!r} has {n_pieces}; use a longer --corpus or a larger --max-sentences")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table (the framework writes it).
 
@@ -153,11 +170,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     model = ctx.model
     model.eval()
     n_layers = model.config.n_layers
-    if settings.window_len + 2 > model.config.max_length:
-        raise ValueError(
-            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_length} "
-            "positions; use a smaller window length"
-        )
+    check(ctx.inputs, settings)
     sites, residual = position_sites(n_layers), main_sites(n_layers)
     windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
     ctx.note("window_len", settings.window_len)
@@ -299,30 +312,50 @@ def capacity_sweep(results: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
-    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
-    they were cut with: a corpus too short for ``4 * n_folds`` windows of ``window_len`` pieces gets shorter
-    windows (halved down to 4 pieces, with a warning) rather than no run."""
+_MIN_WINDOW = 4  # the shortest window a short corpus is cut into (`plan_windows`)
+
+
+def plan_windows(n_pieces: int, settings: Settings) -> tuple[int, int, int] | None:
+    """``(window length, windows cut, of which tuning windows)`` for a corpus stream of ``n_pieces`` word pieces,
+    or None when even windows of 4 pieces are too few. A corpus too short for ``4 * n_folds`` windows of
+    ``window_len`` pieces gets shorter windows (halved, down to 4); with fewer windows than the
+    ``max_windows + tune_windows`` asked for, the tuning windows shrink in proportion (at least ``2 * n_folds``);
+    at least ``2 * n_folds`` windows must remain to probe."""
     want = settings.max_windows + settings.tune_windows
     length = settings.window_len
-    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
-    while len(pool) < 4 * settings.n_folds and length // 2 >= 4:
+    while n_pieces // length < 4 * settings.n_folds and length // 2 >= _MIN_WINDOW:
         length //= 2
-        pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
+    n_pool = min(n_pieces // length, want)
+    n_tune = settings.tune_windows
+    if n_pool < want:
+        n_tune = max(2 * settings.n_folds, n_pool * settings.tune_windows // want)
+    if n_pool < 2 or n_pool - n_tune < 2 * settings.n_folds:
+        return None
+    return length, n_pool, n_tune
+
+
+def _stream_length(corpus: Any, tokenizer: Any) -> int:
+    """Word pieces in the corpus's stream (its sentences tokenized without special tokens, as windows are cut)."""
+    texts = [s.text for s in corpus]
+    return sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
+
+
+def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
+    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
+    they were cut with (`plan_windows`: a short corpus gets shorter windows, with a warning, rather than no run;
+    `check` refused a corpus too short for any)."""
+    want = settings.max_windows + settings.tune_windows
+    plan = plan_windows(_stream_length(ctx.corpus, ctx.model.tokenizer), settings)
+    assert plan is not None, "positions.check lets no corpus through that plan_windows refuses"
+    length, n_pool, n_tune = plan
+    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
     if length != settings.window_len:
         ctx.warn(f"the corpus is too short for {4 * settings.n_folds} windows of {settings.window_len} pieces; "
                  f"using windows of {length}")  # fmt: skip
         settings = dataclasses.replace(settings, window_len=length)
-    n_tune = settings.tune_windows
     if len(pool) < want:
-        n_tune = max(2 * settings.n_folds, len(pool) * settings.tune_windows // want)
         ctx.warn(f"the corpus gives {len(pool)} windows of {length}, fewer than the {want} asked for; "
                  f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
-    if len(pool) - n_tune < 2 * settings.n_folds:
-        raise ValueError(
-            f"the corpus gives only {len(pool)} windows of {length} pieces; need at least "
-            f"{2 * settings.n_folds} to probe plus {n_tune} to tune: use a larger corpus or a smaller window_len"
-        )
     order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
     return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune])), settings
 

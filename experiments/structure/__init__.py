@@ -5,7 +5,7 @@ Files by role: ``experiment`` (Settings, run), ``data`` (sites, split, word vect
 intervals, baselines), ``plots`` (figures from the tables), ``findings`` (sentences from the tables).
 """
 
-from bertscope.experiments.structure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.structure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, plot, run
 from bertscope.experiments.structure.findings import CAPTIONS, findings
 
-__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

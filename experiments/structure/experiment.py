@@ -41,6 +41,7 @@ from bertscope.probes.structural_fit import ProbeSpec, Sentences
 NAME = "structure"
 DIRNAME = "structure"
 SUMMARY_TABLES = ["summary.csv"]
+MIN_SENTENCES = 6  # two each to train, stop early and score (`data.split_sentences`)
 COLUMNS = ["model", "corpus", "encoder", "site", "layer", "component", "kind", "metric", "rank", "value", "ci_low",
            "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test", "dev_value", "dev_ci_low", "dev_ci_high"]
 
@@ -86,16 +87,26 @@ class Settings:
                                  f"{sorted(unknown)}")
 
 
+def check(inputs: Any, settings: Settings) -> None:
+    """Refuse (`registry.CannotRun`) a corpus without gold dependency trees or with fewer than 6 sentences (2 to
+    train, 2 to stop early, 2 to score), before anything is written."""
+    from bertscope.experiments.registry import CannotRun
+
+    corpus = inputs.corpus
+    if not corpus.has_syntax:
+        raise CannotRun(f"needs gold dependency trees, and corpus {corpus.name!r} has none; use --corpus builtin "
+                        "or a .conllu file")
+    if len(corpus) < MIN_SENTENCES:
+        raise CannotRun(f"needs at least {MIN_SENTENCES} sentences with trees (train, dev and test), and corpus "
+                        f"{corpus.name!r} has {len(corpus)}; use a larger --corpus or --max-sentences")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table. Word vectors and each training
     pass are cached steps, so an interrupted run resumes with what it finished."""
-    from bertscope.experiments.options import UsageError
-
     settings = ctx.use_settings(settings)
     t0 = time.perf_counter()
-    if not ctx.corpus.has_syntax:
-        raise UsageError(f"structure needs gold dependency trees, and corpus {ctx.corpus_id!r} has none; use "
-                         "--corpus builtin or a .conllu file")
+    check(ctx.inputs, settings)
     ctx.note("settings", dataclasses.asdict(settings))
     n_layers = ctx.model.config.n_layers
     split = data.split_sentences(len(ctx.corpus), settings.n_train, settings.n_dev, settings.n_test,
