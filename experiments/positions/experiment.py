@@ -30,8 +30,8 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
   chosen per block from the prefix (a valid online code).
 
 Run time: every probe is independent and deterministic (one BLAS thread, a seed), so the probes of each step
-run on ``n_jobs`` worker processes (`parallel`; default: every core this process may use), costliest first,
-each cached as it arrives; the tables equal the serial run's bit for bit (``n_jobs=1``).
+run on ``n_jobs`` worker processes (the job service, `experiments.jobs`; default: every core this process may
+use), costliest first, each cached as it arrives; the tables equal the serial run's bit for bit (``n_jobs=1``).
 
 The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
 chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
@@ -119,7 +119,7 @@ class Settings:
     # probes, capacity sweep and position-table probes stay on scikit-learn (`ProbeDesign.backend`)
     backend: str = "torch"
     # worker processes for independent probes (None: the cores this process may use; 1: all in this process).
-    # The results do not depend on it: every probe is a deterministic function of its data and seed (`parallel`)
+    # The results do not depend on it: every probe is a deterministic function of its data and seed (`jobs`)
     n_jobs: int | None = None
 
     def __post_init__(self) -> None:
@@ -174,9 +174,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     sites, residual = position_sites(n_layers), main_sites(n_layers)
     windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
     ctx.note("window_len", settings.window_len)
+    # the probes run on CPU whatever the model's device, so they may always go to forked workers
+    jobs = ctx.jobs(workers=settings.n_jobs, threads=settings.blas_threads, device="cpu")
     design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
-                         seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note,
-                         cached=lambda name, **key: ctx.step_path(name, "parquet", **key).is_file())  # fmt: skip
+                         seed=ctx.seed, jobs=jobs)  # fmt: skip
     kept = list(ctx.corpus)[: settings.max_sentences]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))
@@ -216,6 +217,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         design.tune(tuning_acts)
         design.tune_capacity(tuning_acts)
         parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, settings).items()}
+    for key, value in design.notes.items():
+        ctx.note(key, value)
     confusion = parts.pop("confusion")
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
 

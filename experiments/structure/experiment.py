@@ -136,7 +136,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         rows, dev_rows, training, full = [], [], [], {}
         pass_list = _passes(settings, site_names, ctx.model.config.d_model)
         t1 = time.perf_counter()
-        trained = passes.train(ctx, settings, pass_list, vectors, site_names, parts, heads)
+        # one thread per pass wherever it trains (identical results); one worker: this process on `threads`
+        jobs = ctx.jobs(workers=settings.workers, threads=1 if settings.workers > 1 else settings.threads)
+        trained = passes.train(jobs, settings, pass_list, vectors, site_names, parts, heads, seed=ctx.seed,
+                               device=ctx.device)  # fmt: skip
         ctx.log(f"{len(pass_list)} training passes ({time.perf_counter() - t1:.1f}s)")
         for p, arrays in zip(pass_list, trained, strict=True):
             t1 = time.perf_counter()
@@ -157,9 +160,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                                    settings.ci, info))
     finally:
         torch.set_num_threads(old_threads)
-    _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True), pd.concat(dev_rows, ignore_index=True)),
-           pd.concat(training, ignore_index=True))
-    results = pd.read_parquet(ctx.out_dir / "results.parquet")
+    results = _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True),
+                                             pd.concat(dev_rows, ignore_index=True)),
+                     pd.concat(training, ignore_index=True))  # fmt: skip
     examples, edges = _examples(results, full, test, chosen, heads, punct, settings.n_examples)
     ctx.write_table(examples, "examples")
     ctx.write_table(edges, "example_edges")
@@ -227,14 +230,14 @@ def _baseline_rows(heads: list, punct: list, weights: np.ndarray, ci: float, inf
     return pd.DataFrame(rows)
 
 
-def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFrame) -> None:
-    """``results`` (full-rank probes and baselines), ``rank_sweep``, ``summary`` and ``training``; the manifest
-    notes how the probes stopped."""
+def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFrame) -> pd.DataFrame:
+    """``rank_sweep``, ``summary`` and ``training``; the manifest notes how the probes stopped. Returns
+    ``results`` (full-rank probes and baselines), which the framework writes."""
     d = ctx.model.config.d_model
     results = rows[(rows["rank"] == d) | rows["encoder"].str.startswith("baseline:")][COLUMNS]
+    results = results.reset_index(drop=True)
     sweep = rows[(rows["kind"] == "distance") & rows["component"].isin(["embed", "resid_post"])
                  & (rows["encoder"] == "trained")][COLUMNS]  # fmt: skip
-    ctx.write_table(results.reset_index(drop=True), "results")
     ctx.write_table(sweep.reset_index(drop=True), "rank_sweep")
     ctx.write_table(summary_table(results, sweep), "summary")
     training["max_epochs"] = settings.max_epochs
@@ -243,6 +246,7 @@ def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFr
                           "stopped_epoch_min": int(training["stopped_epoch"].min()),
                           "stopped_epoch_max": int(training["stopped_epoch"].max()),
                           "max_epochs": settings.max_epochs})
+    return results
 
 
 def _local_parts(split: data.Split, truncated: set[int]) -> dict[str, np.ndarray]:
