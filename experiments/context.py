@@ -8,7 +8,9 @@ Step cache. ``ctx.step(name, fn)`` / ``ctx.step_arrays(name, fn)`` store an inte
 fingerprint (experiment, options that change numbers, device type, dtype, model and corpus sha256), the
 experiment's code hash (its package's source files), its ``Settings``, and the step's own ``key`` arguments.
 A resumed run reads a step only if all of those match; anything else recomputes it. A result is written
-atomically as soon as it is computed, so Ctrl-C loses at most the step in flight.
+atomically as soon as it is computed, so Ctrl-C loses at most the step in flight. The cache itself is a
+:class:`StepCache` (``ctx.steps``); ``ctx.jobs(...)`` gives the job service (`experiments.jobs`) that runs many
+independent jobs on workers and writes each result through it as it arrives.
 """
 
 from __future__ import annotations

@@ -101,8 +101,9 @@ def check_inputs(module: Any, inputs: Any, settings: Any = None) -> None:
 class Experiment(Protocol):
     """What an experiment package exposes in its ``__init__``.
 
-    ``NAME``: CLI name; ``DIRNAME``: output folder under ``OUT``; ``SUMMARY_TABLES``: file names the report
-    shows; ``Settings``: a frozen dataclass of the experiment's defaults (part of the step-cache key);
+    ``NAME``: CLI name; ``DIRNAME``: output folder under ``OUT``; ``SUMMARY_TABLES``: the tables the report
+    shows, by name without suffix (``"summary"``: ``summary.parquet`` or ``summary.csv``); ``Settings``: a
+    frozen dataclass of the experiment's defaults (part of the step-cache key);
     ``run(ctx, settings=None)``: computes everything, writes side tables with ``ctx.write_table`` and returns
     the main long table; ``plot(out_dir)``: redraws the figures from the saved tables only.
 

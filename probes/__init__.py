@@ -2,7 +2,8 @@
 
 - `LinearProbe`: scikit-learn-style L2 logistic / ridge probe, scikit-learn or torch (CPU/GPU) backend.
 - `evaluate`: grouped K-fold scores with nested alpha selection, group-bootstrap intervals, majority and
-  chance baselines, and optional control-task / selectivity rows, as a long pandas table.
+  chance baselines, and optional control-task / selectivity rows, as a long pandas table; `fold_rng` and
+  `repeat_seed` say which folds and seeds a (repeated) run used.
 - `control_labels`, `selectivity`: Hewitt & Liang (2019) control tasks.
 - `group_bootstrap`, `ratio_of_sums`, `mean_of_groups`: the group bootstrap with percentile intervals
   (`probes/bootstrap.py`), used by every experiment.
@@ -19,8 +20,10 @@ from .evaluate import (
     DEFAULT_ALPHAS,
     CrossValPredictions,
     evaluate,
+    fold_rng,
     grouped_cross_val_predict,
     grouped_folds,
+    repeat_seed,
     strata_of,
 )
 from .mdl import mdl_probe
@@ -33,6 +36,7 @@ __all__ = [
     "LinearProbe",
     "control_labels",
     "evaluate",
+    "fold_rng",
     "grouped_cross_val_predict",
     "group_bootstrap",
     "grouped_folds",
@@ -40,6 +44,7 @@ __all__ = [
     "mean_of_groups",
     "percentile_interval",
     "ratio_of_sums",
+    "repeat_seed",
     "resample_counts",
     "selectivity",
     "strata_of",

@@ -6,7 +6,8 @@ one run), ``data`` (windows, sentences, activations), ``measures`` (probe-free m
 ``plots`` (figures from the tables).
 """
 
-from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, plot, run
+from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
 from bertscope.experiments.positions.findings import CAPTIONS, findings
+from bertscope.experiments.positions.plots import plot
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

@@ -53,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,12 +68,13 @@ from bertscope.experiments.positions.data import (
 )
 from bertscope.experiments.positions.data import collect as collect_activations
 from bertscope.experiments.positions.design import COLUMNS, ProbeDesign
+from bertscope.experiments.positions.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.positions.probing import position_table_views
 from threadpoolctl import threadpool_limits
 
 NAME = "positions"
 DIRNAME = "positions"
-SUMMARY_TABLES = ["summary_absolute.csv", "capacity_sweep.csv"]
+SUMMARY_TABLES = ["summary_absolute", "capacity_sweep"]
 
 #: The null model: the trained weights with the position embeddings zeroed (``embed.hook_pos`` -> 0).
 ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
@@ -250,12 +250,6 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict | None, settings: Setti
     steps["confusion"] = lambda: design.confusion(acts)
     return steps
 
-
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments.positions.plots import plot as draw
-
-    return draw(Path(out_dir))
 
 
 def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:

@@ -138,15 +138,14 @@ def memorisation_ceiling(
     types, y (the task labels the folds are stratified by), groups: ``[n]``. Returns ``{"value"`` (pooled
     share over all test tokens, averaged over repeats), ``"low"``, ``"high"`` (the range of the per-fold
     shares)}``."""
-    from bertscope.probes import grouped_folds, strata_of
+    from bertscope.probes import fold_rng, grouped_folds, strata_of
     from bertscope.probes._checks import check_groups
 
     types, y = np.asarray(types), np.asarray(y)
     group_idx, n_groups = check_groups(groups, len(y))
     pooled, per_fold = [], []
     for r in range(repeats):
-        rng = np.random.default_rng([seed + r, 0])  # the fold rng of evaluate's repeat r
-        fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, "classification"))
+        fold = grouped_folds(group_idx, n_groups, n_folds, fold_rng(seed, r), strata_of(y, "classification"))
         seen_all = np.zeros(len(y), dtype=bool)
         for f in range(n_folds):
             test = fold == f

@@ -8,7 +8,8 @@ duplicate mass), ``control`` (repeated-random's non-repeating control, copy-spec
 ``plots`` (figures from the tables), ``findings`` (the report's sentences and captions, from the tables).
 """
 
-from bertscope.experiments.same_token.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, plot, run
+from bertscope.experiments.same_token.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
 from bertscope.experiments.same_token.findings import CAPTIONS, findings
+from bertscope.experiments.same_token.plots import plot
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

@@ -5,7 +5,8 @@ Files by role: ``experiment`` (Settings, run), ``data`` (sites, split, word vect
 intervals, baselines), ``plots`` (figures from the tables), ``findings`` (sentences from the tables).
 """
 
-from bertscope.experiments.structure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, plot, run
+from bertscope.experiments.structure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
 from bertscope.experiments.structure.findings import CAPTIONS, findings
+from bertscope.experiments.structure.plots import plot
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

@@ -28,19 +28,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from bertscope.experiments.structure import data, measures, passes
+from bertscope.experiments.structure.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.probes.structural import mst_edges, tree_distances
 from bertscope.probes.structural_fit import ProbeSpec, Sentences
 
 NAME = "structure"
 DIRNAME = "structure"
-SUMMARY_TABLES = ["summary.csv"]
+SUMMARY_TABLES = ["summary"]
 MIN_SENTENCES = 6  # two each to train, stop early and score (`data.split_sentences`)
 COLUMNS = ["model", "corpus", "encoder", "site", "layer", "component", "kind", "metric", "rank", "value", "ci_low",
            "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test", "dev_value", "dev_ci_low", "dev_ci_high"]
@@ -170,12 +170,6 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
     return results
 
-
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments.structure.plots import plot as draw
-
-    return draw(Path(out_dir))
 
 
 # ------------------------------------------------------------------------------------------------ pieces
