@@ -331,10 +331,20 @@ def plan_windows(n_pieces: int, settings: Settings) -> tuple[int, int, int] | No
     return length, n_pool, n_tune
 
 
+_STREAM_LENGTHS: dict[tuple[int, int], tuple[Any, Any, int]] = {}  # the check, the runner and run ask alike
+
+
 def _stream_length(corpus: Any, tokenizer: Any) -> int:
-    """Word pieces in the corpus's stream (its sentences tokenized without special tokens, as windows are cut)."""
+    """Word pieces in the corpus's stream (its sentences tokenized without special tokens, as windows are cut);
+    counted once per corpus and tokenizer object (about 1 s for the builtin corpus)."""
+    hit = _STREAM_LENGTHS.get((id(corpus), id(tokenizer)))
+    if hit is not None and hit[0] is corpus and hit[1] is tokenizer:
+        return hit[2]
     texts = [s.text for s in corpus]
-    return sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
+    n = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
+    _STREAM_LENGTHS.clear()  # one entry: no corpus is kept alive beyond the next count
+    _STREAM_LENGTHS[(id(corpus), id(tokenizer))] = (corpus, tokenizer, n)
+    return n
 
 
 def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
