@@ -8,7 +8,9 @@ Step cache. ``ctx.step(name, fn)`` / ``ctx.step_arrays(name, fn)`` store an inte
 fingerprint (experiment, options that change numbers, device type, dtype, model and corpus sha256), the
 experiment's code hash (its package's source files), its ``Settings``, and the step's own ``key`` arguments.
 A resumed run reads a step only if all of those match; anything else recomputes it. A result is written
-atomically as soon as it is computed, so Ctrl-C loses at most the step in flight.
+atomically as soon as it is computed, so Ctrl-C loses at most the step in flight. The cache itself is a
+:class:`StepCache` (``ctx.steps``); ``ctx.jobs(...)`` gives the job service (`experiments.jobs`) that runs many
+independent jobs on workers and writes each result through it as it arrives.
 """
 
 from __future__ import annotations
@@ -63,11 +65,12 @@ class Context:
         self.seed = options.seed
         self.out_dir = Path(out_dir)
         self.fingerprint = fingerprint or run_fingerprint(name, options, inputs)
-        self.settings = settings
         self.code_sha256 = code_sha256
         self.notes: dict[str, Any] = {}
         self.messages: list[str] = []
         self.steps_used: set[str] = set()  # step files read or written by this run (the rest is stale)
+        self.steps = StepCache(self.out_dir, self.fingerprint, code_sha256, settings, used=self.steps_used,
+                               log=self.log)  # fmt: skip
         from bertscope.experiments.runner import now
 
         self.started_at = now()
@@ -167,6 +170,62 @@ class Context:
         return np.random.default_rng(_seed_sequence(self.seed, keys))
 
     # -- outputs
+    @property
+    def settings(self) -> Any:
+        """The experiment's ``Settings`` for this run (part of every step's key)."""
+        return self.steps.settings
+
+    @settings.setter
+    def settings(self, value: Any) -> None:
+        self.steps.settings = value
+
+    def jobs(self, workers: int | None = 1, threads: int | None = 1, device: Any = None) -> Any:
+        """A `jobs.JobService` for this run: jobs on ``workers`` forked processes (None: every core this process
+        may use; 1: here), ``threads`` threads each, computing on ``device`` (default: the run's), each result
+        cached in this run's step cache as it arrives, progress on this run's bars. Measurement code gets this
+        service, never the context."""
+        from bertscope.experiments.jobs import JobService
+
+        return JobService(workers=workers, threads=threads, device=self.device if device is None else device,
+                          cache=self.steps, progress=self.progress)  # fmt: skip
+
+    def step_key(self, name: str, **key: Any) -> str:
+        """16 hex digits identifying step ``name``'s content: fingerprint, code hash, settings and ``key``."""
+        return self.steps.step_key(name, **key)
+
+    def step_path(self, name: str, suffix: str, **key: Any) -> Path:
+        """Where step ``name`` (with these ``key`` arguments) is cached: ``steps/<name>-<key>.<suffix>``."""
+        return self.steps.step_path(name, suffix, **key)
+
+    def step(self, name: str, fn: Callable[[], pd.DataFrame], **key: Any) -> pd.DataFrame:
+        """Cached intermediate table (`StepCache.step`): read from ``steps/`` when a previous run with the same
+        key wrote it, else ``fn()`` computed and saved atomically. ``key``: whatever else the result depends on
+        (JSON-able), e.g. a probe's target and site."""
+        return self.steps.step(name, fn, **key)
+
+    def step_arrays(self, name: str, fn: Callable[[], dict[str, np.ndarray]], **key: Any) -> dict[str, np.ndarray]:
+        """Like :meth:`step` for a dict of numpy arrays (``steps/<name>-<key>.npz``)."""
+        return self.steps.step_arrays(name, fn, **key)
+
+    def write_table(self, df: pd.DataFrame, name: str, formats: Iterable[str] = io.TABLE_FORMATS) -> list[Path]:
+        """Atomically write ``OUT/<exp>/<name>.parquet`` and ``.csv``; returns the paths."""
+        return io.write_table(df, self.out_dir / name, formats=formats)
+
+
+class StepCache:
+    """The step cache of one experiment run (see the module docstring): results under
+    ``out_dir/steps/<name>-<key>.parquet|npz``, keyed by the run's ``fingerprint``, the experiment's
+    ``code_sha256``, its ``settings`` and each step's own key. ``used`` collects the file names read or written
+    (the runner removes the others as stale); ``log`` says when a step is reused. The context owns one
+    (``ctx.steps``); the job service (`experiments.jobs`) writes through it."""
+
+    def __init__(self, out_dir: Path, fingerprint: dict[str, Any], code_sha256: str | None, settings: Any = None,
+                 *, used: set[str] | None = None, log: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.out_dir = Path(out_dir)
+        self.fingerprint, self.code_sha256, self.settings = fingerprint, code_sha256, settings
+        self.used: set[str] = used if used is not None else set()
+        self.log = log or (lambda msg: None)
+
     def step_key(self, name: str, **key: Any) -> str:
         """16 hex digits identifying step ``name``'s content: fingerprint, code hash, settings and ``key``."""
         import dataclasses
@@ -188,14 +247,16 @@ class Context:
         """Where step ``name`` (with these ``key`` arguments) is cached: ``steps/<name>-<key>.<suffix>``."""
         return self.out_dir / STEPS / f"{_safe_name(name)}-{self.step_key(name, **key)}.{suffix}"
 
+    def is_cached(self, name: str, suffix: str, **key: Any) -> bool:
+        """Whether step ``name`` with this key is cached (``suffix``: ``parquet`` for a table, ``npz``)."""
+        return self.step_path(name, suffix, **key).is_file()
+
     def step(self, name: str, fn: Callable[[], pd.DataFrame], **key: Any) -> pd.DataFrame:
-        """Cached intermediate table: returned from ``steps/`` if a previous (interrupted) run with the same
-        key wrote it (see the module docstring); otherwise ``fn()`` is computed and saved atomically.
-        ``key``: whatever else the result depends on (JSON-able), e.g. a probe's target and site."""
+        """Cached table: read back when cached, else ``fn()`` computed and written atomically."""
         import pandas as pd
 
         path = self.step_path(name, "parquet", **key)
-        self.steps_used.add(path.name)
+        self.used.add(path.name)
         if path.is_file():
             self.log(f"step {name}: reusing {_relative(path, self.out_dir)}")
             return pd.read_parquet(path)
@@ -210,7 +271,7 @@ class Context:
         import numpy as np
 
         path = self.step_path(name, "npz", **key)
-        self.steps_used.add(path.name)
+        self.used.add(path.name)
         if path.is_file():
             self.log(f"step {name}: reusing {_relative(path, self.out_dir)}")
             with np.load(path, allow_pickle=False) as data:
@@ -219,10 +280,6 @@ class Context:
         with io.atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
         return arrays
-
-    def write_table(self, df: pd.DataFrame, name: str, formats: Iterable[str] = io.TABLE_FORMATS) -> list[Path]:
-        """Atomically write ``OUT/<exp>/<name>.parquet`` and ``.csv``; returns the paths."""
-        return io.write_table(df, self.out_dir / name, formats=formats)
 
 
 def _seed_sequence(seed: int, keys: tuple[str | int, ...]) -> Any:

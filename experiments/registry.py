@@ -83,15 +83,34 @@ def _machine(path: Path) -> str:
 
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
-OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "activation_sites", "NO_ACTIVATIONS")
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "activation_sites", "NO_ACTIVATIONS")
+
+
+class CannotRun(Exception):
+    """An experiment cannot run on these inputs: the corpus lacks what it needs (gold trees) or is too small.
+
+    The one framework exception for usage problems an experiment finds. Raise it from the experiment's
+    ``check(inputs, settings)`` (called before anything is written) or, if only found later, from ``run``. The
+    message is one line that names what is missing and an option that fixes it. ``bertscope run NAME`` prints
+    it and exits with status 2, writing nothing; ``bertscope run all`` skips the experiment with that line and
+    goes on."""
+
+
+def check_inputs(module: Any, inputs: Any, settings: Any = None) -> None:
+    """Call the experiment's ``check(inputs, settings)`` when it has one (``settings``: its ``Settings()`` by
+    default); raises `CannotRun` when the inputs do not fit the experiment."""
+    check = getattr(module, "check", None)
+    if check is not None:
+        check(inputs, settings if settings is not None else module.Settings())
 
 
 @runtime_checkable
 class Experiment(Protocol):
     """What an experiment package exposes in its ``__init__``.
 
-    ``NAME``: CLI name; ``DIRNAME``: output folder under ``OUT``; ``SUMMARY_TABLES``: file names the report
-    shows; ``Settings``: a frozen dataclass of the experiment's defaults (part of the step-cache key);
+    ``NAME``: CLI name; ``DIRNAME``: output folder under ``OUT``; ``SUMMARY_TABLES``: the tables the report
+    shows, by name without suffix (``"summary"``: ``summary.parquet`` or ``summary.csv``); ``Settings``: a
+    frozen dataclass of the experiment's defaults (part of the step-cache key);
     ``run(ctx, settings=None)``: computes everything, writes side tables with ``ctx.write_table`` and returns
     the main long table; ``plot(out_dir)``: redraws the figures from the saved tables only.
 
@@ -108,6 +127,10 @@ class Experiment(Protocol):
       (checked before the run: `cli.commands.check_activations`).
     - ``NO_ACTIVATIONS: str``: for an experiment whose forward a capture cannot replace, why (``--activations``
       is then refused when it runs alone, and ignored with a note in ``run all``).
+    - ``check(inputs, settings) -> None``: raises `CannotRun` (one line naming an option that fixes it) when the
+      inputs (`options.Inputs`: model, corpus) cannot give this experiment a result: no gold trees, too few
+      sentences or word pieces. Called before anything is written, so a refusal leaves nothing behind; it
+      must be cheap (no forward pass).
     """
 
     NAME: str

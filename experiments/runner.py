@@ -36,7 +36,7 @@ from typing import Any
 from bertscope.experiments import io
 from bertscope.experiments.context import STEPS, Context, _is_dataframe, _relative
 from bertscope.experiments.options import FINGERPRINT_OPTIONS, Inputs, RunOptions, prepare_inputs
-from bertscope.experiments.registry import Experiment, check_experiment, code_sha256
+from bertscope.experiments.registry import CannotRun, Experiment, check_experiment, check_inputs, code_sha256
 from bertscope.experiments.settings import experiment_settings
 
 MANIFEST = "manifest.json"
@@ -49,7 +49,9 @@ PACKAGES = (
 
 @dataclass
 class RunResult:
-    """Outcome of one experiment: ``status`` is ``complete``, ``skipped`` (already complete) or ``failed``."""
+    """Outcome of one experiment: ``status`` is ``complete``, ``skipped`` (already complete), ``refused`` (the
+    inputs do not fit it: `registry.CannotRun`, its one-line reason in ``error``; nothing was written) or
+    ``failed``."""
 
     name: str
     status: str
@@ -139,7 +141,9 @@ def run_experiment(
     Writes ``results.parquet`` + ``results.csv`` from the table ``module.run`` returns, then calls
     ``module.plot(out_dir)``, then ``manifest.json`` with status ``complete``. An exception inside the
     experiment is recorded (status ``failed``, with the traceback) and returned, so ``run all`` can go on;
-    ``KeyboardInterrupt`` is recorded as ``interrupted`` and re-raised. ``on_start(name, out_dir)`` is called
+    ``KeyboardInterrupt`` is recorded as ``interrupted`` and re-raised. Inputs the experiment cannot use
+    (`registry.CannotRun` from its ``check``, before anything is written, or from ``run``) give status
+    ``refused`` with the one-line reason in ``error`` and no manifest. ``on_start(name, out_dir)`` is called
     when the experiment really starts (not when it is skipped). With ``figures``, the figures are drawn by that
     pipeline: the result has status ``drawing`` (so has the manifest, until then) and ``figures.finish(result)``
     gives the final one.
@@ -158,6 +162,10 @@ def run_experiment(
         changed = (previous or {}).get("code_sha256") not in (None, code)
         changed = changed or (previous or {}).get("settings") not in (None, io.to_jsonable(_settings_dict(settings)))
         return RunResult(module.NAME, "skipped", out_dir, code_changed=changed)
+    try:
+        check_inputs(module, inputs, settings)  # before anything is written
+    except CannotRun as e:
+        return RunResult(module.NAME, "refused", out_dir, error=str(e))
 
     if on_start is not None:
         on_start(module.NAME, out_dir)
@@ -186,10 +194,16 @@ def run_experiment(
     except KeyboardInterrupt:
         status, error = "interrupted", "KeyboardInterrupt"
         raise
+    except CannotRun as e:  # found only while running: said like a refusal up front, no manifest left
+        status, error = "refused", str(e)
     except Exception:
         error = traceback.format_exc()
     finally:
-        seconds = _finish_manifest(manifest, ctx, status, error, t0)
+        if status == "refused":
+            (out_dir / MANIFEST).unlink(missing_ok=True)
+            seconds = time.perf_counter() - t0
+        else:
+            seconds = _finish_manifest(manifest, ctx, status, error, t0)
     result = RunResult(module.NAME, status, out_dir, seconds, error)
     if drawing is not None:
         result.pending = lambda: _wait_for_figures(drawing, manifest, ctx, t0)

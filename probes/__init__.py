@@ -2,7 +2,8 @@
 
 - `LinearProbe`: scikit-learn-style L2 logistic / ridge probe, scikit-learn or torch (CPU/GPU) backend.
 - `evaluate`: grouped K-fold scores with nested alpha selection, group-bootstrap intervals, majority and
-  chance baselines, and optional control-task / selectivity rows, as a long pandas table.
+  chance baselines, and optional control-task / selectivity rows, as a long pandas table; `fold_rng` and
+  `repeat_seed` say which folds and seeds a (repeated) run used.
 - `control_labels`, `selectivity`: Hewitt & Liang (2019) control tasks.
 - `group_bootstrap`, `ratio_of_sums`, `mean_of_groups`: the group bootstrap with percentile intervals
   (`probes/bootstrap.py`), used by every experiment.
@@ -10,8 +11,10 @@
 - `StructuralProbe`: Hewitt & Manning (2019) distance / depth probes (metrics in `probes.structural`).
 - `LeaceFitter`, `LeaceEraser`, `INLP`, `MeanProjection`, `RandomSubspaceEraser` (`probes/erasure.py`): linear
   concept erasure on arrays and as hook interventions (`eraser.hook(model, site)`).
+- `thread_limit`: cap torch, BLAS and OpenMP threads inside a block (every probe fit runs under one).
 """
 
+from ._checks import thread_limit
 from .bootstrap import Interval, group_bootstrap, mean_of_groups, percentile_interval, ratio_of_sums, resample_counts
 from .controls import control_labels, selectivity
 from .erasure import INLP, LeaceEraser, LeaceFitter, MeanProjection, RandomSubspaceEraser
@@ -20,8 +23,10 @@ from .evaluate import (
     DEFAULT_ALPHAS,
     CrossValPredictions,
     evaluate,
+    fold_rng,
     grouped_cross_val_predict,
     grouped_folds,
+    repeat_seed,
     strata_of,
 )
 from .mdl import mdl_probe
@@ -39,6 +44,7 @@ __all__ = [
     "LinearProbe",
     "control_labels",
     "evaluate",
+    "fold_rng",
     "grouped_cross_val_predict",
     "group_bootstrap",
     "grouped_folds",
@@ -46,8 +52,10 @@ __all__ = [
     "mean_of_groups",
     "percentile_interval",
     "ratio_of_sums",
+    "repeat_seed",
     "resample_counts",
     "selectivity",
     "strata_of",
     "StructuralProbe",
+    "thread_limit",
 ]

@@ -161,7 +161,7 @@ def evaluate(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     runs = []
     for r in range(repeats):
-        seed_r = seed + r
+        seed_r = repeat_seed(seed, r)
         control_r = control(seed_r) if callable(control) else control
         runs.append(_one_repeat(
             X, y, groups, control_r, names, numeric, task=task, n_folds=n_folds, cv=cv, alphas=alphas, backend=backend,
@@ -293,7 +293,7 @@ def grouped_cross_val_predict(
         inner_folds=inner_folds, backend=backend, device=device,
     )  # fmt: skip
     n = X.shape[0]
-    rng = np.random.default_rng([seed, 0])
+    rng = fold_rng(seed)  # the outer folds, then the inner alpha-selection folds, from one stream
     if cv is None:
         fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, task))
     else:
@@ -403,6 +403,20 @@ def _check_cv_inputs(
     if backend == "torch":
         X = _to_tensor(X, torch.device(device) if device is not None else torch.device("cpu"))
     return X, y, y_control, group_idx, n_groups, grid
+
+
+def repeat_seed(seed: int, repeat: int) -> int:
+    """The seed of repeat ``repeat`` of a repeated cross-validation run with ``seed`` (`evaluate`'s
+    ``repeats``): ``seed + repeat``. It seeds that repeat's folds (`fold_rng`), inner folds, probes, bootstrap
+    and control labels."""
+    return int(seed) + int(repeat)
+
+
+def fold_rng(seed: int, repeat: int = 0) -> np.random.Generator:
+    """The generator that draws the outer folds (`grouped_folds`) of `grouped_cross_val_predict` with
+    ``seed``, in repeat ``repeat`` of `evaluate`: code that needs the folds a probe was scored on (a
+    memorisation ceiling, a capacity sweep over the same folds) draws them from here."""
+    return np.random.default_rng([repeat_seed(seed, repeat), 0])
 
 
 def grouped_folds(

@@ -294,7 +294,7 @@ def _die_on_three(x: int) -> int:
 
 
 def test_a_worker_that_dies_stops_the_map_with_an_error_not_a_wait():
-    with pytest.raises(RuntimeError, match="worker process of map_forked died"):
+    with pytest.raises(RuntimeError, match="worker process of the job service died"):
         parallel.map_sentences(_die_on_three, list(range(6)), workers=2)
     assert parallel.map_sentences(_die_on_three, [0, 1, 2], workers=2) == [0, 1, 2]  # the next map is unharmed
 

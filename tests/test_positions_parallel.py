@@ -1,4 +1,5 @@
-"""The positions run on worker processes gives the serial run's tables, bit for bit (`positions.parallel`)."""
+"""The positions run on worker processes gives the serial run's tables, bit for bit (the job service,
+`experiments.jobs`, through the `positions.parallel` aliases)."""
 
 from __future__ import annotations
 

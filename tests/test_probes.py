@@ -617,3 +617,19 @@ def test_ring_buffer_history_gives_the_compact_direction_of_its_last_pairs():
             history.clear()
             first = k + 1
     assert len(history) == 4
+
+
+def test_fold_rng_gives_the_folds_a_probe_was_scored_on():
+    """`probes.fold_rng(seed, r)` is public so experiments recompute the folds of `evaluate`'s repeat r
+    (positions' memorisation ceiling, its capacity sweep) instead of re-deriving the seed privately."""
+    from bertscope.probes import fold_rng, grouped_cross_val_predict, grouped_folds, repeat_seed, strata_of
+
+    rng = np.random.default_rng(5)
+    y = np.repeat(np.arange(3), 20)
+    X = rng.normal(size=(60, 4)) + y[:, None]
+    groups = np.arange(60) // 2
+    for seed, r in ((0, 0), (7, 2)):
+        cv = grouped_cross_val_predict(X, y, groups, n_folds=3, alphas=[1.0], seed=repeat_seed(seed, r))
+        folds = grouped_folds(cv.group_idx, cv.n_groups, 3, fold_rng(seed, r), strata_of(y, "classification"))
+        np.testing.assert_array_equal(cv.fold, folds)
+    assert repeat_seed(7, 2) == 9

@@ -337,8 +337,9 @@ def test_sublayer_sites_can_be_chosen_by_name():
 
 
 def test_passes_trained_side_by_side_equal_the_passes_trained_in_turn(tiny, tmp_path, monkeypatch):
-    # workers=2 trains the passes in forked one-thread processes; workers=1 in this process, one after another:
-    # the same probes to the rounding of the matrix products, cached alike (a rerun trains nothing)
+    # workers=2 trains the passes in forked one-thread processes (the job service); workers=1 with threads=1 in
+    # this process, one after another, on one thread too: the same probes bit for bit, cached alike (a rerun
+    # trains nothing)
     import dataclasses
 
     from bertscope.experiments.structure import plots
@@ -348,14 +349,13 @@ def test_passes_trained_side_by_side_equal_the_passes_trained_in_turn(tiny, tmp_
     inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
     tables = {}
     for workers in (1, 2):
-        monkeypatch.setattr(structure, "Settings", lambda w=workers: dataclasses.replace(SMALL, workers=w))
-        result = run_experiment(structure, RunOptions(out=tmp_path / str(workers), quiet=True, keep_steps=True),
-                                inputs)
+        monkeypatch.setattr(structure, "Settings", lambda w=workers: dataclasses.replace(SMALL, workers=w, threads=1))
+        result = run_experiment(structure, RunOptions(out=tmp_path / str(workers), quiet=True, keep_steps=True), inputs)
         assert result.status == "complete", result.error
         tables[workers] = pd.read_parquet(tmp_path / str(workers) / "structure" / "training.parquet")
         tables[f"res{workers}"] = pd.read_parquet(tmp_path / str(workers) / "structure" / "results.parquet")
-    pd.testing.assert_frame_equal(tables[1], tables[2], check_exact=False, rtol=1e-4)
-    pd.testing.assert_frame_equal(tables["res1"], tables["res2"], check_exact=False, rtol=1e-4, atol=1e-6)
+    pd.testing.assert_frame_equal(tables[1], tables[2], check_exact=True)
+    pd.testing.assert_frame_equal(tables["res1"], tables["res2"], check_exact=True)
     steps = sorted(p.name for p in (tmp_path / "2" / "structure" / "steps").glob("probes-*.npz"))
     assert len(steps) == 3  # one cached step per pass, as before
     with monkeypatch.context() as m:
@@ -443,14 +443,21 @@ def test_best_layer_and_smallest_rank_are_chosen_on_dev_and_reported_on_test(tmp
     assert found[0].numbers["peak_uuas"] == pytest.approx(0.6)
 
 
-def test_corpus_without_trees_is_a_usage_error(tiny, tmp_path):
+def test_corpus_without_trees_is_refused_by_the_framework_exception(tiny, tmp_path):
+    """`registry.CannotRun` (not the CLI's UsageError) from ``check`` up front and from ``run`` alike."""
+    from bertscope.experiments.registry import CannotRun
+
     plain = [corpus_mod.Sentence(s.id, s.words, s.text) for s in CORPUS[:10]]
     corpus = corpus_mod.Corpus("plain", "test", plain)
     inputs = Inputs(tiny, corpus, torch.device("cpu"), torch.float32, model_summary(tiny), corpus_summary(corpus))
     from bertscope.experiments.context import Context
 
+    with pytest.raises(CannotRun, match="gold dependency trees"):
+        structure.check(inputs, SMALL)
     ctx = Context("structure", RunOptions(out=tmp_path, quiet=True), inputs, tmp_path / "structure",
                   settings=SMALL)
-    with pytest.raises(UsageError, match="gold dependency trees"):
+    with pytest.raises(CannotRun, match="gold dependency trees") as caught:
         structure.run(ctx)
+    assert not isinstance(caught.value, UsageError)
+    assert not (tmp_path / "structure").exists()
 

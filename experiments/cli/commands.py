@@ -85,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_activations(options, inputs, modules, alone=args.experiment != "all")
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
+    refused = _refused(modules, inputs, alone=args.experiment != "all")
 
     results = []
     if inputs is not None:
@@ -100,8 +101,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         for result in results:
             if result.status == "failed":
                 print(f"bertscope: {result.name} failed:\n{result.error}", file=sys.stderr)
+            elif result.status == "refused":  # found only while running (the check up front passed)
+                if args.experiment != "all":
+                    raise UsageError(f"{result.name}: {result.error}")
+                print(f"bertscope: skipped {result.name}: {result.error}", file=sys.stderr)
 
-    print(_summary(results, broken))
+    print(_summary(results, broken, refused))
     print(f"results: {options.out}/")
     if not args.no_report and (options.out.is_dir() and any(options.out.glob("*/manifest.json"))):
         page, explorer = _run_report(options, inputs)
@@ -324,7 +329,26 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
         raise UsageError(f"--activations: {e}") from None
 
 
-def _summary(results: list[Any], broken: dict[str, str]) -> str:
+def _refused(modules: dict[str, Any], inputs: Any, alone: bool) -> dict[str, str]:
+    """Check every experiment against the inputs before anything runs (`registry.check_inputs`): an experiment
+    asked for alone that cannot run is a `UsageError` (exit 2, nothing written); in ``run all`` it is dropped
+    from ``modules`` with one line saying why. Returns ``{name: reason}`` of the dropped ones."""
+    from bertscope.experiments.registry import CannotRun, check_inputs
+
+    refused = {}
+    for name, module in list(modules.items()):
+        try:
+            check_inputs(module, inputs)
+        except CannotRun as e:
+            if alone:
+                raise UsageError(f"{name}: {e}") from None
+            refused[name] = str(e)
+            del modules[name]
+            print(f"bertscope: skipped {name}: {e}", file=sys.stderr)
+    return refused
+
+
+def _summary(results: list[Any], broken: dict[str, str], refused: dict[str, str] | None = None) -> str:
     lines = []
     for r in results:
         took = "" if r.status == "skipped" else f" in {r.seconds:.1f} s"
@@ -333,7 +357,11 @@ def _summary(results: list[Any], broken: dict[str, str]) -> str:
             why = " (already complete with the same settings; --force recomputes)"
             if r.code_changed:
                 why = " (complete with the same settings, but its code changed since: --force recomputes)"
+        if r.status == "refused":
+            lines.append(f"  {r.name:<12} skipped: {r.error}")
+            continue
         lines.append(f"  {r.name:<12} {r.status}{took}{why}  -> {r.out_dir}/")
+    lines += [f"  {name:<12} skipped: {why}" for name, why in (refused or {}).items()]
     lines += [f"  {name:<12} import failed" for name in broken]
     return "experiments:\n" + "\n".join(lines) if lines else "experiments: none ran"
 

@@ -8,8 +8,9 @@ attention statistics), ``syntax`` (head-by-relation accuracy), ``importance`` (a
 ``findings`` (the report's sentences and figure captions, from the saved tables).
 """
 
-from bertscope.experiments.heads.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.heads.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
 from bertscope.experiments.heads.experiment import activation_sites as activation_sites
 from bertscope.experiments.heads.findings import CAPTIONS, findings
+from bertscope.experiments.heads.plots import plot
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

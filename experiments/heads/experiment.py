@@ -24,7 +24,6 @@ model work (docs/experiments/heads.md, "Known limits", has the measurements).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import einops
@@ -37,6 +36,7 @@ from bertscope.experiments.heads import passes
 from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
+from bertscope.experiments.heads.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, role_summary
 from bertscope.experiments.naming import head_name
 from bertscope.experiments.options import sentences_used
@@ -44,7 +44,7 @@ from bertscope.probes.bootstrap import group_bootstrap, mean_of_groups
 
 NAME = "heads"
 DIRNAME = "heads"
-SUMMARY_TABLES = ["roles_by_head.csv", "syntax.csv", "top_heads.csv", "pruning.csv"]
+SUMMARY_TABLES = ["roles_by_head", "syntax", "top_heads", "pruning"]
 RESULT_COLUMNS = ["model", "corpus", "layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
 PUNCTUATION = passes.PUNCTUATION
 SCALARS = passes.SCALARS  # per-sentence statistics, in array order
@@ -176,12 +176,6 @@ def _write_side_tables(
     ctx.write_table(summary, "roles_by_head", formats=("csv",))
     ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
 
-
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments.heads import plots as heads_plots
-
-    return heads_plots.plot(Path(out_dir))
 
 
 def activation_sites(model: Any) -> list[str]:

@@ -8,6 +8,26 @@ import pandas as pd
 from bertscope.experiments.findings import Finding, fmt_ci
 from bertscope.experiments.mixing.plots import GROUP_TITLES, _short, per_layer_methods, read_results
 
+#: Caption per figure stem (the report shows them under the figures).
+CAPTIONS: dict[str, str] = {
+    "fig_mixing_ratio": "How much of each token's representation comes from the other tokens rather than from "
+    "itself, per layer and method (mean over all tokens, 95% bootstrap band over sentences). Left: one layer "
+    "at a time (0 = the token keeps only itself); attention weights and attention norms leave out the residual "
+    "connection, so they overstate mixing. Right: the same, rolled out from the input through all layers.",
+    "fig_special_tokens": "Share of each token's incoming contributions that comes from [CLS], [SEP] and "
+    "punctuation, per layer. The black line (attention weights) is the attention mass the heads and same-token "
+    "experiments report; the other lines show how much of that mass is left when a method weighs what the "
+    "attended token actually writes (norms, ALTI, value zeroing).",
+    "fig_faithfulness": "Faithfulness: how well each method's last-layer attribution of the model's output to "
+    "its input tokens ranks the tokens like leave-one-out does (Spearman correlation per sentence, mean over "
+    "sentences, 95% bootstrap interval over sentences). 'rollout:' methods chain the layers from the input; the "
+    "others use the last layer alone. Leave-one-out against itself is 1 by construction.",
+    "fig_example_maps": "Last-layer contribution maps of example sentences: row = receiving token, column = "
+    "contributing token, colour = share of the row's contributions (rows sum to 1). Attention puts its mass "
+    "on [CLS]/[SEP]/punctuation; the norm-based maps and ALTI show how much of it the attended tokens actually "
+    "write, and keep the diagonal (the token itself through the residual).",
+}
+
 #: A method "keeps" an attention finding about a token group when its share is at least this fraction of the
 #: attention mass at the layer where that mass peaks.
 KEEP_FRACTION = 0.5

@@ -6,8 +6,9 @@ one run), ``data`` (windows, sentences, activations), ``measures`` (probe-free m
 ``plots`` (figures from the tables).
 """
 
-from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
 from bertscope.experiments.positions.experiment import NO_ACTIVATIONS as NO_ACTIVATIONS
 from bertscope.experiments.positions.findings import CAPTIONS, findings
+from bertscope.experiments.positions.plots import plot
 
-__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

@@ -39,13 +39,13 @@ def oof_path(
     "n_train": mean training-split size}``. The sklearn backend by default: the torch solver stops early at the
     strongest L2 of a wide grid (its tolerance is not scaled to the tiny weights there).
     """
-    from bertscope.probes import LinearProbe, grouped_folds, strata_of
+    from bertscope.probes import LinearProbe, fold_rng, grouped_folds, strata_of
     from bertscope.probes._checks import check_groups
 
     labels = {k: np.asarray(v) for k, v in labels.items()}
     first = next(iter(labels.values()))
     group_idx, n_groups = check_groups(groups, len(first), min_groups=n_folds, purpose=f"n_folds={n_folds}")
-    fold = grouped_folds(group_idx, n_groups, n_folds, np.random.default_rng([seed, 0]), strata_of(first, task))
+    fold = grouped_folds(group_idx, n_groups, n_folds, fold_rng(seed), strata_of(first, task))
     grid = [float(a) for a in alphas]
     X = np.asarray(X, dtype=np.float32)
     pred = {k: np.empty((len(grid), len(v)), dtype=v.dtype if task == "classification" else np.float64)

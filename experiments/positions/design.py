@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from bertscope.experiments.jobs import Job, JobService
 from bertscope.experiments.positions import probing
 from bertscope.experiments.positions.data import CLS, CONTENT, SEP, Activations, site_layer
 from bertscope.experiments.positions.design_more import MoreSteps
 from bertscope.experiments.positions.measures import pair_features, sample_pairs
-from bertscope.experiments.positions.parallel import Job, parallel_map, run_jobs
 
 COLUMNS = [
     "model", "corpus", "data", "token", "site", "layer", "component", "target", "features", "probe", "control",
@@ -34,21 +34,18 @@ COLUMNS = [
 class ProbeDesign(MoreSteps):
     """The probes of one run, sharing sites, settings and the per-family alpha choices.
 
-    Gets plain values and callables from the run (never the run context): ``step(name, fn, **key)`` caches one
-    result (every probe is its own step, so an interrupted run keeps the probes it finished), ``cached(name,
-    **key)`` says whether a step is cached already (None: never), ``progress(iterable, desc)`` wraps a loop,
-    ``note(key, value)`` records a fact for the manifest. Independent probes run on ``settings.n_jobs`` worker
-    processes (`parallel`), with the serial run's results.
+    Gets plain values and the run's job service (never the run context): ``jobs`` (`experiments.jobs.JobService`)
+    runs the independent probes of each step on its workers and caches each probe as its own step the moment it
+    arrives (an interrupted run keeps the probes it finished), with the serial run's results. Facts for the
+    manifest (the alpha choices and their CV scores) are collected in ``notes``; ``run`` records them.
     """
 
     def __init__(
         self, settings: Any, labels: dict[str, str], sites: list[str], residual: list[str], *, seed: int,
-        step: Callable[..., pd.DataFrame], progress: Callable[..., Any], note: Callable[[str, Any], None],
-        cached: Callable[..., bool] | None = None,
+        jobs: JobService,
     ) -> None:  # fmt: skip
-        self.s, self.labels, self.seed = settings, labels, seed
-        self.step, self.progress, self.note = step, progress, note
-        self.cached = cached or (lambda name, **key: False)
+        self.s, self.labels, self.seed, self.jobs = settings, labels, seed, jobs
+        self.notes: dict[str, Any] = {}
         self.sites, self.residual = sites, residual
         self.reference = residual[1 + len(residual) // 2] if len(residual) > 2 else residual[-1]
         # alphas are chosen on these sites of the tuning windows: the bottom, the middle and the top
@@ -146,10 +143,11 @@ class ProbeDesign(MoreSteps):
     def tune(self, tuning: Activations) -> None:
         """Choose the alpha of every probe family on the tuning windows (disjoint from the probed ones); the
         choices are one cached step."""
-        chosen = self.step("alphas", lambda: self._tune(tuning))
+        chosen = self.jobs.step("alphas", lambda: self._tune(tuning))
         for row in chosen.itertuples():
             self._alphas[row.family] = float(row.alpha)
-            self.note(f"alpha_{row.family}", {"alpha": float(row.alpha), "cv_score_by_alpha": json.loads(row.scores)})
+            self.notes[f"alpha_{row.family}"] = {"alpha": float(row.alpha),
+                                                 "cv_score_by_alpha": json.loads(row.scores)}  # fmt: skip
 
     def _tune(self, tuning: Activations) -> pd.DataFrame:
         """Grouped-CV scores of every family's alpha grid at each of its tuning sites (one parallel job per
@@ -171,10 +169,8 @@ class ProbeDesign(MoreSteps):
                                backend=self.backend(pair=not f.startswith("abs_"))))
                 for f, sets in families.items() for i, args in enumerate(sets)]  # fmt: skip
         cost = [_size(families[f][i][0]) * (0.1 if families[f][i][3] == "regression" else 1) for f, i, _ in jobs]
-        scores: dict[tuple[str, int], np.ndarray] = {}
-        for k, res in parallel_map([fn for _, _, fn in jobs], n_jobs=self.s.n_jobs, threads=self.s.blas_threads,
-                                   cost=cost):  # fmt: skip
-            scores[jobs[k][:2]] = res
+        results = self.jobs.map([fn for _, _, fn in jobs], cost=cost)
+        scores = {job[:2]: res for job, res in zip(jobs, results, strict=True)}
         rows = []
         for family, sets in families.items():
             alphas = sets[0][4]
@@ -196,9 +192,8 @@ class ProbeDesign(MoreSteps):
         return self._alphas[family]
 
     def run(self, jobs: Sequence[Job], desc: str) -> list[pd.DataFrame]:
-        """The jobs' tables in order, the uncached ones computed on ``n_jobs`` workers (`parallel.run_jobs`)."""
-        return run_jobs(jobs, step=self.step, cached=self.cached, n_jobs=self.s.n_jobs, threads=self.s.blas_threads,
-                        progress=self.progress, desc=desc)  # fmt: skip
+        """The jobs' tables in order, the uncached ones computed on the service's workers (`JobService.run`)."""
+        return self.jobs.run(jobs, desc)
 
     def score(self, X: Any, y: np.ndarray, groups: np.ndarray, task: str, alpha: float | tuple,
               **kw: Any) -> pd.DataFrame:  # fmt: skip

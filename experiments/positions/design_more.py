@@ -1,6 +1,6 @@
 """The relative-order, probe-free, position-table, MDL, confusion and capacity-sweep steps of `ProbeDesign`
 (split from `design` by size; a mixin: every method uses the design's settings, sites, alphas and job runner).
-Each step builds its independent probes as jobs (`parallel`), run on ``Settings.n_jobs`` worker processes."""
+Each step builds its independent probes as jobs (`experiments.jobs.Job`), run by the design's job service."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from bertscope.experiments.jobs import Job
 from bertscope.experiments.positions import capacity, probing
 from bertscope.experiments.positions.data import CONTENT, site_layer
 from bertscope.experiments.positions.measures import (
@@ -18,7 +19,6 @@ from bertscope.experiments.positions.measures import (
     sample_pairs,
     variance_share,
 )
-from bertscope.experiments.positions.parallel import Job, parallel_map
 
 
 class MoreSteps:
@@ -26,6 +26,8 @@ class MoreSteps:
 
     s: Any
     seed: int
+    jobs: Any  # experiments.jobs.JobService
+    notes: dict[str, Any]
 
     # -- relative position
     def relative_pairs(self, acts: dict) -> pd.DataFrame:
@@ -72,8 +74,8 @@ class MoreSteps:
             for site in sites:
                 fns.append(partial(_probe_free_rows, acts[key].content_grid(site), table, site=site,
                                    condition=condition, n_boot=s.n_boot, seed=self.seed))  # fmt: skip
-        out = dict(parallel_map(fns, n_jobs=s.n_jobs, threads=s.blas_threads))
-        return self._frame(pd.DataFrame([row for i in range(len(fns)) for row in out[i]]))
+        out = self.jobs.map(fns)
+        return self._frame(pd.DataFrame([row for rows in out for row in rows]))
 
     # -- position table
     def position_table(self, table: np.ndarray) -> pd.DataFrame:
@@ -111,7 +113,7 @@ class MoreSteps:
         fns = [partial(probing.grouped_oof_predict, real.feats[site][sel], y, groups, task="classification",
                        alpha=alpha, n_folds=self.s.n_folds, seed=self.seed, backend=self.s.backend)
                for site in chosen]  # fmt: skip
-        preds = dict(parallel_map(fns, n_jobs=self.s.n_jobs, threads=self.s.blas_threads))
+        preds = self.jobs.map(fns)
         parts = []
         for i, site in enumerate(chosen):
             counts = pd.crosstab(y, preds[i]).stack().rename("count").reset_index()
@@ -135,8 +137,8 @@ class MoreSteps:
         scores = pd.concat(self.run(jobs, "capacity (tuning windows)"))
         self._capacity = capacity.choose_capacity(scores)
         mean = scores[scores["control"] == "selectivity"].groupby("alpha")["value"].mean()
-        self.note("capacity_choice", {"alpha": self._capacity, "tuning_selectivity_by_alpha":
-                                      {f"{a:g}": round(float(v), 4) for a, v in mean.items()}})  # fmt: skip
+        self.notes["capacity_choice"] = {"alpha": self._capacity, "tuning_selectivity_by_alpha":
+                                         {f"{a:g}": round(float(v), 4) for a, v in mean.items()}}  # fmt: skip
         return self._capacity
 
     def capacity_sweep(self, acts: dict) -> pd.DataFrame:

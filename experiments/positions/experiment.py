@@ -30,8 +30,8 @@ Design (defaults in `Settings`, recorded in the manifest's ``notes``):
   chosen per block from the prefix (a valid online code).
 
 Run time: every probe is independent and deterministic (one BLAS thread, a seed), so the probes of each step
-run on ``n_jobs`` worker processes (`parallel`; default: every core this process may use), costliest first,
-each cached as it arrives; the tables equal the serial run's bit for bit (``n_jobs=1``).
+run on ``n_jobs`` worker processes (the job service, `experiments.jobs`; default: every core this process may
+use), costliest first, each cached as it arrives; the tables equal the serial run's bit for bit (``n_jobs=1``).
 
 The L2 strength of each probe family (absolute class / regression, each pair target and feature kind) is
 chosen once, by grouped CV on separate *tuning windows* that are never probed (averaged over
@@ -53,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,12 +69,13 @@ from bertscope.experiments.positions.data import (
 )
 from bertscope.experiments.positions.data import collect as collect_activations
 from bertscope.experiments.positions.design import COLUMNS, ProbeDesign
+from bertscope.experiments.positions.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.positions.probing import position_table_views
 from threadpoolctl import threadpool_limits
 
 NAME = "positions"
 DIRNAME = "positions"
-SUMMARY_TABLES = ["summary_absolute.csv", "capacity_sweep.csv"]
+SUMMARY_TABLES = ["summary_absolute", "capacity_sweep"]
 
 #: The null model: the trained weights with the position embeddings zeroed (``embed.hook_pos`` -> 0).
 ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
@@ -120,7 +120,7 @@ class Settings:
     # probes, capacity sweep and position-table probes stay on scikit-learn (`ProbeDesign.backend`)
     backend: str = "torch"
     # worker processes for independent probes (None: the cores this process may use; 1: all in this process).
-    # The results do not depend on it: every probe is a deterministic function of its data and seed (`parallel`)
+    # The results do not depend on it: every probe is a deterministic function of its data and seed (`jobs`)
     n_jobs: int | None = None
 
     def __post_init__(self) -> None:
@@ -147,6 +147,23 @@ NO_ACTIVATIONS = ("its probes read windows cut across sentences and their shuffl
                   "corpus's sentences does not hold")
 
 
+def check(inputs: Any, settings: Settings) -> None:
+    """Refuse (`registry.CannotRun`) a model too short for a window or a corpus too short for the windows the
+    probes need (`plan_windows`), before anything is written."""
+    from bertscope.experiments.registry import CannotRun
+
+    model, corpus = inputs.model, inputs.corpus
+    if settings.window_len + 2 > model.config.max_length:
+        raise CannotRun(f"windows of {settings.window_len} word pieces plus [CLS] and [SEP] exceed the model's "
+                        f"{model.config.max_length} positions; use a model with at least {settings.window_len + 2}")
+    n_pieces = _stream_length(corpus, model.tokenizer)
+    if plan_windows(n_pieces, settings) is None:
+        need = _MIN_WINDOW * 4 * settings.n_folds
+        raise CannotRun(f"needs at least {need} word pieces of text ({4 * settings.n_folds} windows of "
+                        f"{_MIN_WINDOW}: {settings.n_folds} folds to probe and to tune on), and corpus "
+                        f"{corpus.name!r} has {n_pieces}; use a longer --corpus or a larger --max-sentences")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table (the framework writes it).
 
@@ -159,17 +176,14 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     model = ctx.model
     model.eval()
     n_layers = model.config.n_layers
-    if settings.window_len + 2 > model.config.max_length:
-        raise ValueError(
-            f"window_len {settings.window_len} + [CLS]/[SEP] exceeds the model's {model.config.max_length} "
-            "positions; use a smaller window length"
-        )
+    check(ctx.inputs, settings)
     sites, residual = position_sites(n_layers), main_sites(n_layers)
     windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
     ctx.note("window_len", settings.window_len)
+    # the probes run on CPU whatever the model's device, so they may always go to forked workers
+    jobs = ctx.jobs(workers=settings.n_jobs, threads=settings.blas_threads, device="cpu")
     design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
-                         seed=ctx.seed, step=ctx.step, progress=ctx.progress, note=ctx.note,
-                         cached=lambda name, **key: ctx.step_path(name, "parquet", **key).is_file())  # fmt: skip
+                         seed=ctx.seed, jobs=jobs)  # fmt: skip
     n_used, why = sentences_used(ctx.options.max_sentences, settings.max_sentences, len(ctx.corpus))
     kept = list(ctx.corpus)[:n_used]  # a prefix, so sentence_index still points into the corpus
     sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
@@ -210,6 +224,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         design.tune(tuning_acts)
         design.tune_capacity(tuning_acts)
         parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, settings).items()}
+    for key, value in design.notes.items():
+        ctx.note(key, value)
     confusion = parts.pop("confusion")
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
 
@@ -241,12 +257,6 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict | None, settings: Setti
     steps["confusion"] = lambda: design.confusion(acts)
     return steps
 
-
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments.positions.plots import plot as draw
-
-    return draw(Path(out_dir))
 
 
 def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:
@@ -306,30 +316,60 @@ def capacity_sweep(results: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
-    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
-    they were cut with: a corpus too short for ``4 * n_folds`` windows of ``window_len`` pieces gets shorter
-    windows (halved down to 4 pieces, with a warning) rather than no run."""
+_MIN_WINDOW = 4  # the shortest window a short corpus is cut into (`plan_windows`)
+
+
+def plan_windows(n_pieces: int, settings: Settings) -> tuple[int, int, int] | None:
+    """``(window length, windows cut, of which tuning windows)`` for a corpus stream of ``n_pieces`` word pieces,
+    or None when even windows of 4 pieces are too few. A corpus too short for ``4 * n_folds`` windows of
+    ``window_len`` pieces gets shorter windows (halved, down to 4); with fewer windows than the
+    ``max_windows + tune_windows`` asked for, the tuning windows shrink in proportion (at least ``2 * n_folds``);
+    at least ``2 * n_folds`` windows must remain to probe."""
     want = settings.max_windows + settings.tune_windows
     length = settings.window_len
-    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
-    while len(pool) < 4 * settings.n_folds and length // 2 >= 4:
+    while n_pieces // length < 4 * settings.n_folds and length // 2 >= _MIN_WINDOW:
         length //= 2
-        pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
+    n_pool = min(n_pieces // length, want)
+    n_tune = settings.tune_windows
+    if n_pool < want:
+        n_tune = max(2 * settings.n_folds, n_pool * settings.tune_windows // want)
+    if n_pool < 2 or n_pool - n_tune < 2 * settings.n_folds:
+        return None
+    return length, n_pool, n_tune
+
+
+_STREAM_LENGTHS: dict[tuple[int, int], tuple[Any, Any, int]] = {}  # the check, the runner and run ask alike
+
+
+def _stream_length(corpus: Any, tokenizer: Any) -> int:
+    """Word pieces in the corpus's stream (its sentences tokenized without special tokens, as windows are cut);
+    counted once per corpus and tokenizer object (about 1 s for the builtin corpus)."""
+    hit = _STREAM_LENGTHS.get((id(corpus), id(tokenizer)))
+    if hit is not None and hit[0] is corpus and hit[1] is tokenizer:
+        return hit[2]
+    texts = [s.text for s in corpus]
+    n = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
+    _STREAM_LENGTHS.clear()  # one entry: no corpus is kept alive beyond the next count
+    _STREAM_LENGTHS[(id(corpus), id(tokenizer))] = (corpus, tokenizer, n)
+    return n
+
+
+def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
+    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
+    they were cut with (`plan_windows`: a short corpus gets shorter windows, with a warning, rather than no run;
+    `check` refused a corpus too short for any)."""
+    want = settings.max_windows + settings.tune_windows
+    plan = plan_windows(_stream_length(ctx.corpus, ctx.model.tokenizer), settings)
+    assert plan is not None, "positions.check lets no corpus through that plan_windows refuses"
+    length, n_pool, n_tune = plan
+    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
     if length != settings.window_len:
         ctx.warn(f"the corpus is too short for {4 * settings.n_folds} windows of {settings.window_len} pieces; "
                  f"using windows of {length}")  # fmt: skip
         settings = dataclasses.replace(settings, window_len=length)
-    n_tune = settings.tune_windows
     if len(pool) < want:
-        n_tune = max(2 * settings.n_folds, len(pool) * settings.tune_windows // want)
         ctx.warn(f"the corpus gives {len(pool)} windows of {length}, fewer than the {want} asked for; "
                  f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
-    if len(pool) - n_tune < 2 * settings.n_folds:
-        raise ValueError(
-            f"the corpus gives only {len(pool)} windows of {length} pieces; need at least "
-            f"{2 * settings.n_folds} to probe plus {n_tune} to tune: use a larger corpus or a smaller window_len"
-        )
     order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
     return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune])), settings
 

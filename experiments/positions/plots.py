@@ -37,6 +37,7 @@ def plot(out_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    out_dir = Path(out_dir)  # a str works too
     results_path = out_dir / "results.parquet"
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} is missing; run `bertscope run positions` first")

@@ -60,9 +60,9 @@ def table_probes(
     grouped so no position is in two folds (``pair_folds`` outer folds, alpha by a 2-fold inner CV over
     ``pair_alphas``). Returns `probes.evaluate` rows tagged with ``target``,
     ``features`` and ``probe`` (the caller adds site, model, ...). The six probes are independent and run on
-    ``n_jobs`` worker processes (`parallel.parallel_map`; ``threads``: BLAS threads in each).
+    ``n_jobs`` worker processes (`experiments.jobs.imap_unordered`; ``threads``: BLAS threads in each).
     """
-    from bertscope.experiments.positions.parallel import parallel_map
+    from bertscope.experiments.jobs import imap_unordered
 
     table = np.asarray(table, dtype=np.float64)
     n_pos = table.shape[0]
@@ -83,7 +83,7 @@ def table_probes(
                                pair_groups, metrics=["accuracy", "macro_f1"], **pair_kw))  # fmt: skip
             names.append((target, features))
     cost = [1.0, 1.0] + [10.0 * (2 if f == "concat" else 1) for _, f in names]
-    out = dict(parallel_map(fns, n_jobs=n_jobs, threads=threads, cost=cost))
+    out = dict(imap_unordered(fns, workers=n_jobs, threads=threads, cost=cost))
     absolute, exact = out[0], out[1]
     parts = [
         absolute.assign(target="abs_reg", features="table", probe="ridge", chosen="nested"),
@@ -138,15 +138,14 @@ def memorisation_ceiling(
     types, y (the task labels the folds are stratified by), groups: ``[n]``. Returns ``{"value"`` (pooled
     share over all test tokens, averaged over repeats), ``"low"``, ``"high"`` (the range of the per-fold
     shares)}``."""
-    from bertscope.probes import grouped_folds, strata_of
+    from bertscope.probes import fold_rng, grouped_folds, strata_of
     from bertscope.probes._checks import check_groups
 
     types, y = np.asarray(types), np.asarray(y)
     group_idx, n_groups = check_groups(groups, len(y))
     pooled, per_fold = [], []
     for r in range(repeats):
-        rng = np.random.default_rng([seed + r, 0])  # the fold rng of evaluate's repeat r
-        fold = grouped_folds(group_idx, n_groups, n_folds, rng, strata_of(y, "classification"))
+        fold = grouped_folds(group_idx, n_groups, n_folds, fold_rng(seed, r), strata_of(y, "classification"))
         seen_all = np.zeros(len(y), dtype=bool)
         for f in range(n_folds):
             test = fold == f

@@ -8,8 +8,9 @@ duplicate mass), ``control`` (repeated-random's non-repeating control, copy-spec
 ``plots`` (figures from the tables), ``findings`` (the report's sentences and captions, from the tables).
 """
 
-from bertscope.experiments.same_token.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, plot, run
+from bertscope.experiments.same_token.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
 from bertscope.experiments.same_token.experiment import activation_sites as activation_sites
 from bertscope.experiments.same_token.findings import CAPTIONS, findings
+from bertscope.experiments.same_token.plots import plot
 
-__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]

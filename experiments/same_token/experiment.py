@@ -51,7 +51,7 @@ from bertscope.experiments.same_token.weights import weight_view
 NAME = "same-token"
 DIRNAME = "same_token"
 SUMMARY_TABLES = ["summary"]
-__all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "run", "plot", "measure", "weight_view", "example_maps"]
+__all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "check", "run", "plot", "measure", "weight_view", "example_maps"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,21 @@ CONVENTIONS = {
     "intervals cover sentence sampling only (the model is fixed; the weight view's token sample is seeded)",
     "weight view": "x = LN(word + type 0 + mean position) of each token alone; biases b_Q, b_K included",
 }
+
+
+MIN_SENTENCES = 4  # the held-out head choice splits each corpus in two halves of at least 2 (`held_out`)
+
+
+def check(inputs: Any, settings: Settings) -> None:
+    """Refuse (`registry.CannotRun`) a corpus of fewer than 4 sentences (the held-out head choice needs two
+    halves), before anything is written."""
+    from bertscope.experiments.registry import CannotRun
+
+    corpus = inputs.corpus
+    if len(corpus) < MIN_SENTENCES:
+        raise CannotRun(f"needs at least {MIN_SENTENCES} sentences (heads are chosen on one half and reported on "
+                        f"the other), and corpus {corpus.name!r} has {len(corpus)}; use a larger --corpus or "
+                        "--max-sentences")
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:

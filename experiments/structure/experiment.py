@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,12 +36,14 @@ import torch
 from bertscope.experiments.activations import open_capture
 from bertscope.experiments.options import sentences_used
 from bertscope.experiments.structure import data, measures, passes
+from bertscope.experiments.structure.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.probes.structural import mst_edges, tree_distances
 from bertscope.probes.structural_fit import ProbeSpec, Sentences
 
 NAME = "structure"
 DIRNAME = "structure"
-SUMMARY_TABLES = ["summary.csv"]
+SUMMARY_TABLES = ["summary"]
+MIN_SENTENCES = 6  # two each to train, stop early and score (`data.split_sentences`)
 COLUMNS = ["model", "corpus", "encoder", "site", "layer", "component", "kind", "metric", "rank", "value", "ci_low",
            "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test", "dev_value", "dev_ci_low", "dev_ci_high"]
 
@@ -88,16 +89,26 @@ class Settings:
                                  f"{sorted(unknown)}")
 
 
+def check(inputs: Any, settings: Settings) -> None:
+    """Refuse (`registry.CannotRun`) a corpus without gold dependency trees or with fewer than 6 sentences (2 to
+    train, 2 to stop early, 2 to score), before anything is written."""
+    from bertscope.experiments.registry import CannotRun
+
+    corpus = inputs.corpus
+    if not corpus.has_syntax:
+        raise CannotRun(f"needs gold dependency trees, and corpus {corpus.name!r} has none; use --corpus builtin "
+                        "or a .conllu file")
+    if len(corpus) < MIN_SENTENCES:
+        raise CannotRun(f"needs at least {MIN_SENTENCES} sentences with trees (train, dev and test), and corpus "
+                        f"{corpus.name!r} has {len(corpus)}; use a larger --corpus or --max-sentences")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table. Word vectors and each training
     pass are cached steps, so an interrupted run resumes with what it finished."""
-    from bertscope.experiments.options import UsageError
-
     settings = ctx.use_settings(settings)
     t0 = time.perf_counter()
-    if not ctx.corpus.has_syntax:
-        raise UsageError(f"structure needs gold dependency trees, and corpus {ctx.corpus_id!r} has none; use "
-                         "--corpus builtin or a .conllu file")
+    check(ctx.inputs, settings)
     ctx.note("settings", dataclasses.asdict(settings))
     n_layers = ctx.model.config.n_layers
     split = data.split_sentences(len(ctx.corpus), settings.n_train, settings.n_dev, settings.n_test,
@@ -130,7 +141,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         rows, dev_rows, training, full = [], [], [], {}
         pass_list = _passes(settings, site_names, ctx.model.config.d_model)
         t1 = time.perf_counter()
-        trained = passes.train(ctx, settings, pass_list, vectors, site_names, parts, heads)
+        # one thread per pass wherever it trains (identical results); one worker: this process on `threads`
+        jobs = ctx.jobs(workers=settings.workers, threads=1 if settings.workers > 1 else settings.threads)
+        trained = passes.train(jobs, settings, pass_list, vectors, site_names, parts, heads, seed=ctx.seed,
+                               device=ctx.device)  # fmt: skip
         ctx.log(f"{len(pass_list)} training passes ({time.perf_counter() - t1:.1f}s)")
         for p, arrays in zip(pass_list, trained, strict=True):
             t1 = time.perf_counter()
@@ -151,9 +165,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                                    settings.ci, info))
     finally:
         torch.set_num_threads(old_threads)
-    _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True), pd.concat(dev_rows, ignore_index=True)),
-           pd.concat(training, ignore_index=True))
-    results = pd.read_parquet(ctx.out_dir / "results.parquet")
+    results = _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True),
+                                             pd.concat(dev_rows, ignore_index=True)),
+                     pd.concat(training, ignore_index=True))  # fmt: skip
     examples, edges = _examples(results, full, test, chosen, heads, punct, settings.n_examples)
     ctx.write_table(examples, "examples")
     ctx.write_table(edges, "example_edges")
@@ -161,12 +175,6 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
     return results
 
-
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments.structure.plots import plot as draw
-
-    return draw(Path(out_dir))
 
 
 # ------------------------------------------------------------------------------------------------ pieces
@@ -232,14 +240,14 @@ def _baseline_rows(heads: list, punct: list, weights: np.ndarray, ci: float, inf
     return pd.DataFrame(rows)
 
 
-def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFrame) -> None:
-    """``results`` (full-rank probes and baselines), ``rank_sweep``, ``summary`` and ``training``; the manifest
-    notes how the probes stopped."""
+def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFrame) -> pd.DataFrame:
+    """``rank_sweep``, ``summary`` and ``training``; the manifest notes how the probes stopped. Returns
+    ``results`` (full-rank probes and baselines), which the framework writes."""
     d = ctx.model.config.d_model
     results = rows[(rows["rank"] == d) | rows["encoder"].str.startswith("baseline:")][COLUMNS]
+    results = results.reset_index(drop=True)
     sweep = rows[(rows["kind"] == "distance") & rows["component"].isin(["embed", "resid_post"])
                  & (rows["encoder"] == "trained")][COLUMNS]  # fmt: skip
-    ctx.write_table(results.reset_index(drop=True), "results")
     ctx.write_table(sweep.reset_index(drop=True), "rank_sweep")
     ctx.write_table(summary_table(results, sweep), "summary")
     training["max_epochs"] = settings.max_epochs
@@ -248,6 +256,7 @@ def _write(ctx: Any, settings: Settings, rows: pd.DataFrame, training: pd.DataFr
                           "stopped_epoch_min": int(training["stopped_epoch"].min()),
                           "stopped_epoch_max": int(training["stopped_epoch"].max()),
                           "max_epochs": settings.max_epochs})
+    return results
 
 
 def _local_parts(split: data.Split, truncated: set[int]) -> dict[str, np.ndarray]:

@@ -11,11 +11,13 @@ cached step (its projections and stopping record), so an interrupted run resumes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments.jobs import Job, JobService
 from bertscope.experiments.structure import data, measures
 from bertscope.probes.structural_fit import KINDS, ProbeSpec, Regimen, Sentences, fit_probes, project_all, squared
 
@@ -40,27 +42,26 @@ def pass_words(p: Pass, vectors: dict[str, data.WordVectors], site_names: dict[s
     return np.concatenate(parts, axis=0), lengths
 
 
-def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: dict, parts: dict,
-          heads: list) -> list[dict[str, np.ndarray]]:
-    """Every pass's fitted probes (one cached step per pass, written as it arrives): per probe ``i``:
-    ``proj{i}`` ``[n_sites, d, k]``, ``best_epoch{i}``, ``n_epochs{i}``, ``early_stopped{i}``, ``dev_loss{i}``
-    (each ``[n_sites]``).
+def train(jobs: JobService, settings: Any, ps: list[Pass], vectors: dict, site_names: dict, parts: dict,
+          heads: list, *, seed: int, device: Any = "cpu") -> list[dict[str, np.ndarray]]:
+    """Every pass's fitted probes, each pass one job of the run's job service (`experiments.jobs`), cached as
+    it arrives: per probe ``i``: ``proj{i}`` ``[n_sites, d, k]``, ``best_epoch{i}``, ``n_epochs{i}``,
+    ``early_stopped{i}``, ``dev_loss{i}`` (each ``[n_sites]``). ``seed`` seeds the regimen; ``device`` is where
+    the probes train.
 
-    The passes not cached yet train side by side on ``settings.workers`` forked one-thread processes
-    (`experiments.workers.map_forked`, costliest first): a pass is a chain of small batched products that two
-    threads speed up only 1.5-fold, so two passes at once on one thread each finish sooner. A probe's trajectory
-    does not depend on the other probes or passes; against training in this process on several threads it
-    differs only by the rounding of the matrix products."""
-    from bertscope.experiments.workers import map_forked
-
+    With several workers, the passes not cached yet train side by side on forked one-thread processes
+    (costliest first): a pass is a chain of small batched products that two threads speed up only 1.5-fold, so
+    two passes at once on one thread each finish sooner. A probe's trajectory does not depend on the other
+    probes or passes, and a pass gets the same thread count in a worker and in this process, so the results do
+    not depend on which ran it."""
     regimen = Regimen(lr=settings.lr, batch_size=settings.batch_size, max_epochs=settings.max_epochs,
-                      patience=settings.patience, seed=ctx.seed)
+                      patience=settings.patience, seed=seed)
 
     def fit(p: Pass) -> dict[str, np.ndarray]:
         sets = {}
         for name in ("train", "dev"):
             words, lengths = pass_words(p, vectors, site_names, parts[name])
-            sets[name] = Sentences(words, lengths, [heads[i] for i in parts[name]], ctx.device)
+            sets[name] = Sentences(words, lengths, [heads[i] for i in parts[name]], device)
         out = {}
         for i, r in enumerate(fit_probes(sets["train"], sets["dev"], p.specs, regimen)):
             out.update({f"proj{i}": r.proj.cpu().numpy(), f"best_epoch{i}": r.best_epoch,
@@ -68,19 +69,14 @@ def train(ctx: Any, settings: Any, ps: list[Pass], vectors: dict, site_names: di
                         f"dev_loss{i}": r.dev_loss})
         return out
 
-    keys = [dict(group=p.name, sites=[list(s) for s in p.sites], specs=[[s.kind, s.rank] for s in p.specs])
-            for p in ps]  # fmt: skip
-    todo = sorted((i for i, key in enumerate(keys) if not ctx.step_path("probes", "npz", **key).is_file()),
-                  key=lambda i: -_cost(ps[i], d=next(iter(vectors.values())).words.shape[-1]))  # fmt: skip
+    d = next(iter(vectors.values())).words.shape[-1]
+    return jobs.run([Job("probes", pass_key(p), partial(fit, p), cost=_cost(p, d), kind="arrays") for p in ps],
+                    "training passes")  # fmt: skip
 
-    def cached_as_they_arrive(results: Any) -> Any:  # in order: Ctrl-C keeps every pass already received
-        for i, arrays in zip(todo, results, strict=True):
-            yield ctx.step_arrays("probes", lambda arrays=arrays: arrays, **keys[i])
 
-    done = dict(zip(todo, map_forked(lambda i: fit(ps[i]), todo, workers=settings.workers, device=ctx.device,
-                                     progress=cached_as_they_arrive), strict=True))  # fmt: skip
-    return [done[i] if i in done else ctx.step_arrays("probes", lambda p=p: fit(p), **keys[i])
-            for i, p in enumerate(ps)]  # fmt: skip
+def pass_key(p: Pass) -> dict[str, Any]:
+    """The step key of a pass's cached probes: its name, sites and probe specs."""
+    return dict(group=p.name, sites=[list(s) for s in p.sites], specs=[[s.kind, s.rank] for s in p.specs])
 
 
 def _cost(p: Pass, d: int) -> int:

@@ -25,6 +25,7 @@ def plot(out_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    out_dir = Path(out_dir)  # a str works too
     path = out_dir / "results.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; run `bertscope run structure` first")

@@ -1,0 +1,123 @@
+"""Inputs an experiment cannot use (issue 27 items 2 and 3): asked for alone, the experiment refuses up front
+with one line and exit 2 and writes nothing; in ``run all`` it is skipped with one line saying why and the rest
+finish with exit 0. One framework exception carries every such refusal (`registry.CannotRun`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from bertscope.experiments import cli, registry
+from bertscope.experiments.options import Inputs, RunOptions, prepare_inputs
+from bertscope.experiments.registry import CannotRun
+from bertscope.experiments.runner import run_experiment
+from test_cli import FakeExperiment, bertscope
+
+
+@pytest.fixture
+def plain_text(tmp_path: Path) -> Path:
+    path = tmp_path / "my.txt"
+    path.write_text("The cat sat on the mat.\nA dog ran home quickly.\nBirds sing.\nIt rained all day.\n"
+                    "We left early.\nShe reads books.\nThey walked to the old station together.\n")  # fmt: skip
+    return path
+
+
+def _args(model: Path, corpus: Path, out: Path, name: str = "all") -> list[str]:
+    return ["run", name, "--model", str(model), "--corpus", str(corpus), "--out", str(out), "--device", "cpu",
+            "--quiet", "--no-report"]  # fmt: skip
+
+
+def test_structure_alone_on_a_corpus_without_trees_refuses_up_front_and_writes_nothing(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, plain_text: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    code, stdout, err = bertscope(capsys, *_args(tiny_model_dir, plain_text, out, "structure"))
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "bertscope: error: structure: needs gold dependency trees, and corpus 'my' has none; use --corpus "
+        "builtin or a .conllu file"]  # fmt: skip
+    assert "Traceback" not in err + stdout
+    assert not out.exists()  # no failed manifest, no folder
+
+
+def test_run_all_skips_what_the_corpus_cannot_feed_and_finishes_the_rest(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, plain_text: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Registry = {fake (runs on any text), structure (needs trees)}: exit 0, one line for structure."""
+    fake = FakeExperiment()
+    monkeypatch.setitem(sys.modules, fake.module.__name__, fake.module)
+    for name in list(registry.EXPERIMENTS):
+        if name != "structure":
+            monkeypatch.delitem(registry.EXPERIMENTS, name)
+    monkeypatch.setitem(registry.EXPERIMENTS, "fake", fake.module.__name__)
+    out = tmp_path / "out"
+    code, stdout, err = bertscope(capsys, *_args(tiny_model_dir, plain_text, out))
+    assert code == 0, err
+    assert "Traceback" not in err + stdout
+    assert [line for line in err.splitlines() if "structure" in line] == [
+        "bertscope: skipped structure: needs gold dependency trees, and corpus 'my' has none; use --corpus "
+        "builtin or a .conllu file"]  # fmt: skip
+    assert "structure    skipped: needs gold dependency trees" in stdout
+    assert fake.runs == 1 and (out / "fake" / "manifest.json").is_file()
+    assert not (out / "structure").exists()
+
+
+def test_positions_on_a_small_corpus_refuses_up_front_naming_options_that_exist(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Before: a traceback from deep in the run ("fewer than 2 windows of 32; use ... a smaller window length",
+    which no option sets). Now: one line, exit 2, before any work; the options it names exist."""
+    small = tmp_path / "small.txt"
+    small.write_text("The cat sat on the mat.\nA dog ran home.\n")
+    out = tmp_path / "out"
+    code, stdout, err = bertscope(capsys, *_args(tiny_model_dir, small, out, "positions"))
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("bertscope: error: positions: needs at least 48 word pieces of text")
+    assert "corpus 'small' has" in line and "--corpus" in line and "--max-sentences" in line
+    parser_help = cli.build_parser().parse_args(["run", "positions"])  # the options it names exist
+    assert hasattr(parser_help, "corpus") and hasattr(parser_help, "max_sentences")
+    assert not out.exists()
+
+
+def test_same_token_needs_four_sentences_and_says_so_before_any_forward(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    small = tmp_path / "three.txt"
+    small.write_text("The cat sat.\nA dog ran.\nBirds sing.\n")
+    out = tmp_path / "out"
+    code, _, err = bertscope(capsys, *_args(tiny_model_dir, small, out, "same-token"))
+    assert code == 2 and "same-token: needs at least 4 sentences" in err and "--max-sentences" in err
+    assert not out.exists()
+
+
+def test_a_refusal_found_inside_run_is_said_the_same_way_and_leaves_no_manifest(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """An experiment that finds the problem only while running raises the same `CannotRun`: status
+    ``refused``, the one-line reason, no manifest left behind."""
+    fake = FakeExperiment()
+
+    def run(ctx, settings=None):
+        raise CannotRun("needs something this corpus lacks; use --corpus builtin")
+
+    fake.module.run = run
+    options = RunOptions(model=str(tiny_model_dir), max_sentences=4, out=tmp_path / "out", quiet=True)
+    inputs: Inputs = prepare_inputs(options)
+    result = run_experiment(fake.module, options, inputs)
+    assert result.status == "refused" and result.error == "needs something this corpus lacks; use --corpus builtin"
+    assert not (tmp_path / "out" / "fake" / "manifest.json").exists()
+
+
+def test_positions_plan_matches_the_windows_it_cuts() -> None:
+    """`plan_windows` halves the window for a short stream, keeps the default one for a long stream, and
+    refuses (None) a stream too short even for windows of 4."""
+    from bertscope.experiments.positions import Settings
+    from bertscope.experiments.positions.experiment import plan_windows
+
+    s = Settings()
+    assert plan_windows(100_000, s) == (32, 176, 48)
+    assert plan_windows(60, s) == (4, 15, 6)
+    assert plan_windows(47, s) is None
