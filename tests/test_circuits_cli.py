@@ -104,3 +104,10 @@ def test_figures_and_findings_from_saved_tables(tiny_folder, tmp_path):
     texts = [f.text for f in findings(out)]
     assert any("Agreement with exact patching" in t for t in texts)
     assert any("Greedy pruning" in t for t in texts)
+
+
+def test_the_parser_names_the_library_metrics():
+    from bertscope.experiments.cli.circuits_command import METRIC_NAMES
+    from bertscope.hooks.circuits import METRICS
+
+    assert tuple(METRIC_NAMES) == tuple(METRICS)

@@ -9,12 +9,13 @@ from typing import Any
 from bertscope.experiments.options import UsageError
 
 HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig")
+#: `bertscope.hooks.circuits.METRICS`, named here so that building the parser imports no torch
+#: (tests/test_circuits_cli.py checks the two agree)
+METRIC_NAMES = ("cosine", "dot", "mask-logit-diff")
 
 
 def add_circuits(sub: Any) -> None:
-    """The ``circuits`` subparser."""
-    from bertscope.hooks.circuits import METRICS
-
+    """The ``circuits`` subparser (built without importing torch, so that usage errors answer at once)."""
     p = sub.add_parser(
         "circuits",
         help="find the heads and the circuit behind your own counterfactual task (pairs JSONL + a metric)",
@@ -25,7 +26,7 @@ def add_circuits(sub: Any) -> None:
         "CPR/CMD against random circuits. Definitions: docs/experiments/circuits.md.",
     )
     p.add_argument("--task", type=Path, required=True, help="pairs JSONL file")
-    p.add_argument("--metric", required=True, help=f"one of {', '.join(METRICS)}")
+    p.add_argument("--metric", required=True, help=f"one of {', '.join(METRIC_NAMES)}")
     p.add_argument("--model", default=None, help="model folder or cached hub id; default: the bundled all-MiniLM-L6-v2")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default auto)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16 or float64")
