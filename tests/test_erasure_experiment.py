@@ -12,7 +12,7 @@ import pytest
 import torch
 from bertscope.experiments import erasure
 from bertscope.experiments.corpus import load_corpus, write_conllu
-from bertscope.experiments.erasure import data, measures
+from bertscope.experiments.erasure import measures
 from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary, prepare_inputs
 from bertscope.experiments.runner import run_experiment
 
@@ -67,7 +67,9 @@ def test_split_never_shares_sentences(bundled, tmp_path) -> None:
     from bertscope.experiments.context import Context
 
     ctx = Context("erasure", opts, inputs, tmp_path, settings=SMALL)
-    split = data.choose_sentences(ctx, SMALL)
+    from bertscope.experiments.erasure.experiment import _choose_sentences
+
+    split = _choose_sentences(ctx, SMALL)
     assert not {s.id for s in split.train} & {s.id for s in split.eval}
     assert len(split.eval) == SMALL.n_eval and len(split.train) == SMALL.n_train
 

@@ -37,15 +37,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from bertscope.experiments.erasure import data, measures, steps
+from bertscope.experiments.registry import CannotRun
 
 NAME = "erasure"
 DIRNAME = "erasure"
-SUMMARY_TABLES = ["summary.csv", "probing.csv"]
+SUMMARY_TABLES = ["summary", "probing"]
 COLUMNS = ["model", "train_corpus", "eval_corpus", "split", "concept", "method", "erase_layer", "rank", "measure",
            "target", "layer", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "n_train",
            "n_eval", "selection"]
@@ -93,7 +93,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     settings = ctx.use_settings(settings)
     t0 = time.perf_counter()
     ctx.note("settings", dataclasses.asdict(settings))
-    split = data.choose_sentences(ctx, settings)
+    split = _choose_sentences(ctx, settings)
     ctx.note("corpora", {"train": split.train_name, "eval": split.eval_name, "n_train": len(split.train),
                          "n_eval": len(split.eval)})
     ctx.log(f"train {len(split.train)} sentences of {split.train_name}, evaluate on {len(split.eval)} of "
@@ -102,7 +102,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     info = {"model": ctx.model_id, "train_corpus": split.train_name, "eval_corpus": split.eval_name,
             "split": "eval", "n_train": len(split.train), "n_eval": len(split.eval)}
     key = {"train": split.key, "probed": probed}
-    tables = ctx.step("erasure", lambda: steps.compute(ctx, settings, split, probed, info), **key)
+    tables = ctx.step("erasure", lambda: steps.compute(_run_values(ctx), settings, split, probed, info), **key)
     results = tables[tables["table"] == "results"].reindex(columns=COLUMNS + ["majority"]).reset_index(drop=True)
     results = results.astype({c: "int64" for c in ("erase_layer", "rank", "layer", "n_train", "n_eval")})
     probing = tables[tables["table"] == "probing"].dropna(axis=1, how="all").drop(columns="table")
@@ -114,8 +114,52 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     return results
 
 
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from the saved tables in ``out_dir`` (no model needed)."""
-    from bertscope.experiments.erasure.plots import plot as draw
+def _run_values(ctx: Any) -> steps.RunValues:
+    """The plain values the measurement steps take from the run."""
+    return steps.RunValues(model=ctx.model, encode=ctx.encode, seed=ctx.seed, progress=ctx.progress, log=ctx.log)
 
-    return draw(Path(out_dir))
+
+def _choose_sentences(ctx: Any, settings: Settings) -> data.Split:
+    """Training and evaluation sentences: --corpus / --eval-corpus; else EWT train / dev (``source="auto"``, run
+    corpus ``builtin``, EWT found); else a seeded split of the run's corpus by sentence."""
+    lo, hi = settings.min_words, settings.max_words
+    eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
+    if eval_corpus is not None:
+        train, evaluate = data.usable(ctx.corpus, lo, hi), data.usable(eval_corpus, lo, hi)
+        names = (ctx.corpus_id, str(eval_corpus.name))
+    else:
+        ewt = data.ewt_pair(settings) if settings.source == "auto" and ctx.corpus_id == "builtin" else None
+        if ewt is not None:
+            (train_c, eval_c) = ewt
+            train, evaluate = data.usable(train_c, lo, hi), data.usable(eval_c, lo, hi)
+            names = (train_c.name, eval_c.name)
+        else:
+            pool = data.usable(ctx.corpus, lo, hi)
+            order = ctx.rng("split").permutation(len(pool))
+            n_eval = min(settings.n_eval, len(pool) // 3)
+            evaluate = [pool[i] for i in order[:n_eval]]
+            train = [pool[i] for i in order[n_eval:]]
+            names = (f"{ctx.corpus_id}:train-part", f"{ctx.corpus_id}:eval-part")
+    cap = ctx.options.max_sentences or max(settings.n_train, settings.n_eval)  # --max-sentences caps both
+    n_train, n_eval = min(settings.n_train, cap), min(settings.n_eval, cap)
+    train, evaluate = _fits(ctx, train[: 3 * n_train + 20])[:n_train], _fits(ctx, evaluate[: 3 * n_eval + 20])[:n_eval]
+    if len(train) < 2 or len(evaluate) < 2:
+        raise CannotRun(f"erasure needs sentences with gold trees and UPOS of {lo}-{hi} words: found {len(train)} "
+                         f"for training and {len(evaluate)} for evaluation; use --corpus builtin or a .conllu file")
+    return data.Split(train, evaluate, names[0], names[1])
+
+
+def _fits(ctx: Any, sentences: list) -> list:
+    """The sentences that fit --max-length whole (the others are left out and counted in the manifest)."""
+    import warnings
+
+    from bertscope.experiments.corpus import encode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc = encode(sentences, ctx.model.tokenizer, max_length=ctx.options.max_length, batch_size=64)
+    if not enc.n_truncated:
+        return sentences
+    cut = set(enc.truncated_ids)
+    ctx.note("n_left_out_too_long", ctx.notes.get("n_left_out_too_long", 0) + len(cut))
+    return [s for s in sentences if s.id not in cut]

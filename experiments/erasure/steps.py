@@ -4,6 +4,7 @@ evaluation sentences per (concept, erasure layer, method) and per equal-rank ran
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,19 @@ from bertscope.probes.erasure import INLP, LeaceFitter, LinearEraser, MeanProjec
 from bertscope.probes.structural import StructuralProbe
 
 SELECTION = "none: fixed probe alpha and eraser settings; fitted on the training sentences only"
+
+
+@dataclass(frozen=True)
+class RunValues:
+    """What the steps take from the run, as plain values (the run context stays in ``experiment.run``): the model,
+    how a list of sentences is encoded (``encode(sentences) -> EncodedCorpus``), ``--seed``, and the progress-bar and
+    log callables."""
+
+    model: Any
+    encode: Callable[[list], Any]
+    seed: int
+    progress: Callable[..., Any]
+    log: Callable[[str], None]
 
 
 @dataclass
@@ -41,7 +55,7 @@ class Prepared:
                                                                        **boot)
         return self.site_cache["structural"]
 
-    def site_clean(self, ctx: Any, settings: Any, concept: str, layer: int) -> tuple:
+    def site_clean(self, run: RunValues, settings: Any, concept: str, layer: int) -> tuple:
         """Clean per-sentence hits of the concept probe and of the control task at ``layer``, and the control
         labels (train, eval); computed once per (concept, layer)."""
         if (concept, layer) not in self.site_cache:
@@ -52,10 +66,10 @@ class Prepared:
             if (concept, layer) in self.clean_hits:
                 task = self.clean_hits[concept, layer]
             else:
-                pred = measures.fit_probe(xt, ytr, alpha=settings.alpha, seed=ctx.seed).predict(xe)
+                pred = measures.fit_probe(xt, ytr, alpha=settings.alpha, seed=run.seed).predict(xe)
                 task = measures.sentence_hits(pred, yev, sent, n)
-            control = measures.control_task(*self.types, ytr, seed=ctx.seed)
-            pred = measures.fit_probe(xt, control[0], alpha=settings.alpha, seed=ctx.seed).predict(xe)
+            control = measures.control_task(*self.types, ytr, seed=run.seed)
+            pred = measures.fit_probe(xt, control[0], alpha=settings.alpha, seed=run.seed).predict(xe)
             self.site_cache[concept, layer] = (task, measures.sentence_hits(pred, control[1], sent, n), control)
         return self.site_cache[concept, layer]
 
@@ -65,22 +79,22 @@ def layers_of(model: Any) -> list[int]:
     return list(range(model.config.n_layers + 1))
 
 
-def erase_layers(ctx: Any, settings: Any) -> list[int]:
+def erase_layers(run: RunValues, settings: Any) -> list[int]:
     """``settings.erase_layers`` that the model has (others are skipped with a log line; none left: layer 1)."""
-    n = ctx.model.config.n_layers
+    n = run.model.config.n_layers
     keep = [k for k in settings.erase_layers if 0 <= k <= n]
     if len(keep) < len(settings.erase_layers):
-        ctx.log(f"erase layers {sorted(set(settings.erase_layers) - set(keep))} skipped: the model has layers 0..{n}")
+        run.log(f"erase layers {sorted(set(settings.erase_layers) - set(keep))} skipped: the model has layers 0..{n}")
     return keep or [min(1, n)]
 
 
-def prepare(ctx: Any, settings: Any, split: Split, probed: tuple[str, ...]) -> Prepared:
+def prepare(run: RunValues, settings: Any, split: Split, probed: tuple[str, ...]) -> Prepared:
     """Clean runs of both splits, concept labels, and the clean probes (word-level and structural) per layer."""
-    model = ctx.model.eval()
+    model = run.model.eval()
     layers = layers_of(model)
     sites = [site(k) for k in layers]
     lt, le = [len(s) for s in split.train], [len(s) for s in split.eval]
-    enc_t, enc_e = ctx.encode(split.train), ctx.encode(split.eval)
+    enc_t, enc_e = run.encode(split.train), run.encode(split.eval)
     clean_t = measures.collect(model, enc_t, sites, lt)
     clean_e = measures.collect(model, enc_e, sites, le, mlm_every=settings.mlm_every)
     labels = {}
@@ -99,7 +113,7 @@ def prepare(ctx: Any, settings: Any, split: Split, probed: tuple[str, ...]) -> P
             hits[c, k] = measures.sentence_hits(probe.predict(clean_e.words[s]), labels[c][1], sent_e, len(le))
     rank = min(settings.structural_rank, model.config.d_model)
     structural = StructuralProbe("distance", rank=rank, max_epochs=settings.structural_epochs,
-                                 seed=ctx.seed)
+                                 seed=run.seed)
     structural.fit(_stack(clean_t.words, sites, lt), [list(s.heads) for s in split.train])
     punct = [np.array([u == "PUNCT" for u in s.upos]) for s in split.eval]
     return Prepared(enc_e, le, clean_t, clean_e, labels, types, probes, hits, structural,
@@ -117,7 +131,7 @@ def layers_of_sites(prep: Prepared) -> list[int]:
     return list(range(len(prep.clean_eval.words)))
 
 
-def fit_erasers(ctx: Any, settings: Any, prep: Prepared, concept: str, layer: int) -> dict[str, LinearEraser]:
+def fit_erasers(run: RunValues, settings: Any, prep: Prepared, concept: str, layer: int) -> dict[str, LinearEraser]:
     """The methods' erasers of ``concept`` at ``layer``, fitted on the training sentences' pieces."""
     x = prep.clean_train.words[site(layer)].astype(np.float64)
     ytr, _, k = prep.labels[concept]
@@ -129,29 +143,30 @@ def fit_erasers(ctx: Any, settings: Any, prep: Prepared, concept: str, layer: in
         elif method == "mean":
             out[method] = MeanProjection().fit(x, z)
         else:
-            rows = ctx.rng("inlp", concept, layer).permutation(len(x))[: settings.inlp_max_rows]
+            stream = np.random.default_rng([run.seed, 1, measures.CONCEPTS.index(concept), layer])  # INLP's rows
+            rows = stream.permutation(len(x))[: settings.inlp_max_rows]
             out[method] = INLP(settings.inlp_classifier, settings.inlp_iterations, stop_at_majority=True,
-                               seed=ctx.seed).fit(x[rows], z[rows])
+                               seed=run.seed).fit(x[rows], z[rows])
     return out
 
 
-def compute(ctx: Any, settings: Any, split: Split, probed: tuple[str, ...], info: dict) -> pd.DataFrame:
+def compute(run: RunValues, settings: Any, split: Split, probed: tuple[str, ...], info: dict) -> pd.DataFrame:
     """The long results table (see the experiment's ``COLUMNS``) and the probing table, in one frame with a
     ``table`` column ("results" / "probing")."""
-    prep = prepare(ctx, settings, split, probed)
-    probing = pd.DataFrame(probing_rows(ctx, settings, prep, probed, info)).assign(table="probing")
-    model = ctx.model
+    prep = prepare(run, settings, split, probed)
+    probing = pd.DataFrame(probing_rows(run, settings, prep, probed, info)).assign(table="probing")
+    model = run.model
     layers = layers_of(model)
     n_e = len(prep.lengths_eval)
     word_counts = np.bincount(flat_sentence_index(prep.lengths_eval), minlength=n_e).astype(np.float64)
     clean_struct = prep.structural.predict(_stack(prep.clean_eval.words, [site(k) for k in layers],
                                                   prep.lengths_eval))
     rows = _clean_rows(settings, prep, layers, probed, clean_struct, word_counts, info)
-    jobs = [(c, layer) for c in settings.concepts for layer in erase_layers(ctx, settings)]
-    for concept, layer in ctx.progress(jobs, "erase"):
-        erasers = fit_erasers(ctx, settings, prep, concept, layer)
+    jobs = [(c, layer) for c in settings.concepts for layer in erase_layers(run, settings)]
+    for concept, layer in run.progress(jobs, "erase"):
+        erasers = fit_erasers(run, settings, prep, concept, layer)
         mean = prep.clean_train.words[site(layer)].mean(0)
-        controls = {e.rank: RandomSubspaceEraser(model.config.d_model, e.rank, seed=ctx.seed + e.rank, bias=mean)
+        controls = {e.rank: RandomSubspaceEraser(model.config.d_model, e.rank, seed=run.seed + e.rank, bias=mean)
                     for e in erasers.values()}
         runs = [(m, e) for m, e in erasers.items()] + [("random", e) for e in controls.values()]
         for method, eraser in runs:
@@ -161,7 +176,7 @@ def compute(ctx: Any, settings: Any, split: Split, probed: tuple[str, ...], info
             base = {**info, "concept": concept, "method": method, "erase_layer": layer, "rank": eraser.rank,
                     "selection": SELECTION}
             rows += _downstream_rows(settings, prep, act, later, probed, clean_struct, word_counts, base)
-            rows += _site_rows(ctx, settings, prep, act, eraser, concept, layer, base)
+            rows += _site_rows(run, settings, prep, act, eraser, concept, layer, base)
     return pd.concat([pd.DataFrame(rows).assign(table="results"), probing], ignore_index=True)
 
 
@@ -220,7 +235,7 @@ def _downstream_rows(settings: Any, prep: Prepared, act: measures.Activations, l
     return rows
 
 
-def _site_rows(ctx: Any, settings: Any, prep: Prepared, act: measures.Activations, eraser: LinearEraser,
+def _site_rows(run: RunValues, settings: Any, prep: Prepared, act: measures.Activations, eraser: LinearEraser,
                concept: str, layer: int, base: dict) -> list[dict]:
     """At the erased site: a fresh probe for the concept and a control task (word identity, Hewitt & Liang),
     each trained on the erased training words and scored on the erased evaluation words; the change is against
@@ -232,7 +247,7 @@ def _site_rows(ctx: Any, settings: Any, prep: Prepared, act: measures.Activation
     counts = np.bincount(sent, minlength=n).astype(np.float64)
     xt, xe = eraser(prep.clean_train.words[s].astype(np.float64)).astype(np.float32), act.words[s]
     ytr, yev, _ = prep.labels[concept]
-    clean_task, clean_control, control = prep.site_clean(ctx, settings, concept, layer)
+    clean_task, clean_control, control = prep.site_clean(run, settings, concept, layer)
     task_probe, control_probe = measures.fit_probes(xt, [ytr, control[0]], alpha=settings.alpha)
     task = task_probe.predict(xe)
     r = measures.accuracy_with_change(measures.sentence_hits(task, yev, sent, n), clean_task, counts, seed=5, **boot)
@@ -245,7 +260,7 @@ def _site_rows(ctx: Any, settings: Any, prep: Prepared, act: measures.Activation
     return rows
 
 
-def probing_rows(ctx: Any, settings: Any, prep: Prepared, probed: tuple[str, ...], info: dict) -> list[dict]:
+def probing_rows(run: RunValues, settings: Any, prep: Prepared, probed: tuple[str, ...], info: dict) -> list[dict]:
     """Word-level probes per layer on clean vectors (embeddings and every block output): task accuracy, the
     Hewitt & Liang control task's and selectivity (task - control, paired interval over evaluation sentences),
     with the majority baseline (the training split's most frequent label, scored on the evaluation words)."""
@@ -256,8 +271,8 @@ def probing_rows(ctx: Any, settings: Any, prep: Prepared, probed: tuple[str, ...
     for c in probed:
         ytr, yev, _ = prep.labels[c]
         majority = float(np.mean(yev == np.bincount(ytr).argmax()))
-        for k in layers_of(ctx.model):
-            task, control, _ = prep.site_clean(ctx, settings, c, k)
+        for k in layers_of(run.model):
+            task, control, _ = prep.site_clean(run, settings, c, k)
             zero = np.zeros_like(task)
             t = measures.accuracy_with_change(task, zero, counts, seed=7, **boot)
             ctl = measures.accuracy_with_change(control, zero, counts, seed=7, **boot)
