@@ -95,15 +95,23 @@ class Context:
         return str(self.corpus.name)
 
     # -- progress and logging
-    def progress(self, iterable: Iterable[T], desc: str, total: int | None = None) -> Iterable[T]:
-        """Wrap a long loop in a tqdm bar (on stderr), silent with ``--quiet``. Returns the tqdm object."""
+    def progress(self, iterable: Iterable[T] | None, desc: str, total: int | None = None) -> Iterable[T]:
+        """Wrap a long loop in a progress display on stderr, silent with ``--quiet``: a tqdm bar in a terminal;
+        in a log file or pipe, one line every :data:`LOG_EVERY_S` seconds of work (and one at the end), so a long
+        run shows it is moving. ``iterable=None`` gives a bar that the caller advances with ``.update(n)``
+        (work counted in finer units than the loop's items). Returns the bar."""
+        if self.options.quiet:
+            from tqdm.auto import tqdm
+
+            return tqdm(iterable, total=total, disable=True)
+        if not sys.stderr.isatty():  # no bars in logs or pipes: periodic lines instead
+            return LineProgress(iterable, f"[{self.name}] {desc}", total)
         from tqdm.auto import tqdm
 
         return tqdm(
             iterable,
             desc=f"{self.name}: {desc}",
             total=total,
-            disable=self.options.quiet or not sys.stderr.isatty(),  # no bars in logs or pipes
             leave=False,
             dynamic_ncols=True,
             mininterval=0.5,
@@ -280,6 +288,75 @@ class StepCache:
         with io.atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
         return arrays
+
+
+#: Seconds between two progress lines in a log file (`Context.progress` when stderr is not a terminal).
+LOG_EVERY_S = 30.0
+
+
+class LineProgress:
+    """A progress counter that writes ``desc: n/total (p%), 1m30s elapsed, about 2m left`` to stderr at most every
+    ``every`` seconds of work, and once at the end: the log-file form of a tqdm bar (iterate it, or ``update(n)``).
+    """
+
+    def __init__(self, iterable: Iterable[Any] | None, desc: str, total: int | None = None, *,
+                 every: float | None = None, file: Any = None) -> None:  # fmt: skip
+        import time
+
+        self.iterable, self.desc, self.every, self.file = iterable, desc, every, file
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.total, self.n = total, 0
+        self.start = self.last = time.monotonic()
+        self.closed = False
+
+    def __iter__(self) -> Any:
+        for item in self.iterable or ():
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more units done; write a line if ``every`` seconds passed since the last one."""
+        import time
+
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= (LOG_EVERY_S if self.every is None else self.every):
+            self.last = now
+            self._write(now)
+
+    def close(self) -> None:
+        """Write the closing line (once), when the work took long enough to have been reported at all."""
+        import time
+
+        if not self.closed:
+            self.closed = True
+            now = time.monotonic()
+            if now - self.start >= (LOG_EVERY_S if self.every is None else self.every) or self.last != self.start:
+                self._write(now, done=True)
+
+    def _write(self, now: float, done: bool = False) -> None:
+        elapsed = now - self.start
+        count = f"{self.n}/{self.total}" if self.total else str(self.n)
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        left = ""
+        if self.total and 0 < self.n < self.total:
+            left = f", about {_duration(elapsed * (self.total - self.n) / self.n)} left"
+        state = "done" if done else "elapsed"
+        print(f"{self.desc}: {count}{pct}, {_duration(elapsed)} {state}{left}", file=self.file or sys.stderr,
+              flush=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _seed_sequence(seed: int, keys: tuple[str | int, ...]) -> Any:

@@ -143,11 +143,15 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
     mlm = targets["loo"] == "mlm_loss"
     rng = ctx.rng("mlm-mask")
     frames = []
-    for batch in ctx.progress(encoded.batches, "costly methods and faithfulness", total=len(encoded.batches)):
+    # Progress counts each batch's five stages (costly methods, loo, the other methods, grad x input, integrated
+    # gradients): on long sequences one stage takes minutes, and the whole corpus is often one batch.
+    bar = ctx.progress(None, "costly methods and faithfulness (5 stages per batch)", total=5 * len(encoded.batches))
+    for batch in encoded.batches:
         inputs = _inputs(batch, model.device)
         sentences = batch.sentence_index
         mask = inputs["attention_mask"]
         layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods)
+        bar.update(1)
         frames += layer_frames
         if mlm:  # one content token per sentence masked: the loss there is the target, its row is read out
             inputs, labels, rows = _mask_one(inputs, batch.special_mask.to(model.device), model.tokenizer, rng)
@@ -155,6 +159,7 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
             labels, rows = None, mask / mask.sum(-1, keepdim=True)
         ref = contributions(model, inputs, "loo", target=targets["loo"], baseline=settings.baseline,
                             labels=labels)[:, 0]  # fmt: skip
+        bar.update(1)
         attributions = {"loo": ref}
         every = (*settings.methods, *settings.costly_methods)
         if mlm:  # masked input: recompute, all methods from one pass
@@ -165,14 +170,18 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
             c = known[m]
             attributions[m] = measures.read_out(c[:, last], rows)
             attributions[f"rollout:{m}"] = measures.read_out(mixing_graph.rollout(c, mask, m)[:, last], rows)
+        bar.update(1)
         attributions["grad_x_input"] = contributions(model, inputs, "grad_x_input", target=targets["grad_x_input"],
                                                      labels=labels)[:, 0]  # fmt: skip
+        bar.update(1)
         attributions["integrated_gradients"] = contributions(
             model, inputs, "integrated_gradients", target=targets["integrated_gradients"],
             baseline=settings.baseline, n_steps=settings.ig_steps, labels=labels,
         )[:, 0]  # fmt: skip
+        bar.update(1)
         for m, a in attributions.items():
             frames.append(measures.spearman_rows(m, a, ref, mask, sentences, last))
+    bar.close()
     return pd.concat(frames, ignore_index=True)
 
 

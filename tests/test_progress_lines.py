@@ -1,0 +1,55 @@
+"""Issue 27.14: long steps report progress in finer units than batches, in a terminal (tqdm) and, as periodic
+lines, in a log file."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from bertscope.experiments import cli, context
+from bertscope.experiments.context import LineProgress
+
+
+def test_line_progress_writes_counts_elapsed_and_what_is_left():
+    out = io.StringIO()
+    bar = LineProgress(None, "[mixing] costly", total=4, every=0, file=out)
+    for _ in range(4):
+        bar.update(1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[mixing] costly: 1/4 (25%), 0s elapsed, about ")
+    assert lines[3].startswith("[mixing] costly: 4/4 (100%)") and lines[-1].endswith("done")
+    assert list(LineProgress(range(3), "x", every=3600, file=out)) == [0, 1, 2]  # short loops stay silent
+    assert len(out.getvalue().splitlines()) == len(lines)
+
+
+def test_mixing_costly_pass_reports_each_stage_in_a_log(tiny_model_dir: Path, tmp_path: Path, capsys, monkeypatch):
+    """`bertscope run mixing --corpus long.txt --max-length 512` on two sentences printed nothing for 7.5 minutes:
+    its bar counted batches and there was one. Now the costly pass counts five stages per batch, and a log file
+    (stderr not a terminal) gets lines as they finish."""
+    from bertscope.experiments.mixing import plots
+
+    monkeypatch.setattr(plots, "FORMATS", ("png",))
+    monkeypatch.setattr(context, "LOG_EVERY_S", 0.0)  # every update is "long enough" here
+    corpus = tmp_path / "two.txt"
+    corpus.write_text("The cat sat on the mat while the dog slept .\nDogs bark at night .\n")
+    code = cli.main(["run", "mixing", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--out",
+                     str(tmp_path / "o"), "--device", "cpu", "--no-report", "--set", "mixing.n_boot=10"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    stages = [line for line in err.splitlines() if "costly methods and faithfulness" in line]
+    assert [line.split(": ")[1].split(" ")[0] for line in stages[:5]] == ["1/5", "2/5", "3/5", "4/5", "5/5"], err
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_runs_print_no_progress(quiet, capsys, monkeypatch):
+    from bertscope.experiments.options import RunOptions
+
+    monkeypatch.setattr(context, "LOG_EVERY_S", 0.0)
+    ctx = context.Context.__new__(context.Context)
+    ctx.name, ctx.options = "x", RunOptions(quiet=quiet)
+    bar = ctx.progress(None, "work", total=2)
+    bar.update(2)
+    bar.close()
+    assert ("work: 2/2" in capsys.readouterr().err) is not quiet
