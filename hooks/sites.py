@@ -102,10 +102,14 @@ def match_sites(patterns: str | Iterable[str], names: Sequence[str]) -> list[str
     """
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     chosen: set[str] = set()
+    known = set(names)
     for pattern in patterns:
         if not isinstance(pattern, str):
             raise TypeError(f"site names and globs must be strings, got {type(pattern).__name__}")
-        matched = [n for n in names if matches(pattern, n)]
+        if not is_glob(pattern):  # an exact name: a set lookup (run_with_cache passes every name it caches)
+            matched = [pattern] if pattern in known else []
+        else:
+            matched = [n for n in names if matches(pattern, n)]
         if not matched:
             close = fnmatch.filter(names, "*" + pattern.split(".")[-1].split("*")[-1] + "*")[:5]
             hint = f" Did you mean one of {close}?" if close else " See model.hook_names()."

@@ -415,7 +415,7 @@ class Attention(nn.Module):
             self.impl == "explicit" or self.hook_scores.is_hooked or self.hook_pattern.is_hooked or dropout_p > 0
         )
         if explicit:
-            scores = torch.matmul(q, k.transpose(-1, -2)) * self.d_head**-0.5
+            scores = scaled_scores(q, k, self.d_head**-0.5)
             if keep is not None:
                 scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
             scores = self.hook_scores(scores)
@@ -429,7 +429,7 @@ class Attention(nn.Module):
         flat = rearrange(z, "b p h d -> b p (h d)")
         if self.hook_result.is_hooked:
             # Per-head writes cost an extra [batch, pos, head, d_model] tensor: only when someone asks.
-            result = torch.einsum("bphd,hdm->bphm", z, self.W_O)
+            result = head_results(rearrange(flat, "b p (h d) -> b p h d", h=self.n_heads), self.W_O)
             hooked = self.hook_result(result)
             if hooked is not result:  # a hook replaced some head's write: rebuild the sum from the heads
                 return hooked.sum(dim=2) + self.b_O
@@ -569,13 +569,21 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
         if not (self.hook_scale.is_hooked or self.hook_normalized.is_hooked):
-            return fused
-        centred = x - x.mean(dim=-1, keepdim=True)
-        scale = (centred.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        if torch.is_grad_enabled() and x.requires_grad:  # the internals must be nodes of the autograd graph
+            fused = F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+            centred = x - x.mean(dim=-1, keepdim=True)
+            scale = (centred.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()
+        else:  # the fused kernel's own mean and 1/scale: one pass over x instead of five
+            fused, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+            mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)  # CUDA keeps a half input's statistics in float32
+            scale, centred = rstd.reciprocal(), None
         hooked_scale = self.hook_scale(scale)
-        normalized = centred / hooked_scale
+        if centred is None and hooked_scale is scale:
+            normalized = torch.addcmul(-mean * rstd, x, rstd)  # (x - mean) / scale in one pass over x
+        else:
+            normalized = (x - mean if centred is None else centred) / hooked_scale
         hooked_normalized = self.hook_normalized(normalized)
         if hooked_scale is scale and hooked_normalized is normalized:
             return fused  # only observed: keep the fused kernel's exact numbers
@@ -623,6 +631,28 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
     return table.float()
+
+
+def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``(q @ k^T) * scale``: ``q`` ``[batch, head, query, d_head]``, ``k`` ``[batch, head, key, d_head]`` ->
+    ``[batch, head, query, key]``. The scale is the matmul's ``alpha`` (applied to each finished dot product, so
+    the numbers are those of a product then a multiplication) instead of a second pass over the scores."""
+    b, h, n_q, d = q.shape
+    q3, k3 = q.reshape(b * h, n_q, d), k.transpose(-1, -2).reshape(b * h, d, k.shape[2])
+    return torch.baddbmm(q3.new_zeros(()), q3, k3, beta=0.0, alpha=scale).view(b, h, n_q, k.shape[2])
+
+
+def head_results(z: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
+    """Each head's write ``z_h @ W_O[h]``: ``z`` ``[batch, pos, head, d_head]``, ``W_O`` ``[head, d_head, d_model]``
+    -> ``[batch, pos, head, d_model]``, a view of a contiguous ``[head, batch, pos, d_model]`` tensor.
+
+    One matmul per head, batched, reading ``z`` in place when it is laid out ``[batch, pos, head, d_head]`` (the
+    output projection's input order, which the attention makes anyway); no copy of the result and no expanded
+    copy of ``W_O`` (``matmul`` broadcasting ``[head, d_head, d_model]`` over the batch makes one)."""
+    b, p, h, d = z.shape
+    rows = rearrange(z.reshape(b * p, h, d), "n h d -> h n d")  # one copy into [b, p, h, d] order, if not in it
+    per_head = torch.bmm(rows, W_O)  # [head, batch * pos, d_model]; W_O as a view of the projection is fine
+    return rearrange(per_head, "h (b p) m -> b p h m", b=b)
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:

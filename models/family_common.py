@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from bertscope.hooks.sites import forward_order
+from bertscope.models.encoder import head_results
 from torch import nn
 
 
@@ -21,7 +22,7 @@ def attention_output(attn: nn.Module, z: torch.Tensor) -> torch.Tensor:
     from einops import rearrange
 
     if attn.hook_result.is_hooked:
-        result = torch.einsum("bphd,hdm->bphm", z, attn.W_O)
+        result = head_results(z, attn.W_O)
         hooked = attn.hook_result(result)
         if hooked is not result:
             return hooked.sum(dim=2) + attn.b_O
