@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from bertscope.hooks import mixing, mixing_graph
+from bertscope.hooks import mixing
 from bertscope.hooks.mixing import LayerParts
+from bertscope.hooks.mixing import graph as mixing_graph
 
 from bertscope import contributions, hooks, models
 
@@ -94,7 +95,7 @@ def test_exact_on_the_bundled_model_and_the_torch_std_difference(bundled, senten
 def test_alti_resultant_is_the_layer_output(bundled, sentences):
     """ALTI's y_i (sum of T_i(x_j) plus bias terms) is the attention block's output LN1(x + attn(x))."""
     for layer in (0, 5):
-        (p,) = mixing._collect(bundled, sentences["input_ids"], sentences["attention_mask"], None, [layer], "exact")
+        (p,) = mixing._collect(bundled, (sentences["input_ids"], sentences["attention_mask"], None), [layer], "exact")
         y = torch.einsum("bhqk,bkhm->bqm", p.pattern, p.head_vectors("u")) / p.s + p.r / p.s + p.rest
         assert (y - ((p.attn_sum + p.r) / p.s + p.rest)).abs().max() < 1e-5  # the shortcut through hook_attn_out
         real = sentences["attention_mask"].bool()

@@ -19,7 +19,7 @@ shares of a few short sentences, for the figures).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,8 +28,7 @@ import torch
 from bertscope.experiments.mixing import measures
 from bertscope.experiments.mixing.plots import plot
 from bertscope.experiments.options import sentences_used
-from bertscope.hooks import mixing_graph
-from bertscope.hooks.mixing import contributions, per_layer_contributions, undefined_reason
+from bertscope.hooks.mixing import contributions, graph, per_layer_contributions, table, undefined_reason
 
 NAME = "mixing"
 DIRNAME = "mixing"
@@ -45,9 +44,11 @@ class Settings:
 
     max_sentences: int = 120  # per-layer methods (cheap: a few forward passes), when --max-sentences is not given
     costly_sentences: int = 12  # value_zeroing, loo, IG, grad x input and every faithfulness row: O(tokens) passes
-    # per-layer contribution methods on max_sentences (bertscope.contributions; their rollouts are added)
-    methods: tuple[str, ...] = ("attention", "attention_norm", "residual_norm", "alti")
-    costly_methods: tuple[str, ...] = ("value_zeroing",)  # methods costing O(tokens) passes, on costly_sentences
+    # per-layer contribution methods on max_sentences (bertscope.contributions; their rollouts are added): the
+    # method table's cheap ones (attention, attention_norm, residual_norm, alti)
+    methods: tuple[str, ...] = field(default_factory=lambda: table.per_layer("cheap"))
+    # methods costing O(tokens) passes, on costly_sentences: the table's costly per-layer ones (value_zeroing)
+    costly_methods: tuple[str, ...] = field(default_factory=lambda: table.per_layer("costly"))
     baseline: str = "mask"  # what replaces a token in loo and IG (mt-upc's blank-out uses [MASK])
     ig_steps: int = 16  # integrated gradients' Riemann steps
     n_examples: int = 2  # sentences drawn as example maps
@@ -77,7 +78,7 @@ def faithfulness_target(model: Any) -> dict[str, str]:
     sentence embedding, as sentence-transformers models use it: ``pooled_cosine`` (``1 - cos`` to the clean
     embedding is what replacing a token does to the embedding's direction, the quantity cosine search reads)
     for ``loo`` and integrated gradients; ``grad_x_input`` gets ``pooled_projection``, because the cosine's
-    gradient at the input itself is exactly zero (see ``bertscope.hooks.mixing_inputs``).
+    gradient at the input itself is exactly zero (see ``bertscope.hooks.mixing.inputs``).
     """
     if getattr(model, "mlm_head", None) is not None:
         return {"loo": "mlm_loss", "integrated_gradients": "mlm_loss", "grad_x_input": "mlm_loss"}
@@ -169,7 +170,7 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
         for m in every:
             c = known[m]
             attributions[m] = measures.read_out(c[:, last], rows)
-            attributions[f"rollout:{m}"] = measures.read_out(mixing_graph.rollout(c, mask, m)[:, last], rows)
+            attributions[f"rollout:{m}"] = measures.read_out(graph.rollout(c, mask, m)[:, last], rows)
         bar.update(1)
         attributions["grad_x_input"] = contributions(model, inputs, "grad_x_input", target=targets["grad_x_input"],
                                                      labels=labels)[:, 0]  # fmt: skip
@@ -206,7 +207,7 @@ def example_maps(ctx: Any, corpus: Any, settings: Settings) -> pd.DataFrame:
         for m, c in per_layer_contributions(model, inputs, every).items():
             grids[m] = measures.shares(c[0, last])
             if m in ("attention", "alti"):
-                grids[f"rollout:{m}"] = mixing_graph.rollout(c, inputs["attention_mask"], m)[0, last]
+                grids[f"rollout:{m}"] = graph.rollout(c, inputs["attention_mask"], m)[0, last]
         q, k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
         for m, grid in grids.items():
             frames.append(pd.DataFrame({
@@ -251,7 +252,7 @@ def _layer_frames(
     for m in methods:
         c = computed[m]
         frames.append(measures.layer_rows(m, c, mask, groups, sentences, ratio=ratio if m == "residual_norm" else None))
-        frames.append(measures.layer_rows(f"rollout:{m}", mixing_graph.rollout(c, mask, m), mask, groups, sentences))
+        frames.append(measures.layer_rows(f"rollout:{m}", graph.rollout(c, mask, m), mask, groups, sentences))
     return frames, computed
 
 

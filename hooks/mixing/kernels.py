@@ -1,23 +1,23 @@
-"""The per-layer decompositions behind ``bertscope.hooks.mixing``: ``LayerParts`` and the methods computed on it.
+"""The per-layer decompositions behind ``bertscope.hooks.mixing``: ``LayerParts``, its ``Chunk`` and the method
+kernels computed on a chunk.
 
-``layer_methods(parts, methods)`` computes several methods of one layer in one pass over sentence chunks, so
-the head vectors ``u``/``f`` (``[b, k, h, m]``, the costly intermediate) are built once per chunk and shared by
-``residual_norm``, ``alti`` and the residual-norm mixing ratio. Definitions: ``bertscope.hooks.mixing``.
+``layer_methods(parts, kernels)`` computes several kernels of one layer in one pass over sentence chunks; a
+``Chunk`` builds the head vectors ``u``/``f`` (``[b, k, h, m]``, the costly intermediate) at most once, so
+``residual_norm``, ``alti`` and the residual-norm mixing ratio share them. Definitions: ``bertscope.hooks.mixing``;
+the table naming each kernel: ``bertscope.hooks.mixing.methods``.
 
 Shapes: ``b`` batch, ``h`` head, ``q``/``k`` query/key positions, ``m`` d_model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
 from einops import rearrange
-
-#: What ``layer_methods`` computes: the per-layer methods it knows and the residual-norm mixing ratio.
-KERNELS = ("attention", "attention_norm", "residual_norm", "alti", "ratio:residual_norm")
 
 
 @dataclass
@@ -35,16 +35,17 @@ class LayerParts:
     ``_collect`` leaves ``u`` and ``f`` None and stores their factors instead: the hooked values ``v``
     ``[b, k, h, d]`` and the per-head maps ``w_u``/``w_f`` ``[h, d, m]``; ``head_vectors`` then builds either for
     a few sentences at a time (``[b, k, h, m]`` is 38 MB per layer at 16 x 128 on the bundled model: built whole
-    it costs a trip through main memory, built per sentence it stays in cache).
+    it costs a trip through main memory, built per sentence it stays in cache). Parts of a method that reads
+    the pattern alone (``attention``) hold only ``pattern``.
     """
 
     pattern: torch.Tensor
     f: torch.Tensor | None
     u: torch.Tensor | None
-    r: torch.Tensor
-    s: torch.Tensor
-    rest: torch.Tensor
-    output: torch.Tensor
+    r: torch.Tensor | None
+    s: torch.Tensor | None
+    rest: torch.Tensor | None
+    output: torch.Tensor | None
     attn_sum: torch.Tensor | None = None
     v: torch.Tensor | None = None
     w_u: torch.Tensor | None = None
@@ -64,37 +65,83 @@ class LayerParts:
         return rearrange(torch.bmm(heads, w), "h (b k) m -> b k h m", b=v.shape[0]).contiguous()
 
 
+class Chunk:
+    """Sentences ``rows`` of one layer's ``LayerParts``: what a ``"layer"`` method's function reads.
+
+    ``pattern`` ``[b', h, q, k]``, ``r`` ``[b', q, m]``, ``s`` ``[b', q, 1]``, ``rest`` ``[b', q, m]``; built on first
+    use and then shared by every method of the chunk: ``u``/``f`` key-major ``[b', k, h, m]``
+    (``LayerParts.head_vectors``) and ``y`` ``[b', q, m]``, the block's attention-sublayer output rebuilt from the
+    parts (ALTI's resultant). ``chunk_tokens`` bounds a method's own working set.
+    """
+
+    def __init__(self, parts: LayerParts, rows: slice, chunk_tokens: int = 32768) -> None:
+        self.parts, self.rows, self.chunk_tokens = parts, rows, chunk_tokens
+        self.pattern = parts.pattern[rows]
+        self.r = None if parts.r is None else parts.r[rows]
+        self.s = None if parts.s is None else parts.s[rows]
+        self.rest = None if parts.rest is None else parts.rest[rows]
+
+    @cached_property
+    def u(self) -> torch.Tensor:
+        """Each head's value through ``W_O`` (and LN1's linear part, post-LN): ``[b', k, h, m]``."""
+        return self.parts.head_vectors("u", self.rows)
+
+    @cached_property
+    def f(self) -> torch.Tensor:
+        """Each head's value through ``W_O`` only: ``[b', k, h, m]``."""
+        return self.parts.head_vectors("f", self.rows)
+
+    @cached_property
+    def attn_sum(self) -> torch.Tensor:
+        """``sum_h sum_k alpha^h_qk u^h_k`` ``[b', q, m]`` (read off ``hook_attn_out`` when the parts hold it)."""
+        if self.parts.attn_sum is not None:
+            return self.parts.attn_sum[self.rows]
+        return torch.einsum("bhqk,bkhm->bqm", self.pattern, self.u)
+
+    @cached_property
+    def y(self) -> torch.Tensor:
+        """The resultant ``sum_k T_q(x_k) + rest`` ``[b', q, m]``: the block's attention-sublayer output."""
+        return (self.attn_sum + self.r) / self.s + self.rest
+
+
 @torch.no_grad()
-def layer_methods(p: LayerParts, methods: Sequence[str], chunk_tokens: int = 32768) -> dict[str, torch.Tensor]:
-    """``{method: [b, q, k]}`` (``"ratio:residual_norm"``: ``[b, q]``) for ``methods`` (from ``KERNELS``), one
-    pass over chunks of sentences, each chunk's head vectors built once."""
-    unknown = set(methods) - set(KERNELS)
-    if unknown:
-        raise ValueError(f"layer_methods knows {KERNELS}, not {sorted(unknown)}")
-    pieces: dict[str, list[torch.Tensor]] = {m: [] for m in methods}
-    y = None
-    if "alti" in methods:
-        attn_sum = p.attn_sum if p.attn_sum is not None else torch.einsum(
-            "bhqk,bkhm->bqm", p.pattern, p.head_vectors("u"))
-        y = (attn_sum + p.r) / p.s + p.rest  # ALTI's resultant: the block's output
-    needs_u = {"residual_norm", "alti", "ratio:residual_norm"} & set(methods)
+def layer_methods(
+    p: LayerParts, kernels: Mapping[str, Callable[[Chunk], torch.Tensor]], chunk_tokens: int = 32768
+) -> dict[str, torch.Tensor]:
+    """``{name: [b, q, k]}`` (a ratio: ``[b, q]``) for each ``kernel(chunk)``, one pass over chunks of sentences,
+    each chunk's head vectors built at most once."""
+    pieces: dict[str, list[torch.Tensor]] = {m: [] for m in kernels}
     for rows in _sentence_chunks(p):
-        pattern = p.pattern[rows]
-        if "attention" in methods:
-            pieces["attention"].append(pattern.mean(1))
-        if "attention_norm" in methods:
-            pieces["attention_norm"].append(_head_sum_norm2(pattern, p.head_vectors("f", rows)).clamp_min(0).sqrt())
-        if not needs_u:
-            continue
-        u = p.head_vectors("u", rows)
-        r, s = p.r[rows], p.s[rows]
-        if "residual_norm" in methods:
-            pieces["residual_norm"].append(_residual_norm(pattern, u, r, s))
-        if "ratio:residual_norm" in methods:
-            pieces["ratio:residual_norm"].append(_residual_ratio(pattern, u, r, s, p.attn_sum[rows]))
-        if "alti" in methods:
-            pieces["alti"].append(_alti(pattern, u, r, s, y[rows], chunk_tokens))
+        chunk = Chunk(p, rows, chunk_tokens)
+        for m, kernel in kernels.items():
+            pieces[m].append(kernel(chunk))
     return {m: torch.cat(v) for m, v in pieces.items()}
+
+
+# ---------------------------------------------------------------------------------------------- the kernels
+def attention(c: Chunk) -> torch.Tensor:
+    """The attention pattern averaged over heads ``[b', q, k]``."""
+    return c.pattern.mean(1)
+
+
+def attention_norm(c: Chunk) -> torch.Tensor:
+    """Kobayashi et al. (2020): ``||sum_h alpha^h_qk f^h(x_k)||_2`` ``[b', q, k]``."""
+    return _head_sum_norm2(c.pattern, c.f).clamp_min(0).sqrt()
+
+
+def residual_norm(c: Chunk) -> torch.Tensor:
+    """Kobayashi et al. (2021): ``||T_q(x_k)||_2`` ``[b', q, k]``."""
+    return _residual_norm(c.pattern, c.u, c.r, c.s)
+
+
+def residual_norm_ratio(c: Chunk) -> torch.Tensor:
+    """Kobayashi et al. (2021)'s vector mixing ratio ``[b', q]``."""
+    return _residual_ratio(c.pattern, c.u, c.r, c.s, c.attn_sum)
+
+
+def alti(c: Chunk) -> torch.Tensor:
+    """Ferrando et al. (2022): ALTI ``[b', q, k]``, rows normalised."""
+    return _alti(c.pattern, c.u, c.r, c.s, c.y, c.chunk_tokens)
 
 
 def _residual_norm(pattern, u, r, s) -> torch.Tensor:
@@ -129,6 +176,8 @@ def _head_sum_norm2(pattern: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
 def _sentence_chunks(p: LayerParts, budget: int = 1 << 21) -> list[slice]:
     """Slices of sentences whose ``[b', k, h, m]`` head vectors hold at most ``budget`` numbers (~8 MB)."""
     b, h, _, k = p.pattern.shape
+    if p.r is None:  # the pattern alone (no head vectors to bound)
+        return [slice(0, b)]
     m = p.r.shape[-1]
     per = max(1, budget // (k * h * m))
     return [slice(i, min(b, i + per)) for i in range(0, b, per)]

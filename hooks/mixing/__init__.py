@@ -1,5 +1,9 @@
 """Context mixing: how much each token's representation takes from every other token, by the field's methods.
 
+A subpackage of ``bertscope.hooks`` built purely on hooked tensors: this module is the API; the method table
+(``table.TABLE``, entries in ``methods``) is the one list of methods; ``kernels`` holds the per-layer
+decomposition, ``zeroing`` value zeroing, ``graph`` rollout and flow, ``inputs`` the input attributions.
+
 ``contributions(model, inputs, method)`` returns ``[batch, layer, query, key]`` for the per-layer methods and
 their rollout/flow over layers, and ``[batch, 1, key]`` for the input attributions. Padding rows and columns
 are zero. Every method reads only generic hooks (``blocks.{L}.hook_resid_pre``, ``attn.hook_pattern``,
@@ -18,8 +22,9 @@ Per-layer methods (definitions, and the reference code each one follows, in ``do
   heads), rows normalised to sum 1 (Mohebbi et al. 2023).
 
 ``rollout:<method>`` and ``flow:<method>`` combine the per-layer matrices over layers (Abnar & Zuidema 2020),
-see ``bertscope.hooks.mixing_graph``. ``grad_x_input``, ``integrated_gradients`` and ``loo`` attribute a
-scalar target to the input tokens, see ``bertscope.hooks.mixing_inputs``.
+see ``bertscope.hooks.mixing.graph``. ``grad_x_input``, ``integrated_gradients`` and ``loo`` attribute a
+scalar target to the input tokens, see ``bertscope.hooks.mixing.inputs``. ``METHODS``, ``PER_LAYER`` and
+``INPUT_ATTRIBUTIONS`` are read from the table on each access (a registered method appears in them).
 
 Shapes: ``b`` batch, ``h`` head, ``q``/``k`` query/key positions, ``m`` d_model.
 """
@@ -30,13 +35,42 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
-from bertscope.hooks.mixing_kernels import LayerParts, layer_methods
-from einops import rearrange
+from bertscope.hooks.mixing import graph, kernels, table
+from bertscope.hooks.mixing import inputs as input_methods
+from bertscope.hooks.mixing import methods as _builtin  # noqa: F401 (registers the built-in methods)
+from bertscope.hooks.mixing.kernels import LayerParts, layer_methods
+from bertscope.hooks.mixing.table import TABLE, Method, register
 
 LayerNormMode = Literal["exact", "reference", "unbiased"]
-PER_LAYER = ("attention", "attention_norm", "residual_norm", "alti", "value_zeroing")
-INPUT_ATTRIBUTIONS = ("grad_x_input", "integrated_gradients", "loo")
-METHODS = (*PER_LAYER, *(f"rollout:{m}" for m in PER_LAYER), *(f"flow:{m}" for m in PER_LAYER), *INPUT_ATTRIBUTIONS)
+#: ``progress(desc, total)`` -> a bar with ``update(n)`` and ``close()`` (tqdm's, or ``ctx.progress``'s)
+ProgressFactory = Callable[[str, int], Any]
+
+__all__ = [
+    "INPUT_ATTRIBUTIONS", "METHODS", "PER_LAYER", "TABLE", "LayerParts", "Method", "contributions", "mixing_ratio",
+    "per_layer_contributions", "register", "token_decomposition", "undefined_reason",
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``METHODS``, ``PER_LAYER`` and ``INPUT_ATTRIBUTIONS``, read from the method table when asked for."""
+    lists = {"METHODS": table.all_names, "PER_LAYER": table.per_layer, "INPUT_ATTRIBUTIONS": table.input_attributions}
+    if name in lists:
+        return lists[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Silent:
+    """The bar of ``progress=None``: counts nothing, prints nothing."""
+
+    def update(self, n: int = 1) -> None:
+        """Nothing."""
+
+    def close(self) -> None:
+        """Nothing."""
+
+
+def _silent(desc: str, total: int) -> _Silent:
+    return _Silent()
 
 
 def contributions(
@@ -67,7 +101,7 @@ def contributions(
         keys; ``attention_norm`` and ``residual_norm`` are norms in the model's units (rows not normalised).
       - input attributions (``grad_x_input``, ``integrated_gradients``, ``loo``): ``[batch, 1, key]``: one
         scalar ``target`` per sentence attributed to each input token (no query axis: the target pools the
-        sentence). See ``bertscope.hooks.mixing_inputs`` for ``target``, ``baseline``, ``n_steps``, ``labels``.
+        sentence). See ``bertscope.hooks.mixing.inputs`` for ``target``, ``baseline``, ``n_steps``, ``labels``.
 
     ``layer_norm``: ``"exact"`` (default) decomposes the true LayerNorm, ``sqrt(population var + eps)``; the
     public ALTI code divides by ``torch.std(unbiased=False)`` without eps (``"reference"``); ``"unbiased"`` is
@@ -81,28 +115,23 @@ def contributions(
     if is_text(inputs):  # text, as model() and run_with_cache take it
         inputs = model.tokenize(list(inputs) if isinstance(inputs, tuple) else inputs)
     ids, mask, types = _unpack(model, inputs)
-    if method not in METHODS:
-        raise ValueError(f"unknown contribution method {method!r}; choose one of {', '.join(METHODS)}")
+    kind, spec = table.parse(method)
     if model.training:
         raise RuntimeError("contributions need the model in eval mode (dropout would randomise them): model.eval()")
     if layer_norm not in ("exact", "reference", "unbiased"):
         raise ValueError(f"layer_norm must be 'exact', 'reference' or 'unbiased', got {layer_norm!r}")
     chosen = _layers(model, layers)
-    if method in INPUT_ATTRIBUTIONS:
-        from bertscope.hooks import mixing_inputs
-
-        return mixing_inputs.attribute(
-            model, ids, mask, types, method, target=target, baseline=baseline, n_steps=n_steps, labels=labels,
+    if spec.kind == "input":
+        return input_methods.attribute(
+            model, ids, mask, types, spec.name, target=target, baseline=baseline, n_steps=n_steps, labels=labels,
             chunk_tokens=chunk_tokens,
         )
-    kind, _, base = method.partition(":") if ":" in method else ("", "", method)
+    base = spec.name
     if kind:
-        from bertscope.hooks import mixing_graph
-
         per_layer = _per_layer(model, ids, mask, types, base, range(max(chosen) + 1), layer_norm, chunk_tokens)
         if kind == "rollout":
-            return mixing_graph.rollout(per_layer, mask, base)[:, chosen]
-        return mixing_graph.flow(per_layer, mask, base, layers=chosen, max_tokens=max_flow_tokens)
+            return graph.rollout(per_layer, mask, base)[:, chosen]
+        return graph.flow(per_layer, mask, base, layers=chosen, max_tokens=max_flow_tokens)
     return _per_layer(model, ids, mask, types, base, chosen, layer_norm, chunk_tokens)
 
 
@@ -114,18 +143,39 @@ def per_layer_contributions(
     layers: Sequence[int] | None = None,
     layer_norm: LayerNormMode = "exact",
     chunk_tokens: int = 32768,
+    cache: Mapping[str, torch.Tensor] | None = None,
+    progress: ProgressFactory | None = None,
 ) -> dict[str, torch.Tensor]:
     """Several per-layer methods at once: ``{method: [batch, layer, query, key]}``, the same numbers as
     ``contributions`` for each, from one cached forward pass with the head vectors built once (what an experiment
-    computing them all on a corpus wants). ``methods`` from ``PER_LAYER``, plus ``"ratio:residual_norm"``
-    (``mixing_ratio(..., "residual_norm")``, ``[batch, layer, query]``)."""
+    computing them all on a corpus wants). ``methods`` from ``PER_LAYER``, plus ``"ratio:<method>"`` for a method
+    with its own ratio (``"ratio:residual_norm"``: ``mixing_ratio(..., "residual_norm")``, ``[batch, layer,
+    query]``).
+
+    ``cache``: the hooked tensors ``blocks.{L}.<site>`` the methods read (``needed_sites``), e.g. read from a
+    capture; given, no forward pass is run (value zeroing re-runs each block from the cached
+    ``hook_resid_pre``). ``progress(desc, total)``: a bar factory (``ctx.progress``-like) for the long loops
+    (one step per layer of the decomposition methods; per layer and group of zeroed tokens in value zeroing).
+    """
     ids, mask, types = _unpack(model, inputs)
-    bad = [m for m in methods if m not in (*PER_LAYER, "ratio:residual_norm")]
+    known = table.per_layer()
+    ratios = tuple(f"ratio:{m}" for m in known if TABLE[m].ratio is not None)
+    bad = [m for m in methods if m not in (*known, *ratios)]
     if bad:
-        raise ValueError(f"per_layer_contributions takes {PER_LAYER} and 'ratio:residual_norm', not {bad}")
+        raise ValueError(f"per_layer_contributions takes {known} and {ratios}, not {bad}")
     if model.training:
         raise RuntimeError("contributions need the model in eval mode (dropout would randomise them): model.eval()")
-    return _per_layer_many(model, ids, mask, types, list(methods), _layers(model, layers), layer_norm, chunk_tokens)
+    return _per_layer_many(model, ids, mask, types, list(methods), _layers(model, layers), layer_norm, chunk_tokens,
+                           cache=cache, progress=progress)  # fmt: skip
+
+
+def needed_sites(methods: Sequence[str], layers: Sequence[int]) -> list[str]:
+    """The hook names ``per_layer_contributions(..., methods, layers=layers, cache=...)`` reads from ``cache``."""
+    sites: list[str] = []
+    for m in methods:
+        for s in TABLE[m.removeprefix("ratio:")].sites:
+            sites += [s] if s not in sites else []
+    return [f"blocks.{L}.{s}" for L in layers for s in sites]
 
 
 def mixing_ratio(
@@ -144,33 +194,29 @@ def mixing_ratio(
     """
     ids, mask, types = _unpack(model, inputs)
     chosen = _layers(model, layers)
-    if method != "residual_norm":
+    _, spec = table.parse(method)
+    if spec.ratio is None:
         c = contributions(model, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}, method,
                           layers=chosen, layer_norm=layer_norm)
         total = c.sum(-1)
         own = torch.diagonal(c, dim1=-2, dim2=-1)
         return torch.where(total > 0, 1 - own / total.clamp_min(1e-30), torch.zeros_like(total))
-    return _per_layer_many(model, ids, mask, types, ["ratio:residual_norm"], chosen, layer_norm, 32768)[
-        "ratio:residual_norm"]
+    return _per_layer_many(model, ids, mask, types, [f"ratio:{method}"], chosen, layer_norm, 32768)[f"ratio:{method}"]
 
 
 def undefined_reason(model: torch.nn.Module, method: str) -> str | None:
     """Why ``method`` is undefined for ``model`` (the sentence its error would give), or None where it is defined.
 
-    Only ``residual_norm`` (and its rollout/flow) depends on the architecture: Kobayashi et al. (2021) decompose
-    the LayerNorm *after* the residual sum, which a pre-LN block (ModernBERT) does not have. Every other method
-    reads only the attention pattern and the values, which stay a per-key function of the key's own input under
-    DeBERTa's disentangled scores and ModernBERT's rotary positions alike.
+    Read from the table entry's ``undefined``. Only ``residual_norm`` (and its rollout/flow) depends on the
+    architecture: Kobayashi et al. (2021) decompose the LayerNorm *after* the residual sum, which a pre-LN block
+    (ModernBERT) does not have. Every other method reads only the attention pattern and the values, which stay a
+    per-key function of the key's own input under DeBERTa's disentangled scores and ModernBERT's rotary positions
+    alike.
     """
-    base = method.partition(":")[2] or method
-    placement = getattr(getattr(model, "config", None), "norm_placement", None)
-    if base == "residual_norm" and placement != "post":
-        return (
-            f"{method} (Kobayashi et al. 2021) decomposes LN(x + attn(x)) of a post-LN block; this model is "
-            f"{placement!r}-LN, with no LayerNorm after the residual sum. Use 'alti' (which has a pre-LN form: the "
-            "block output x + attn(x) itself) or 'attention_norm'."
-        )
-    return None
+    spec = TABLE.get(method.rpartition(":")[2])
+    if spec is None or spec.undefined is None:
+        return None
+    return spec.undefined(model, method)
 
 
 def token_decomposition(
@@ -195,7 +241,7 @@ def token_decomposition(
     (outputs reach ~28, so that is 4e-7 relative), not a gap in the decomposition.
     """
     ids, mask, types = _unpack(model, inputs)
-    (parts,) = _collect(model, ids, mask, types, _layers(model, [layer]), layer_norm, dtype)
+    (parts,) = _collect(model, (ids, mask, types), _layers(model, [layer]), layer_norm, dtype)
     return _vectors(parts), parts.rest, parts.output
 
 
@@ -206,25 +252,44 @@ def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens
     return out
 
 
-def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_tokens) -> dict[str, torch.Tensor]:
-    """``{method: [b, L, q, k]}`` (``ratio:residual_norm``: ``[b, L, q]``) from one cached forward pass."""
+@torch.no_grad()
+def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_tokens, *, cache=None,
+                    progress=None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``{method: [b, L, q, k]}`` (``ratio:<m>``: ``[b, L, q]``) from one cached forward pass (or ``cache``)."""
     layers = list(layers)
     if not methods:
         return {}
     for m in methods:
-        _require_post_ln(model, m)
+        _require_defined(model, m)
+    progress = progress or _silent
+
+    def hooked(ms: list[str]) -> Mapping[str, torch.Tensor]:
+        """``cache``, or one forward caching just the sites ``ms`` read (a forward caching more sites may take
+        another code path, equal only up to float rounding)."""
+        if cache is not None:
+            return cache
+        names = needed_sites(ms, layers)
+        return model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))[1]
+
     out = {}
-    if "value_zeroing" in methods:
-        out["value_zeroing"] = _value_zeroing(model, ids, mask, types, layers, chunk_tokens)
-    rest = [m for m in methods if m != "value_zeroing"]
-    if rest == ["attention"]:  # the pattern alone: no value path to cache or transform
-        names = [f"blocks.{L}.attn.hook_pattern" for L in layers]
-        _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
-        out["attention"] = torch.stack([cache[f"blocks.{L}.attn.hook_pattern"].mean(1) for L in layers], dim=1)
-    elif rest:
-        parts = _collect(model, ids, mask, types, layers, layer_norm)
-        per_layer = [layer_methods(p, rest, chunk_tokens) for p in parts]
-        out.update({m: torch.stack([d[m] for d in per_layer], dim=1) for m in rest})
+    for m in methods:
+        spec = TABLE[m.removeprefix("ratio:")]
+        if spec.kind == "rerun":
+            out[m] = spec.compute(model, ids, mask, types, layers, chunk_tokens, hooked([m]), progress)
+    fns = {m: TABLE[m].compute if m in TABLE else TABLE[m.removeprefix("ratio:")].ratio
+           for m in methods if m not in out}  # fmt: skip
+    if fns:
+        sites = set(needed_sites(list(fns), [0]))
+        decompose = sites != {"blocks.0.attn.hook_pattern"}  # the pattern alone needs no decomposition
+        tensors = hooked(list(fns))
+        per_layer = []
+        bar = progress("context-mixing decompositions (layers)", len(layers))
+        for L in layers:
+            (parts,) = _collect(model, tensors, [L], layer_norm, decompose=decompose)
+            per_layer.append(layer_methods(parts, fns, chunk_tokens))
+            bar.update(1)
+        bar.close()
+        out.update({m: torch.stack([d[m] for d in per_layer], dim=1) for m in fns})
     real = mask.to(next(iter(out.values())).dtype)
     for m, c in out.items():
         out[m] = c * real[:, None, :] if c.dim() == 3 else c * real[:, None, :, None] * real[:, None, None, :]
@@ -232,8 +297,8 @@ def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_
 
 
 def _alti(p: LayerParts, chunk_tokens: int) -> torch.Tensor:
-    """ALTI ``[b, q, k]`` of one layer's parts (see ``mixing_kernels``)."""
-    return layer_methods(p, ["alti"], chunk_tokens)["alti"]
+    """ALTI ``[b, q, k]`` of one layer's parts (see ``kernels``)."""
+    return layer_methods(p, {"alti": kernels.alti}, chunk_tokens)["alti"]
 
 
 def _vectors(p: LayerParts) -> torch.Tensor:
@@ -244,58 +309,29 @@ def _vectors(p: LayerParts) -> torch.Tensor:
     return t / p.s[:, :, None]
 
 
-@torch.no_grad()
-def _value_zeroing(model, ids, mask, types, layers, chunk_tokens) -> torch.Tensor:
-    """Mohebbi et al. (2023): for every key j, block L re-run from its true input with ``v_j = 0`` in every head;
-    score ``[b, L, q, j]`` = cosine distance of token q's block output to the original one; rows normalised.
-
-    The batch is replicated once per zeroed position (chunked to ``chunk_tokens`` tokens), one block at a time.
-    """
-    names = [f"blocks.{L}.{s}" for L in layers for s in ("hook_resid_pre", "hook_resid_post")]
-    _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
-    b, n = ids.shape
-    per = max(1, chunk_tokens // (b * n))
-    out = []
-    for L in layers:
-        x, y = cache[f"blocks.{L}.hook_resid_pre"], cache[f"blocks.{L}.hook_resid_post"]
-        scores = x.new_zeros(b, n, n)
-        for start in range(0, n, per):
-            zero = torch.arange(start, min(n, start + per), device=x.device)  # positions zeroed in this chunk
-            reps = len(zero)
-            which = zero.repeat_interleave(b)  # replica r (= zero index * b + sentence) zeroes position which[r]
-
-            def zero_value(v: torch.Tensor, hook: Any, which: torch.Tensor = which) -> torch.Tensor:
-                v = v.clone()
-                v[torch.arange(v.shape[0], device=v.device), which] = 0
-                return v
-
-            with model.hooks([(f"blocks.{L}.attn.hook_v", zero_value)]):
-                new = model.forward_from(L, x.repeat(reps, 1, 1), mask.repeat(reps, 1), stop_at_layer=L)
-            dist = 1 - torch.nn.functional.cosine_similarity(new, y.repeat(reps, 1, 1), dim=-1)  # [reps * b, q]
-            scores[:, :, zero] = rearrange(dist, "(z b) q -> b q z", z=reps)
-        scores = scores * mask[:, None, :]
-        out.append(scores / scores.sum(-1, keepdim=True).clamp_min(1e-30))
-    return torch.stack(out, dim=1)
-
-
 # ====================================================================== shared plumbing
 @torch.no_grad()
 def _collect(
-    model, ids, mask, types, layers, layer_norm, dtype: torch.dtype | None = None
+    model, cache, layers, layer_norm, dtype: torch.dtype | None = None, *, decompose: bool = True
 ) -> list[LayerParts]:
-    """One cached forward pass, then each layer's ``LayerParts`` (computed in ``dtype``, default the model's;
-    ``u`` and ``f`` as their factors, see ``LayerParts``)."""
+    """Each layer's ``LayerParts`` from ``cache`` (``(ids, mask, types)``: one cached forward pass first), computed
+    in ``dtype`` (default the model's; ``u`` and ``f`` as their factors, see ``LayerParts``). ``decompose=False``:
+    the pattern alone."""
+    if isinstance(cache, tuple):
+        ids, mask, types = cache
+        names = [f"blocks.{L}.{s}" for L in layers for s in table.DECOMPOSITION_SITES]
+        _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
+    if not decompose:
+        return [LayerParts(cache[f"blocks.{L}.attn.hook_pattern"].to(model.device), None, None, None, None, None,
+                           None) for L in layers]  # fmt: skip
     _check_architecture(model)
-    sites = ("hook_resid_pre", "attn.hook_pattern", "attn.hook_v", "hook_attn_out", "hook_resid_mid")
-    names = [f"blocks.{L}.{s}" for L in layers for s in sites]
-    _, cache = model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))
     post = model.config.norm_placement == "post"
     parts = []
     for L in layers:
         block = model.blocks[L]
 
         def get(name: str, L: int = L) -> torch.Tensor:
-            return cache[f"blocks.{L}.{name}"].to(dtype)
+            return cache[f"blocks.{L}.{name}"].to(model.device).to(dtype)
 
         x, v, w_o = get("hook_resid_pre"), get("attn.hook_v"), block.attn.W_O.detach().to(dtype)
         b_o = block.attn.b_O.to(dtype)
@@ -342,7 +378,7 @@ def _check_architecture(model: torch.nn.Module) -> None:
             raise NotImplementedError(f"this model has no hook {name!r}, which the decompositions read")
 
 
-def _require_post_ln(model: torch.nn.Module, method: str) -> None:
+def _require_defined(model: torch.nn.Module, method: str) -> None:
     reason = undefined_reason(model, method.replace("ratio:", ""))
     if reason is not None:
         raise NotImplementedError(reason)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bertscope.hooks.mixing import table
 
 TARGETS = ("pooled_cosine", "pooled_projection", "mlm_loss")
 BASELINES = ("mask", "pad", "zero")
@@ -62,11 +63,27 @@ def attribute(
     with torch.no_grad():
         clean_hidden = model(ids, mask, types)
         ref = _reference(model, target, clean_hidden, ids, mask, labels)
-    if method == "loo":
-        out = _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens)
-    else:
-        out = _gradient(model, ids, mask, types, target, ref, baseline, method, n_steps, chunk_tokens)
+    compute = table.TABLE[method].compute
+    out = compute(model, ids, mask, types, target, ref, baseline=baseline, n_steps=n_steps, chunk_tokens=chunk_tokens)
     return (out * mask)[:, None, :]
+
+
+# ---------------------------------------------------------------------------- the table's functions, [b, key]
+def loo(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int) -> torch.Tensor:
+    """Leave-one-out: ``s(x) - s(x with token j replaced by the baseline, or removed)``."""
+    return _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens)
+
+
+def grad_x_input(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int
+                 ) -> torch.Tensor:  # fmt: skip
+    """Gradient x input on the word embeddings (Captum's ``InputXGradient``), summed over d_model."""
+    return _gradient(model, ids, mask, types, target, ref, baseline, "grad_x_input", n_steps, chunk_tokens)
+
+
+def integrated_gradients(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int
+                         ) -> torch.Tensor:  # fmt: skip
+    """Integrated gradients from the baseline (Captum's ``IntegratedGradients``), summed over d_model."""
+    return _gradient(model, ids, mask, types, target, ref, baseline, "integrated_gradients", n_steps, chunk_tokens)
 
 
 def score(model, target, hidden: torch.Tensor, mask: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,9 @@ Each layer's matrix ``C_L`` ``[batch, query, key]`` is first made row-stochastic
   normalising the rows of ``C`` (Abnar & Zuidema's ``A = 0.5 W_att + 0.5 I``; their code and
   mt-upc/transformer-contributions' ``compute_rollout`` write it as ``(C + I) / rowsum``, the same thing for
   row-stochastic C);
-- methods that already contain the residual (``residual_norm``, ``alti``, ``value_zeroing``): rows normalised,
-  no identity added (mt-upc's ``compute_joint_attention``; ValueZeroing's ``res=False``).
+- methods that already contain the residual (``residual_norm``, ``alti``, ``value_zeroing``; ``with_residual``
+  in the method table): rows normalised, no identity added (mt-upc's ``compute_joint_attention``;
+  ValueZeroing's ``res=False``).
 
 Rollout: ``R_0 = C_0``, ``R_L = C_L @ R_{L-1}``.
 
@@ -26,8 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from bertscope.hooks.mixing import table
 
-WITH_RESIDUAL = ("residual_norm", "alti", "value_zeroing")
 FLOW_SCALE = 2**20
 
 
@@ -36,7 +37,7 @@ def layer_matrices(per_layer: torch.Tensor, mask: torch.Tensor, method: str) -> 
     real = mask.to(per_layer.dtype)
     c = per_layer * real[:, None, :, None] * real[:, None, None, :]
     c = c / c.sum(-1, keepdim=True).clamp_min(1e-30)
-    if method not in WITH_RESIDUAL:
+    if not table.with_residual(method):
         eye = torch.diag_embed(real)[:, None]  # identity on real tokens only
         c = 0.5 * c + 0.5 * eye
     return c
