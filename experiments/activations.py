@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.experiments.capture.layout import ATTENTION_SUFFIXES, SENTENCES, CaptureError, patterns
+from bertscope.experiments.capture.layout import ATTENTION_SUFFIXES, SENTENCES, CaptureError, patterns, select_hooks
 from bertscope.experiments.capture.load import read_index, select_stored
 from bertscope.experiments.capture.plan import last_layer_needed
 from bertscope.experiments.corpus import Batch, Corpus, Encoded, Sentence, encode, word_attention, word_pool
@@ -210,14 +210,9 @@ def open_capture(capture: str | Path | CaptureSource | None, model: Any) -> Capt
 
 def resolve_sites(model: Any, sites: str | Sequence[str]) -> list[str]:
     """The model's hook names matching ``sites`` (names or globs; a string may be comma-separated), in forward
-    order; a pattern matching nothing is a `CaptureError` (a ``ValueError``) naming close matches."""
-    wanted = patterns(sites)
-    if not wanted:
-        raise CaptureError("no site given; name one, or a glob such as 'blocks.*.hook_resid_post'")
-    try:
-        return model.select_hooks(wanted)
-    except KeyError as e:
-        raise CaptureError(f"{e.args[0]} `bertscope info` lists every name.") from None
+    order; a pattern matching nothing is a `CaptureError` (a ``ValueError``) naming close matches. The one
+    implementation is `capture.layout.select_hooks` (``bertscope capture --hooks``), without the option's name."""
+    return select_hooks(model, sites, option=None)
 
 
 def run_batch(model: Any, batch: Batch, names: Sequence[str], *, stop_at_layer: int | None = None,

@@ -34,14 +34,17 @@ def patterns(hooks: str | Sequence[str] | None) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def select_hooks(model: Any, hooks: str | Sequence[str]) -> list[str]:
+def select_hooks(model: Any, hooks: str | Sequence[str], *, option: str | None = "--hooks") -> list[str]:
     """The model's hook names matching any of ``hooks`` (names or globs; a string may be comma-separated),
     in forward order, resolved by ``HookedModule.select_hooks``; a pattern matching nothing is a
-    ``CaptureError`` that names close matches."""
+    ``CaptureError`` that names close matches. ``option``: the command-line option the names came from, named in
+    the errors (``None`` for a library call: the activations stage's ``resolve_sites``)."""
     wanted = patterns(hooks)
     if not wanted:
-        raise CaptureError("no hook given; pass --hooks with a name or glob such as 'blocks.*.hook_resid_post'")
+        how = f"pass {option} with" if option else "name"
+        raise CaptureError(f"no hook given; {how} a name or glob such as 'blocks.*.hook_resid_post'")
     try:
         return model.select_hooks(wanted)
     except KeyError as e:
-        raise CaptureError(f"--hooks: {e.args[0]} `bertscope info` lists every name.") from None
+        where = f"{option}: " if option else ""
+        raise CaptureError(f"{where}{e.args[0]} `bertscope info` lists every name.") from None

@@ -147,11 +147,15 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
     # Progress counts each batch's five stages (costly methods, loo, the other methods, grad x input, integrated
     # gradients): on long sequences one stage takes minutes, and the whole corpus is often one batch.
     bar = ctx.progress(None, "costly methods and faithfulness (5 stages per batch)", total=5 * len(encoded.batches))
+
+    def sub_bar(desc: str, total: int) -> Any:  # finer progress inside a stage (value zeroing, loo)
+        return ctx.progress(None, desc, total=total)
+
     for batch in encoded.batches:
         inputs = _inputs(batch, model.device)
         sentences = batch.sentence_index
         mask = inputs["attention_mask"]
-        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods)
+        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods, progress=sub_bar)
         bar.update(1)
         frames += layer_frames
         if mlm:  # one content token per sentence masked: the loss there is the target, its row is read out
@@ -159,7 +163,7 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
         else:
             labels, rows = None, mask / mask.sum(-1, keepdim=True)
         ref = contributions(model, inputs, "loo", target=targets["loo"], baseline=settings.baseline,
-                            labels=labels)[:, 0]  # fmt: skip
+                            labels=labels, progress=sub_bar)[:, 0]  # fmt: skip
         bar.update(1)
         attributions = {"loo": ref}
         every = (*settings.methods, *settings.costly_methods)
@@ -240,14 +244,15 @@ def _inputs(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def _layer_frames(
-    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...]
+    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...], progress: Any = None
 ) -> tuple[list[pd.DataFrame], dict[str, torch.Tensor]]:
-    """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers)."""
+    """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers);
+    ``progress``: the bar factory for the long loops inside (``per_layer_contributions``)."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     groups = measures.token_groups(ids, mask, model.tokenizer)
     frames = []
     wanted = [*methods, *(["ratio:residual_norm"] if "residual_norm" in methods else [])]
-    computed = per_layer_contributions(model, inputs, wanted)  # one forward pass for all of them
+    computed = per_layer_contributions(model, inputs, wanted, progress=progress)  # one forward pass for all
     ratio = computed.pop("ratio:residual_norm", None)
     for m in methods:
         c = computed[m]

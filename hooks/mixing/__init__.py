@@ -86,6 +86,7 @@ def contributions(
     labels: torch.Tensor | None = None,
     chunk_tokens: int = 32768,
     max_flow_tokens: int = 48,
+    progress: ProgressFactory | None = None,
 ) -> torch.Tensor:
     """Token-to-token contributions by ``method`` (one of ``METHODS``).
 
@@ -108,6 +109,9 @@ def contributions(
     ``torch.std``'s default (Bessel-corrected, no eps). Used by ``residual_norm`` and ``alti``.
     ``chunk_tokens`` bounds the work held at once (value zeroing's replicated batches, ALTI's key chunks, loo).
     ``max_flow_tokens``: ``flow:`` refuses longer sentences (its cost is layers x n^2 max-flow problems).
+    ``progress(desc, total)``: a bar factory (tqdm-like bars with ``update``/``close``, e.g. an experiment's
+    ``ctx.progress``) for the long loops: per layer of the decompositions, per layer and group of zeroed tokens
+    in value zeroing, per group of left-out tokens in ``loo``.
     Padding rows and columns are zero. Needs the model in eval mode.
     """
     from bertscope.models.text import is_text
@@ -124,15 +128,16 @@ def contributions(
     if spec.kind == "input":
         return input_methods.attribute(
             model, ids, mask, types, spec.name, target=target, baseline=baseline, n_steps=n_steps, labels=labels,
-            chunk_tokens=chunk_tokens,
+            chunk_tokens=chunk_tokens, progress=progress or _silent,
         )
     base = spec.name
     if kind:
-        per_layer = _per_layer(model, ids, mask, types, base, range(max(chosen) + 1), layer_norm, chunk_tokens)
+        per_layer = _per_layer(model, ids, mask, types, base, range(max(chosen) + 1), layer_norm, chunk_tokens,
+                               progress)
         if kind == "rollout":
             return graph.rollout(per_layer, mask, base)[:, chosen]
         return graph.flow(per_layer, mask, base, layers=chosen, max_tokens=max_flow_tokens)
-    return _per_layer(model, ids, mask, types, base, chosen, layer_norm, chunk_tokens)
+    return _per_layer(model, ids, mask, types, base, chosen, layer_norm, chunk_tokens, progress)
 
 
 def per_layer_contributions(
@@ -247,8 +252,9 @@ def token_decomposition(
 
 # ====================================================================== per-layer methods
 @torch.no_grad()
-def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens) -> torch.Tensor:
-    (out,) = _per_layer_many(model, ids, mask, types, [method], layers, layer_norm, chunk_tokens).values()
+def _per_layer(model, ids, mask, types, method, layers, layer_norm, chunk_tokens, progress=None) -> torch.Tensor:
+    (out,) = _per_layer_many(model, ids, mask, types, [method], layers, layer_norm, chunk_tokens,
+                             progress=progress).values()
     return out
 
 

@@ -33,6 +33,7 @@ token gets an attribution comparable with ``loo``'s.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,10 @@ def attribute(
     n_steps: int = 32,
     labels: torch.Tensor | None = None,
     chunk_tokens: int = 32768,
+    progress: Callable[[str, int], Any] | None = None,
 ) -> torch.Tensor:
-    """``[batch, 1, key]`` attributions of ``target`` by ``method`` (see the module docstring)."""
+    """``[batch, 1, key]`` attributions of ``target`` by ``method`` (see the module docstring); ``progress(desc,
+    total)`` gives a bar for the method's long loop (``loo``'s groups of left-out tokens)."""
     target = _resolve_target(model, target, method)
     if baseline not in BASELINES + (("remove",) if method == "loo" else ()):
         allowed = BASELINES + (("remove",) if method == "loo" else ())
@@ -64,24 +67,26 @@ def attribute(
         clean_hidden = model(ids, mask, types)
         ref = _reference(model, target, clean_hidden, ids, mask, labels)
     compute = table.TABLE[method].compute
-    out = compute(model, ids, mask, types, target, ref, baseline=baseline, n_steps=n_steps, chunk_tokens=chunk_tokens)
+    out = compute(model, ids, mask, types, target, ref, baseline=baseline, n_steps=n_steps, chunk_tokens=chunk_tokens,
+                  progress=progress)
     return (out * mask)[:, None, :]
 
 
 # ---------------------------------------------------------------------------- the table's functions, [b, key]
-def loo(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int) -> torch.Tensor:
+def loo(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int,
+        progress=None) -> torch.Tensor:  # fmt: skip
     """Leave-one-out: ``s(x) - s(x with token j replaced by the baseline, or removed)``."""
-    return _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens)
+    return _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens, progress)
 
 
-def grad_x_input(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int
-                 ) -> torch.Tensor:  # fmt: skip
+def grad_x_input(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int,
+                 progress=None) -> torch.Tensor:  # fmt: skip
     """Gradient x input on the word embeddings (Captum's ``InputXGradient``), summed over d_model."""
     return _gradient(model, ids, mask, types, target, ref, baseline, "grad_x_input", n_steps, chunk_tokens)
 
 
-def integrated_gradients(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int
-                         ) -> torch.Tensor:  # fmt: skip
+def integrated_gradients(model, ids, mask, types, target, ref, *, baseline: str, n_steps: int, chunk_tokens: int,
+                         progress=None) -> torch.Tensor:  # fmt: skip
     """Integrated gradients from the baseline (Captum's ``IntegratedGradients``), summed over d_model."""
     return _gradient(model, ids, mask, types, target, ref, baseline, "integrated_gradients", n_steps, chunk_tokens)
 
@@ -159,13 +164,14 @@ def _baseline_word(model, ids: torch.Tensor, baseline: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens) -> torch.Tensor:
+def _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens, progress=None) -> torch.Tensor:
     """Leave each real token out in turn: ``s(x) - s(x without j)`` ``[b, p]``. One forward per token, batched."""
     b, n = ids.shape
+    per = max(1, chunk_tokens // (b * n))
+    bar = progress("leave-one-out (groups of left-out tokens)", -(-n // per)) if progress else None
     clean = score(model, target, model(ids, mask, types), mask, ref)
     base_word = None if baseline == "remove" else _baseline_word(model, ids, baseline)
     out = torch.zeros(b, n, dtype=clean.dtype, device=ids.device)
-    per = max(1, chunk_tokens // (b * n))
     for start in range(0, n, per):
         pos = torch.arange(start, min(n, start + per), device=ids.device)
         reps = len(pos)
@@ -190,6 +196,10 @@ def _loo(model, ids, mask, types, target, ref, baseline, chunk_tokens) -> torch.
             hidden = model(r_ids, r_mask, r_types)
         s = score(model, target, hidden, r_mask, ref.repeat(reps, *([1] * (ref.dim() - 1))))
         out[:, pos] = (clean.repeat(reps) - s).reshape(reps, b).T
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return out
 
 

@@ -13,9 +13,9 @@ Three kinds of method, by what their one function takes:
   mixing ratio (``per_layer_contributions(..., ["ratio:<name>"])``).
 - ``"rerun"``: ``compute(model, ids, mask, types, layers, chunk_tokens, cache, progress) -> [b, layer, q, k]`` for
   methods that re-run blocks under an intervention; ``cache`` holds ``sites`` for ``layers`` (read from a forward or
-  from a capture), ``progress(n)`` is called as work finishes (see ``kernels.Progress``).
-- ``"input"``: ``compute(model, ids, mask, types, target, ref, *, baseline, n_steps, chunk_tokens) -> [b, key]``,
-  the attribution of a scalar per-sentence target (see ``bertscope.hooks.mixing.inputs``).
+  from a capture), ``progress(desc, total)`` gives a bar (``update(n)``, ``close()``) to advance as work finishes.
+- ``"input"``: ``compute(model, ids, mask, types, target, ref, *, baseline, n_steps, chunk_tokens, progress) ->
+  [b, key]``, the attribution of a scalar per-sentence target (see ``bertscope.hooks.mixing.inputs``).
 """
 
 from __future__ import annotations
