@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bertscope.experiments import io
-from bertscope.experiments.options import Inputs, RunOptions
+from bertscope.experiments.io import is_dataframe, relative_path
+from bertscope.experiments.options import Inputs, RunOptions, run_fingerprint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,8 +54,6 @@ class Context:
         settings: Any = None,
         code_sha256: str | None = None,
     ) -> None:
-        from bertscope.experiments.runner import run_fingerprint
-
         self.name = name
         self.options = options
         self.inputs = inputs
@@ -71,9 +70,7 @@ class Context:
         self.steps_used: set[str] = set()  # step files read or written by this run (the rest is stale)
         self.steps = StepCache(self.out_dir, self.fingerprint, code_sha256, settings, used=self.steps_used,
                                log=self.log)  # fmt: skip
-        from bertscope.experiments.runner import now
-
-        self.started_at = now()
+        self.started_at = io.now()
 
     def use_settings(self, settings: T | None) -> T:
         """The experiment's settings for this run: ``settings`` if given (it replaces ``ctx.settings``, so the
@@ -266,10 +263,10 @@ class StepCache:
         path = self.step_path(name, "parquet", **key)
         self.used.add(path.name)
         if path.is_file():
-            self.log(f"step {name}: reusing {_relative(path, self.out_dir)}")
+            self.log(f"step {name}: reusing {relative_path(path, self.out_dir)}")
             return pd.read_parquet(path)
         table = fn()
-        if not _is_dataframe(table):
+        if not is_dataframe(table):
             raise TypeError(f"step {name!r} must return a pandas DataFrame, got {type(table).__name__}")
         io.write_table(table, path, formats=("parquet",))
         return table
@@ -281,7 +278,7 @@ class StepCache:
         path = self.step_path(name, "npz", **key)
         self.used.add(path.name)
         if path.is_file():
-            self.log(f"step {name}: reusing {_relative(path, self.out_dir)}")
+            self.log(f"step {name}: reusing {relative_path(path, self.out_dir)}")
             with np.load(path, allow_pickle=False) as data:
                 return {k: data[k] for k in data.files}
         arrays = {k: np.asarray(v) for k, v in fn().items()}
@@ -364,19 +361,6 @@ def _seed_sequence(seed: int, keys: tuple[str | int, ...]) -> Any:
 
     entropy = [seed % 2**32] + [zlib.crc32(str(k).encode("utf-8")) for k in keys]
     return np.random.SeedSequence(entropy)
-
-
-def _is_dataframe(obj: Any) -> bool:
-    import pandas as pd
-
-    return isinstance(obj, pd.DataFrame)
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def _safe_name(name: str) -> str:

@@ -239,6 +239,28 @@ def to_jsonable(obj: Any) -> Any:
 # ----------------------------------------------------------------------------------------------- helpers
 
 
+def now() -> str:
+    """UTC time now, ISO 8601 to the second (manifest timestamps)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def is_dataframe(obj: Any) -> bool:
+    """Whether ``obj`` is a pandas ``DataFrame`` (without importing pandas for callers that never hold one)."""
+    import pandas as pd
+
+    return isinstance(obj, pd.DataFrame)
+
+
+def relative_path(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:
+    """``path`` relative to ``root`` in POSIX form (as manifests record files), or ``path`` itself outside it."""
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _with_format(base: str | os.PathLike[str], fmt: str, known: Iterable[str]) -> Path:
     base = Path(base)
     if base.suffix.lstrip(".") in set(known):

@@ -275,3 +275,21 @@ def _looks_like_path(spec: str) -> bool:
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+def run_fingerprint(name: str, options: RunOptions, inputs: Inputs) -> dict[str, Any]:
+    """What must match for a previous run to count as this run: experiment, options that change the
+    numbers, resolved device type and dtype, model weights and corpus content."""
+    out = {
+        "experiment": name,
+        **{k: getattr(options, k) for k in FINGERPRINT_OPTIONS},
+        "device": inputs.device.type,
+        "dtype": str(inputs.dtype).removeprefix("torch."),
+        "model_sha256": inputs.model_info.get("weights_sha256"),
+        "corpus_sha256": inputs.corpus_info.get("sha256"),
+        # --set overrides of this experiment's Settings (absent without any, so older fingerprints still match)
+        **({"settings": io.to_jsonable(options.settings[name])} if options.settings.get(name) else {}),
+    }
+    if getattr(inputs, "eval_corpus_info", None):  # only then: runs without --eval-corpus keep their fingerprint
+        out["eval_corpus_sha256"] = inputs.eval_corpus_info.get("sha256")
+    return out

@@ -19,7 +19,6 @@ resumes from the steps it cached (see :mod:`experiments.context`).
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import os
 import platform
 import shutil
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bertscope.experiments import io
-from bertscope.experiments.context import STEPS, Context, _is_dataframe, _relative
-from bertscope.experiments.options import FINGERPRINT_OPTIONS, Inputs, RunOptions, prepare_inputs
+from bertscope.experiments.context import STEPS, Context
+from bertscope.experiments.io import is_dataframe, now, relative_path
+from bertscope.experiments.options import Inputs, RunOptions, prepare_inputs, run_fingerprint
 from bertscope.experiments.registry import CannotRun, Experiment, check_experiment, check_inputs, code_sha256
 from bertscope.experiments.settings import experiment_settings
 
@@ -182,7 +182,7 @@ def run_experiment(
     try:
         _seed_everything(ctx.seed)
         table = module.run(ctx)
-        if not _is_dataframe(table):
+        if not is_dataframe(table):
             raise TypeError(f"{module.__name__}.run must return a DataFrame, got {type(table).__name__}")
         ctx.write_table(table, RESULTS)
         if figures is None:
@@ -212,7 +212,7 @@ def run_experiment(
 
 def _figures_drawn(manifest: dict[str, Any], ctx: Context, paths: list[Any]) -> None:
     _remove_stale_steps(ctx.out_dir, set() if not ctx.options.keep_steps else ctx.steps_used)
-    manifest["figures"] = [_relative(Path(p), ctx.out_dir) for p in paths]
+    manifest["figures"] = [relative_path(Path(p), ctx.out_dir) for p in paths]
 
 
 def _finish_manifest(manifest: dict[str, Any], ctx: Context, status: str, error: str | None, t0: float,
@@ -272,24 +272,6 @@ def is_complete(out_dir: Path, fingerprint: dict[str, Any], manifest: dict[str, 
         return False
     outputs = manifest.get("outputs") or []
     return bool(outputs) and all((Path(out_dir) / o["path"]).is_file() for o in outputs)
-
-
-def run_fingerprint(name: str, options: RunOptions, inputs: Inputs) -> dict[str, Any]:
-    """What must match for a previous run to count as this run: experiment, options that change the
-    numbers, resolved device type and dtype, model weights and corpus content."""
-    out = {
-        "experiment": name,
-        **{k: getattr(options, k) for k in FINGERPRINT_OPTIONS},
-        "device": inputs.device.type,
-        "dtype": str(inputs.dtype).removeprefix("torch."),
-        "model_sha256": inputs.model_info.get("weights_sha256"),
-        "corpus_sha256": inputs.corpus_info.get("sha256"),
-        # --set overrides of this experiment's Settings (absent without any, so older fingerprints still match)
-        **({"settings": io.to_jsonable(options.settings[name])} if options.settings.get(name) else {}),
-    }
-    if getattr(inputs, "eval_corpus_info", None):  # only then: runs without --eval-corpus keep their fingerprint
-        out["eval_corpus_sha256"] = inputs.eval_corpus_info.get("sha256")
-    return out
 
 
 def manifest_base(ctx: Context) -> dict[str, Any]:
@@ -364,11 +346,6 @@ def git_info() -> dict[str, Any] | None:
     return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
-def now() -> str:
-    """UTC time now, ISO 8601 to the second (manifest timestamps)."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def _settings_dict(settings: Any) -> Any:
     if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
         return dataclasses.asdict(settings)
@@ -421,7 +398,7 @@ def _seed_everything(seed: int) -> None:
 def _list_outputs(out_dir: Path) -> list[dict[str, Any]]:
     files = []
     for p in sorted(out_dir.rglob("*")):
-        rel = _relative(p, out_dir)
+        rel = relative_path(p, out_dir)
         skip = rel == MANIFEST or rel.startswith(f"{STEPS}/") or p.name.endswith(io.PARTIAL_SUFFIX)
         if skip or not p.is_file():
             continue

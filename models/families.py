@@ -1,7 +1,7 @@
 """Which checkpoints bertscope reads: one ``Family`` per ``config.json`` ``model_type``.
 
 A family says two things: how its ``config.json`` becomes ``EncoderConfig`` fields, and where each tensor of
-its state dict goes in ``Encoder`` (a table of regular expressions). ``loading.convert_state_dict`` applies the
+its state dict goes in ``Encoder`` (a table of regular expressions). ``convert.convert_by_rules`` applies the
 table, fuses Q/K/V and copies shared (ALBERT) weights to every layer; nothing there is family-specific.
 
 To add a family: write its config builder and key rules (in its own module if they are long) and add an entry
@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from bertscope.models.convert import convert_by_rules
 
 Rule = tuple[str, str | None]
 
@@ -64,9 +66,7 @@ class Family:
         """(mapped state, has_pooler, has_mlm): the family's converter, or the rule-based one."""
         if self.converter is not None:
             return _resolve(self.converter)(state, config)
-        from bertscope.models.loading import convert_state_dict
-
-        return convert_state_dict(state, config)
+        return convert_by_rules(self, state, config)
 
     def map_encoder_key(self, key: str) -> tuple[bool, str | None]:
         """(matched, target) for a key of the base model."""
@@ -291,15 +291,11 @@ ELECTRA = Family(
 
 # ====================================================================== DeBERTa-v2/v3, ModernBERT
 def _deberta_fields(config: dict[str, Any]) -> dict[str, Any]:
-    from bertscope.models.deberta import config_fields
-
-    return config_fields(config)
+    return _resolve("bertscope.models.deberta:config_fields")(config)  # named like its encoder and converter
 
 
 def _modernbert_fields(config: dict[str, Any]) -> dict[str, Any]:
-    from bertscope.models.modernbert import config_fields
-
-    return config_fields(config)
+    return _resolve("bertscope.models.modernbert:config_fields")(config)
 
 
 DEBERTA_V2 = Family(

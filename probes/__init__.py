@@ -12,9 +12,10 @@
 - `LeaceFitter`, `LeaceEraser`, `INLP`, `MeanProjection`, `RandomSubspaceEraser` (`probes/erasure.py`): linear
   concept erasure on arrays and as hook interventions (`eraser.hook(model, site)`).
 - `thread_limit`: cap torch, BLAS and OpenMP threads inside a block (every probe fit runs under one).
+- `check_groups`: validate a group label per row (what grouped folds and the group bootstrap take).
 """
 
-from ._checks import thread_limit
+from ._checks import check_groups, thread_limit
 from .bootstrap import Interval, group_bootstrap, mean_of_groups, percentile_interval, ratio_of_sums, resample_counts
 from .controls import control_labels, selectivity
 from .erasure import INLP, LeaceEraser, LeaceFitter, MeanProjection, RandomSubspaceEraser
@@ -57,5 +58,6 @@ __all__ = [
     "selectivity",
     "strata_of",
     "StructuralProbe",
+    "check_groups",
     "thread_limit",
 ]

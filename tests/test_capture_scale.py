@@ -16,7 +16,6 @@ import pytest
 import torch
 from bertscope.experiments import capture as capture_mod
 from bertscope.experiments import cli
-from bertscope.experiments.capture import command as capture_command
 
 HOOKS = "embed.hook_out,blocks.*.hook_resid_post,blocks.1.attn.hook_pattern"
 TESTS = Path(__file__).resolve().parent
@@ -108,7 +107,7 @@ def test_nproc_is_checked_before_any_worker_starts(
 
 def test_worker_argv_reproduces_the_command_without_the_launcher_option(tiny_model_dir: Path, tmp_path: Path) -> None:
     args = cli.build_parser().parse_args(capture_args(tiny_model_dir, tmp_path, "--nproc", "2", "--force"))
-    argv = capture_command._worker_argv(args)
+    argv = cli.parser.worker_argv(args)
     assert "--nproc" not in argv and "--force" in argv and "--quiet" not in argv
     again = cli.build_parser().parse_args(["capture", *argv])
     assert {k: v for k, v in vars(again).items() if k != "nproc"} == {

@@ -43,7 +43,7 @@ plan, rank assignment, fingerprint), ``writer`` (shards, folder checks, ``senten
 
 from bertscope.experiments.io import parse_size
 
-from .command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, launch, main, run_command
+from .command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, launch, run_command
 from .distributed import COLLECTIVE_TIMEOUT
 from .layout import (
     ATTENTION_SUFFIXES,
@@ -62,5 +62,5 @@ from .stream import capture
 __all__ = [
     "ATTENTION_SUFFIXES", "COLLECTIVE_TIMEOUT", "DEFAULT_SHARD_SIZE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK",
     "EXIT_USAGE", "FORMAT", "INDEX", "ROW_FIELDS", "SENTENCES", "SHARD_GLOB", "CaptureError", "capture",
-    "iter_capture", "launch", "load_capture", "main", "parse_size", "read_index", "run_command", "select_hooks",
+    "iter_capture", "launch", "load_capture", "parse_size", "read_index", "run_command", "select_hooks",
 ]  # fmt: skip

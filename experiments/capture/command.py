@@ -20,16 +20,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _AGENT_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, s))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bertscope.experiments.capture ARGS`` (and ``torchrun ... -m bertscope.experiments.capture
-    ARGS``): the same options as ``bertscope capture ARGS``."""
-    from bertscope.experiments import cli
-
-    return cli.main(["capture", *(sys.argv[1:] if argv is None else argv)])
-
-
-def run_command(args: argparse.Namespace, options: Any) -> int:
-    """Body of ``bertscope capture``: ``args`` from its parser, ``options`` the shared ``RunOptions``.
+def run_command(args: argparse.Namespace, options: Any, worker_argv: Sequence[str] = ()) -> int:
+    """Body of ``bertscope capture``: ``args`` from its parser, ``options`` the shared ``RunOptions``,
+    ``worker_argv`` the command-line arguments that reproduce ``args`` less ``--nproc`` (what ``--nproc``'s
+    workers get; the CLI's ``worker_argv``).
 
     With ``--nproc N`` (outside torchrun) it launches N local worker processes with torchrun; under torchrun
     (``WORLD_SIZE`` set) it joins the process group (gloo on CPU, nccl on CUDA, one GPU per local rank).
@@ -42,7 +36,7 @@ def run_command(args: argparse.Namespace, options: Any) -> int:
     if nproc and worker:
         raise UsageError("--nproc launches torchrun itself; under torchrun leave it out (use --nproc-per-node)")
     if nproc:
-        return launch(args, nproc)
+        return launch(args, nproc, worker_argv)
     rank = int(os.environ.get("RANK", "0")) if worker else 0
     try:
         with process_group(options.device) as device:
@@ -53,7 +47,7 @@ def run_command(args: argparse.Namespace, options: Any) -> int:
         return EXIT_USAGE
 
 
-def launch(args: argparse.Namespace, nproc: int) -> int:
+def launch(args: argparse.Namespace, nproc: int, worker_argv: Sequence[str] = ()) -> int:
     """Run this capture in ``nproc`` local processes: ``torchrun --standalone --nproc-per-node nproc -m
     bertscope.experiments.capture ...`` in-process (``torch.distributed.run``), so a worker's bad-input
     error stays one line. Each worker gets ``cores // nproc`` threads unless ``OMP_NUM_THREADS`` is set.
@@ -65,7 +59,7 @@ def launch(args: argparse.Namespace, nproc: int) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     argv = ["--standalone", "--nproc-per-node", str(nproc), "-m", "bertscope.experiments.capture",
-            *_worker_argv(args)]  # fmt: skip
+            *worker_argv]  # fmt: skip
     saved_env = dict(os.environ)
     # torchrun's agent installs its own handlers for these (they raise SignalException) and leaves them behind;
     # restored below, or every later SIGTERM in this process, and in processes it forks, raises instead of ending
@@ -156,24 +150,3 @@ def idle_warning(index: dict[str, Any]) -> str | None:
     return (f"warning: {len(idle)} of {run['world_size']} processes had no shard to write ({len(index['shards'])} "
             f"shard(s) of --shard-size {index['shard_size']:,} bytes); a --shard-size of at most "
             f"{n_bytes // run['world_size']:,} gives every process one")  # fmt: skip
-
-
-def _worker_argv(args: argparse.Namespace) -> list[str]:
-    """The ``bertscope capture`` arguments that reproduce ``args``, less the launcher's own (``--nproc``)."""
-    from bertscope.experiments.cli import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["capture"]
-    argv: list[str] = []
-    for action in sub._actions:
-        flag = next((o for o in action.option_strings if o.startswith("--")), None)
-        if flag is None or action.dest in ("help", "nproc"):
-            continue
-        value = getattr(args, action.dest, None)
-        if isinstance(action, argparse._StoreTrueAction):
-            argv += [flag] if value else []
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-

@@ -46,12 +46,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_capture(args: argparse.Namespace) -> int:
-    """``bertscope capture``: stream activations to shards (one process, N with --nproc, or under torchrun)."""
+def cmd_capture(args: argparse.Namespace, worker_argv: Sequence[str] = ()) -> int:
+    """``bertscope capture``: stream activations to shards (one process, N with --nproc, or under torchrun);
+    ``worker_argv``: ``args`` as ``--nproc``'s workers get them (``parser.worker_argv``)."""
     options = options_from_args(args)  # usage errors before the capture package (and torch) is imported
     from bertscope.experiments.capture import run_command
 
-    return run_command(args, options)
+    return run_command(args, options, worker_argv)
+
 
 
 def cmd_sae(args: argparse.Namespace) -> int:

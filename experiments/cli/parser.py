@@ -96,7 +96,7 @@ def _add_capture(sub: Any) -> None:
         "for several machines run torchrun -m bertscope.experiments.capture yourself (docs/capture.md)",
     )
     _add_shared_options(p, out_default=Path("results/capture"))
-    p.set_defaults(handler=cmd_capture)
+    p.set_defaults(handler=run_capture)
 
 
 def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
@@ -336,3 +336,25 @@ def _size(text: str) -> int:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``bertscope capture`` arguments that reproduce ``args``, less the launcher's own (``--nproc``): what
+    ``--nproc``'s workers are started with."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["capture"]
+    argv: list[str] = []
+    for action in sub._actions:
+        flag = next((o for o in action.option_strings if o.startswith("--")), None)
+        if flag is None or action.dest in ("help", "nproc"):
+            continue
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._StoreTrueAction):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def run_capture(args: argparse.Namespace) -> int:
+    """The ``capture`` subcommand's handler: ``cmd_capture`` with the arguments its ``--nproc`` workers get."""
+    return cmd_capture(args, worker_argv(args))

@@ -6,7 +6,43 @@ from pathlib import Path
 
 import pandas as pd
 from bertscope.experiments.findings import Finding, fmt_ci
-from bertscope.experiments.mixing.plots import GROUP_TITLES, _short, per_layer_methods, read_results
+
+#: Human names of the methods, for legends and panel titles.
+LABELS = {
+    "attention": "attention weights",
+    "attention_norm": "attention norm (Kobayashi 2020)",
+    "residual_norm": "norm with residual + LayerNorm (Kobayashi 2021)",
+    "alti": "ALTI (Ferrando 2022)",
+    "value_zeroing": "value zeroing (Mohebbi 2023)",
+    "grad_x_input": "gradient x input",
+    "integrated_gradients": "integrated gradients",
+    "loo": "leave one out (reference)",
+}
+GROUP_TITLES = {"share_cls": "[CLS]", "share_sep": "[SEP]", "share_punct": "punctuation ('.' and ',')"}
+
+
+def read_results(out_dir: Path) -> pd.DataFrame:
+    """The saved ``results`` table of ``out_dir`` (parquet, else csv)."""
+    for name in ("results.parquet", "results.csv"):
+        path = Path(out_dir) / name
+        if path.is_file():
+            return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    raise FileNotFoundError(f"{out_dir} has no results.parquet or results.csv; run `bertscope run mixing` first")
+
+
+def per_layer_methods(results: pd.DataFrame) -> list[str]:
+    """The per-layer methods present, in the library's order."""
+    from bertscope.hooks.mixing import PER_LAYER
+
+    present = set(results["method"])
+    return [m for m in PER_LAYER if m in present]
+
+
+def _short(method: str) -> str:
+    kind, _, base = method.rpartition(":")
+    name = LABELS.get(base, base).split(" (")[0]
+    return f"rollout of {name}" if kind == "rollout" else name
+
 
 #: Caption per figure stem (the report shows them under the figures).
 CAPTIONS: dict[str, str] = {

@@ -10,22 +10,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.experiments.mixing.findings import (
+    CAPTIONS,
+    GROUP_TITLES,
+    LABELS,
+    _short,
+    per_layer_methods,
+    read_results,
+)
+
+__all__ = ["CAPTIONS", "FORMATS", "GROUP_TITLES", "LABELS", "plot", "per_layer_methods", "read_results"]
 
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 
-#: Human names of the methods, for legends and panel titles.
-LABELS = {
-    "attention": "attention weights",
-    "attention_norm": "attention norm (Kobayashi 2020)",
-    "residual_norm": "norm with residual + LayerNorm (Kobayashi 2021)",
-    "alti": "ALTI (Ferrando 2022)",
-    "value_zeroing": "value zeroing (Mohebbi 2023)",
-    "grad_x_input": "gradient x input",
-    "integrated_gradients": "integrated gradients",
-    "loo": "leave one out (reference)",
-}
-GROUP_TITLES = {"share_cls": "[CLS]", "share_sep": "[SEP]", "share_punct": "punctuation ('.' and ',')"}
 
 
 
@@ -44,23 +42,6 @@ def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
     if maps.is_file():
         paths += plot_example_maps(pd.read_parquet(maps), out_dir, formats)
     return paths
-
-
-def read_results(out_dir: Path) -> pd.DataFrame:
-    """The saved ``results`` table of ``out_dir`` (parquet, else csv)."""
-    for name in ("results.parquet", "results.csv"):
-        path = Path(out_dir) / name
-        if path.is_file():
-            return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    raise FileNotFoundError(f"{out_dir} has no results.parquet or results.csv; run `bertscope run mixing` first")
-
-
-def per_layer_methods(results: pd.DataFrame) -> list[str]:
-    """The per-layer methods present, in the library's order."""
-    from bertscope.hooks.mixing import PER_LAYER
-
-    present = set(results["method"])
-    return [m for m in PER_LAYER if m in present]
 
 
 def plot_mixing_ratio(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
@@ -182,21 +163,5 @@ def plot_example_maps(maps: pd.DataFrame, out_dir: Path, formats: Formats = FORM
     return io.save_figure(fig, out_dir / "fig_example_maps", formats)
 
 
-def _short(method: str) -> str:
-    kind, _, base = method.rpartition(":")
-    name = LABELS.get(base, base).split(" (")[0]
-    return f"rollout of {name}" if kind == "rollout" else name
-
-
 def _color(i: int, method: str) -> str:
     return "black" if method == "attention" else f"C{i}"
-
-
-def __getattr__(name: str) -> object:
-    """``CAPTIONS`` moved to `findings` (the experiment template: captions beside the findings); the old name
-    ``mixing.plots.CAPTIONS`` keeps working."""
-    if name == "CAPTIONS":
-        from bertscope.experiments.mixing.findings import CAPTIONS
-
-        return CAPTIONS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,8 +39,7 @@ def oof_path(
     "n_train": mean training-split size}``. The sklearn backend by default: the torch solver stops early at the
     strongest L2 of a wide grid (its tolerance is not scaled to the tiny weights there).
     """
-    from bertscope.probes import LinearProbe, fold_rng, grouped_folds, strata_of
-    from bertscope.probes._checks import check_groups
+    from bertscope.probes import LinearProbe, check_groups, fold_rng, grouped_folds, strata_of
 
     labels = {k: np.asarray(v) for k, v in labels.items()}
     first = next(iter(labels.values()))

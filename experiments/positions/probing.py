@@ -138,8 +138,7 @@ def memorisation_ceiling(
     types, y (the task labels the folds are stratified by), groups: ``[n]``. Returns ``{"value"`` (pooled
     share over all test tokens, averaged over repeats), ``"low"``, ``"high"`` (the range of the per-fold
     shares)}``."""
-    from bertscope.probes import fold_rng, grouped_folds, strata_of
-    from bertscope.probes._checks import check_groups
+    from bertscope.probes import check_groups, fold_rng, grouped_folds, strata_of
 
     types, y = np.asarray(types), np.asarray(y)
     group_idx, n_groups = check_groups(groups, len(y))

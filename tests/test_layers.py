@@ -1,0 +1,196 @@
+"""Issue 26.7: the import graph, read from the source (every ``import``, at module level and inside functions):
+no cycles between modules, the layer order that ``docs/architecture.md``'s layer table states, and no private
+name imported from another package. Type-only imports (under ``if TYPE_CHECKING:``) never run and are not read.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"bertscope": "bertscope", "models": "bertscope.models", "hooks": "bertscope.hooks",
+            "probes": "bertscope.probes", "experiments": "bertscope.experiments"}  # fmt: skip
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every module of the installed namespace."""
+    out = {}
+    for top, name in PACKAGES.items():
+        for f in sorted((root / top).rglob("*.py")):
+            parts = list(f.relative_to(root / top).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([name, *parts])] = f
+    return out
+
+
+def _type_only(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _imports(tree: ast.AST):
+    """Every import node, at any depth, except those under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            if not _type_only(child):
+                stack.append(child)
+
+
+def import_edges(mods: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
+    """``(importer, imported module, imported name or None, line)`` for every bertscope import. ``from X import
+    Y`` imports module ``X.Y`` when that is a module (then name None), else name ``Y`` of module ``X``."""
+    edges = []
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [(a.name, None) for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    base = ".".join([*parts, *([base] if base else [])])
+                targets = [(base, a.name) for a in node.names]
+            for base, name in targets:
+                if not base.startswith("bertscope"):
+                    continue
+                if name is not None and f"{base}.{name}" in mods:
+                    edges.append((mod, f"{base}.{name}", None, node.lineno))
+                elif base in mods:
+                    edges.append((mod, base, name, node.lineno))
+    return edges
+
+
+def cycles(edges) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for a, b, _, _ in edges:
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_table(doc: Path = ROOT / "docs" / "architecture.md") -> list[list[str]]:
+    """The layers, lowest first: per row of the table under ``## Layers``, the path prefixes of its first column
+    (``experiments/<name>/`` expands to the packages its second column names)."""
+    text = doc.read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    layers = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        paths = re.findall(r"`([^`]+)`", cells[0])
+        if any("<name>" in p for p in paths):
+            paths = [f"experiments/{p}" for p in re.findall(r"`([a-z_]+/)`", cells[1])]
+        layers.append(paths)
+    return layers
+
+
+def layer_of(path: Path, layers: list[list[str]]) -> int:
+    """The row whose longest path prefix matches ``path`` (relative to the repository)."""
+    rel = path.relative_to(ROOT).as_posix()
+    best, best_len = -1, -1
+    for i, prefixes in enumerate(layers):
+        for p in prefixes:
+            if (rel == p or rel.startswith(p if p.endswith("/") else p + "/") or rel == p) and len(p) > best_len:
+                best, best_len = i, len(p)
+    return best
+
+
+@pytest.fixture(scope="module")
+def graph():
+    mods = modules()
+    return mods, import_edges(mods)
+
+
+def test_the_reader_sees_function_level_imports_and_skips_type_only_ones(tmp_path):
+    pkg = tmp_path / "hooks"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from bertscope.hooks.b import g\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nfrom . import a\nif TYPE_CHECKING:\n"
+                              "    from bertscope.hooks.c import X\n")  # fmt: skip
+    (pkg / "c.py").write_text("from bertscope.hooks.a import _private\n")
+    mods = {k: v for k, v in modules(tmp_path).items() if k.startswith("bertscope.hooks")}
+    edges = import_edges(mods)
+    assert ("bertscope.hooks.a", "bertscope.hooks.b", "g", 2) in edges
+    assert not any(b == "bertscope.hooks.c" for _, b, _, _ in edges)
+    assert cycles(edges) == [["bertscope.hooks.a", "bertscope.hooks.b"]]
+
+
+def test_no_import_cycles(graph):
+    _, edges = graph
+    found = cycles(edges)
+    where = {c: [f"{a} -> {b} (line {n})" for a, b, _, n in edges if a in c and b in c] for c in map(tuple, found)}
+    assert not found, where
+
+
+def test_imports_follow_the_documented_layers(graph):
+    """A module imports only from its own layer or the layers listed before it in docs/architecture.md."""
+    mods, edges = graph
+    layers = layer_table()
+    assert len(layers) >= 6, layers
+    unplaced = sorted(m for m, p in mods.items() if layer_of(p, layers) < 0)
+    assert not unplaced, f"modules in no row of the layer table: {unplaced}"
+    upward = [f"{a} (layer {layer_of(mods[a], layers)}) -> {b} (layer {layer_of(mods[b], layers)}), line {n}"
+              for a, b, _, n in edges if layer_of(mods[b], layers) > layer_of(mods[a], layers)]  # fmt: skip
+    assert not upward, upward
+
+
+def test_no_private_names_across_packages(graph):
+    """``_name`` (or a ``_module``) is imported only by modules of its own package (folder)."""
+    mods, edges = graph
+
+    def package(m: str) -> str:
+        return m if mods[m].name == "__init__.py" else m.rpartition(".")[0]
+
+    bad = []
+    for a, b, name, n in edges:
+        private_module = any(p.startswith("_") and not p.startswith("__") for p in b.split(".")[1:])
+        private_name = name is not None and name.startswith("_") and not name.startswith("__")
+        if (private_module or private_name) and package(a) != package(b):
+            bad.append(f"{a}:{n} imports {b}{'.' + name if name else ''}")
+    assert not bad, bad
