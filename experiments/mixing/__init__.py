@@ -7,7 +7,7 @@ one place that sees the run context), ``measures`` (per-sentence statistics and 
 """
 
 from bertscope.experiments.mixing.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
-from bertscope.experiments.mixing.experiment import NO_ACTIVATIONS as NO_ACTIVATIONS
+from bertscope.experiments.mixing.experiment import activation_sites as activation_sites
 from bertscope.experiments.mixing.findings import CAPTIONS, findings
 from bertscope.experiments.mixing.plots import plot
 

@@ -25,17 +25,26 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.experiments.activations import iter_activations, open_capture
 from bertscope.experiments.mixing import measures
 from bertscope.experiments.mixing.plots import plot
 from bertscope.experiments.options import sentences_used
-from bertscope.hooks.mixing import contributions, graph, per_layer_contributions, table, undefined_reason
+from bertscope.hooks.mixing import (
+    contributions,
+    graph,
+    needed_sites,
+    per_layer_contributions,
+    table,
+    undefined_reason,
+)
 
 NAME = "mixing"
 DIRNAME = "mixing"
 SUMMARY_TABLES = ["summary"]
 RESULT_COLUMNS = ["model", "corpus", "method", "layer", "metric", "value", "ci_low", "ci_high", "n"]
 MAP_COLUMNS = ["sentence", "method", "layer", "query", "key", "query_token", "key_token", "value"]
-__all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "RESULT_COLUMNS", "Settings", "run", "plot", "faithfulness_target"]
+__all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "RESULT_COLUMNS", "Settings", "run", "plot", "faithfulness_target",
+           "activation_sites"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,9 +94,18 @@ def faithfulness_target(model: Any) -> dict[str, str]:
     return {"loo": "pooled_cosine", "integrated_gradients": "pooled_cosine", "grad_x_input": "pooled_projection"}
 
 
-#: why ``--activations`` cannot stand in for this experiment's forward (``bertscope run mixing`` refuses it)
-NO_ACTIVATIONS = ("its methods run their own forward passes (value zeroing, leave-one-out, gradients), which a "
-                  "capture cannot replace")
+#: what ``--activations`` cannot replace: the passes that run the model on inputs a capture does not hold
+FORWARD_ONLY = ("the input attributions (leave-one-out, gradient x input, integrated gradients: the model on "
+                "perturbed inputs), masked-LM faithfulness inputs and the example maps run the model")
+
+
+def activation_sites(model: Any, settings: Settings | None = None) -> list[str]:
+    """The hooks the per-layer methods read (what ``--activations`` must hold): for every layer, the sites the
+    method table lists for ``settings``' methods (by default the decomposition's ``hook_resid_pre``,
+    ``attn.hook_pattern``, ``attn.hook_v``, ``hook_attn_out``, ``hook_resid_mid``; value zeroing re-runs each
+    block from the captured ``hook_resid_pre``)."""
+    settings = settings or Settings()
+    return needed_sites([*settings.methods, *settings.costly_methods], range(model.config.n_layers))
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -113,8 +131,12 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("faithfulness_targets", targets)
     ctx.note("conventions", CONVENTIONS)
 
-    cheap = ctx.step("per_layer", lambda: per_layer_pass(ctx, corpus, settings.methods))
-    costly = ctx.step("costly", lambda: costly_pass(ctx, subset, settings, targets))
+    source = open_capture(ctx.options.activations, model)  # --activations: the hooked tensors from a capture
+    if source is not None:
+        ctx.log(f"per-layer methods and value zeroing read {ctx.options.activations}; {FORWARD_ONLY}")
+        ctx.note("activations", {"capture": str(ctx.options.activations), "forward_still_runs_for": FORWARD_ONLY})
+    cheap = ctx.step("per_layer", lambda: per_layer_pass(ctx, corpus, settings.methods, source))
+    costly = ctx.step("costly", lambda: costly_pass(ctx, subset, settings, targets, source))
     maps = ctx.step("examples", lambda: example_maps(ctx, corpus, settings))
     per_sentence = pd.concat([cheap, costly], ignore_index=True)
     results = measures.summarize(per_sentence, n_boot=settings.n_boot, seed=ctx.seed)
@@ -125,21 +147,29 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     return results[RESULT_COLUMNS]
 
 
-def per_layer_pass(ctx: Any, corpus: Any, methods: tuple[str, ...]) -> pd.DataFrame:
-    """Mixing ratio and group shares per sentence for ``methods`` and their rollouts over ``corpus``."""
+def per_layer_pass(ctx: Any, corpus: Any, methods: tuple[str, ...], source: Any = None) -> pd.DataFrame:
+    """Mixing ratio and group shares per sentence for ``methods`` and their rollouts over ``corpus``, from the
+    hooked tensors of the activations stage (a forward, or the capture ``source``)."""
     model = ctx.model
     encoded = ctx.encode(corpus)
+    sites = needed_sites(methods, range(model.config.n_layers))
     frames = []
-    for batch in ctx.progress(encoded.batches, "per-layer methods", total=len(encoded.batches)):
-        frames += _layer_frames(model, _inputs(batch, model.device), batch.sentence_index, methods)[0]
-    return pd.concat(frames, ignore_index=True)
+    batches = iter_activations(model, corpus, sites, capture=source, encoded=encoded) if methods else ()
+    for acts in ctx.progress(batches, "per-layer methods", total=len(encoded.batches)):
+        frames += _layer_frames(model, _inputs(acts.batch, model.device), acts.batch.sentence_index, methods,
+                                cache=acts.tensors)[0]  # fmt: skip
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, str]) -> pd.DataFrame:
+def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, str], source: Any = None
+                ) -> pd.DataFrame:  # fmt: skip
     """On ``corpus`` (the first sentences): the costly per-layer methods' statistics and every method's
-    faithfulness against ``loo``."""
+    faithfulness against ``loo``. The per-layer methods read the activations stage (a forward, or the capture
+    ``source``; value zeroing re-runs each block from its ``hook_resid_pre``); the input attributions run the
+    model on perturbed inputs."""
     model = ctx.model
     encoded = ctx.encode(corpus)
+    sites = activation_sites(model, settings)
     last = model.config.n_layers - 1
     mlm = targets["loo"] == "mlm_loss"
     rng = ctx.rng("mlm-mask")
@@ -151,11 +181,13 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
     def sub_bar(desc: str, total: int) -> Any:  # finer progress inside a stage (value zeroing, loo)
         return ctx.progress(None, desc, total=total)
 
-    for batch in encoded.batches:
+    for acts in iter_activations(model, corpus, sites, capture=source, encoded=encoded):
+        batch, cache = acts.batch, acts.tensors
         inputs = _inputs(batch, model.device)
         sentences = batch.sentence_index
         mask = inputs["attention_mask"]
-        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods, progress=sub_bar)
+        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods, progress=sub_bar,
+                                            cache=cache)  # fmt: skip
         bar.update(1)
         frames += layer_frames
         if mlm:  # one content token per sentence masked: the loss there is the target, its row is read out
@@ -167,10 +199,11 @@ def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, st
         bar.update(1)
         attributions = {"loo": ref}
         every = (*settings.methods, *settings.costly_methods)
-        if mlm:  # masked input: recompute, all methods from one pass
+        if mlm:  # masked input (no capture holds it): recompute, all methods from one pass
             known = per_layer_contributions(model, inputs, every)
-        else:  # the costly methods are known already; the cheap ones are recomputed on these sentences
-            known = {**per_layer_contributions(model, inputs, [m for m in every if m not in known]), **known}
+        else:  # the costly methods are known already; the cheap ones are computed on these sentences
+            known = {**per_layer_contributions(model, inputs, [m for m in every if m not in known], cache=cache),
+                     **known}  # fmt: skip
         for m in every:
             c = known[m]
             attributions[m] = measures.read_out(c[:, last], rows)
@@ -244,15 +277,17 @@ def _inputs(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def _layer_frames(
-    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...], progress: Any = None
+    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...], progress: Any = None,
+    cache: Any = None,
 ) -> tuple[list[pd.DataFrame], dict[str, torch.Tensor]]:
     """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers);
-    ``progress``: the bar factory for the long loops inside (``per_layer_contributions``)."""
+    ``progress``: the bar factory for the long loops inside, ``cache``: the hooked tensors the methods read
+    (``per_layer_contributions``)."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     groups = measures.token_groups(ids, mask, model.tokenizer)
     frames = []
     wanted = [*methods, *(["ratio:residual_norm"] if "residual_norm" in methods else [])]
-    computed = per_layer_contributions(model, inputs, wanted, progress=progress)  # one forward pass for all
+    computed = per_layer_contributions(model, inputs, wanted, progress=progress, cache=cache)
     ratio = computed.pop("ratio:residual_norm", None)
     for m in methods:
         c = computed[m]
