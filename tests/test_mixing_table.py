@@ -88,3 +88,13 @@ def test_old_names_and_paths_still_import():
 
     assert callable(per_layer_contributions) and callable(token_decomposition) and callable(undefined_reason)
     assert LayerParts.__module__ == "bertscope.hooks.mixing.kernels"
+
+
+def test_a_cache_must_hold_the_sites_the_methods_read(model):
+    inputs = model.tokenize(["the cat sat."])
+    names = mixing.needed_sites(["alti"], range(model.config.n_layers))
+    _, cache = model.run_with_cache(inputs["input_ids"], inputs["attention_mask"], names_filter=names)
+    from_cache = mixing.per_layer_contributions(model, inputs, ["alti"], cache=cache)["alti"]
+    assert torch.equal(from_cache, mixing.contributions(model, inputs, "alti"))
+    with pytest.raises(ValueError, match="cache lacks .*hook_pattern"):
+        mixing.per_layer_contributions(model, inputs, ["attention"], cache={})

@@ -47,7 +47,7 @@ ProgressFactory = Callable[[str, int], Any]
 
 __all__ = [
     "INPUT_ATTRIBUTIONS", "METHODS", "PER_LAYER", "TABLE", "LayerParts", "Method", "contributions", "mixing_ratio",
-    "per_layer_contributions", "register", "token_decomposition", "undefined_reason",
+    "needed_sites", "per_layer_contributions", "register", "token_decomposition", "undefined_reason",
 ]  # fmt: skip
 
 
@@ -272,9 +272,12 @@ def _per_layer_many(model, ids, mask, types, methods, layers, layer_norm, chunk_
     def hooked(ms: list[str]) -> Mapping[str, torch.Tensor]:
         """``cache``, or one forward caching just the sites ``ms`` read (a forward caching more sites may take
         another code path, equal only up to float rounding)."""
-        if cache is not None:
-            return cache
         names = needed_sites(ms, layers)
+        if cache is not None:
+            missing = [n for n in names if n not in cache]
+            if missing:
+                raise ValueError(f"cache lacks {missing[:3]}{' ...' if len(missing) > 3 else ''}, which {ms} read")
+            return cache
         return model.run_with_cache(ids, mask, types, names_filter=names, stop_at_layer=max(layers))[1]
 
     out = {}
