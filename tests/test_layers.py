@@ -194,3 +194,26 @@ def test_no_private_names_across_packages(graph):
         if (private_module or private_name) and package(a) != package(b):
             bad.append(f"{a}:{n} imports {b}{'.' + name if name else ''}")
     assert not bad, bad
+
+
+def test_one_hook_resolver_serves_capture_and_the_activations_stage(tiny_model_dir):
+    """``activations.resolve_sites`` is ``capture.layout.select_hooks`` without the CLI option in its errors."""
+    import inspect
+
+    from bertscope.experiments import activations
+    from bertscope.experiments.capture.layout import CaptureError, select_hooks
+
+    from bertscope import models
+
+    model = models.load(tiny_model_dir)
+    glob = "blocks.*.hook_resid_post, embed.hook_out"
+    assert activations.resolve_sites(model, glob) == select_hooks(model, glob) == model.select_hooks(
+        ["blocks.*.hook_resid_post", "embed.hook_out"])
+    assert "select_hooks(model, sites, option=None)" in inspect.getsource(activations.resolve_sites)
+    with pytest.raises(CaptureError) as lib:
+        activations.resolve_sites(model, "blocks.9.hook_resid_post")
+    with pytest.raises(CaptureError) as cli:
+        select_hooks(model, "blocks.9.hook_resid_post")
+    assert cli.value.args[0] == "--hooks: " + lib.value.args[0]
+    with pytest.raises(CaptureError, match="^no hook given; give a name or glob"):
+        activations.resolve_sites(model, " , ")

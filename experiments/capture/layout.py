@@ -41,7 +41,7 @@ def select_hooks(model: Any, hooks: str | Sequence[str], *, option: str | None =
     the errors (``None`` for a library call: the activations stage's ``resolve_sites``)."""
     wanted = patterns(hooks)
     if not wanted:
-        how = f"pass {option} with" if option else "name"
+        how = f"pass {option} with" if option else "give"
         raise CaptureError(f"no hook given; {how} a name or glob such as 'blocks.*.hook_resid_post'")
     try:
         return model.select_hooks(wanted)
