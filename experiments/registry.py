@@ -19,6 +19,7 @@ EXPERIMENTS: dict[str, str] = {
     "mixing": "bertscope.experiments.mixing",
     "structure": "bertscope.experiments.structure",
     "erasure": "bertscope.experiments.erasure",
+    "circuits": "bertscope.experiments.circuits",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
@@ -49,6 +50,12 @@ HELP: dict[str, str] = {
     "accuracy; plus word-level probes with control tasks per layer. Trains on --corpus and reports on "
     "--eval-corpus (default: EWT train/dev when found, else a split of the corpus). Writes OUT/erasure/: results, "
     "summary and probing tables, figures, manifest.json.",
+    "circuits": "Which heads, connected how, carry a bi-encoder's term-frequency signal? Chen et al.'s TFC1 pairs "
+    "(a query term repeated in the document vs a filler word) from the corpus; each head patched from the "
+    "corrupted run (exact) beside AtP, AtP* and EAP-IG, the injected token's own residual share, frozen-LayerNorm "
+    "edges, a circuit by greedy pruning with its faithfulness curve and MIB's CPR/CMD against random circuits, and "
+    "its overlap with the same-token duplicate heads. Writes OUT/circuits/: results, agreement, edges, circuit, "
+    "faithfulness and area tables, task.jsonl, figures, manifest.json.",
 }
 #: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on
 #: a quiet machine; nothing is typed in by hand).

@@ -5,7 +5,7 @@ task and the analysis of any task as tables, shared with ``bertscope circuits``)
 """
 
 from bertscope.experiments.circuits.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
-from bertscope.experiments.circuits.findings import findings
-from bertscope.experiments.circuits.plots import CAPTIONS, plot
+from bertscope.experiments.circuits.findings import CAPTIONS, findings
+from bertscope.experiments.circuits.plots import plot
 
 __all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]

@@ -30,6 +30,8 @@ from typing import Any
 import pandas as pd
 from bertscope.experiments import io
 from bertscope.experiments.circuits import measures
+from bertscope.experiments.options import sentences_used
+from bertscope.experiments.registry import CannotRun
 from bertscope.hooks import circuits
 
 NAME = "circuits"
@@ -41,9 +43,10 @@ SUMMARY_TABLES = ["agreement", "areas"]
 class Settings:
     """Sizes and choices of the circuits run (recorded in the manifest)."""
 
-    n_pairs: int = 16  # TFC1 pairs (when --max-sentences is not given)
+    n_pairs: int = 16  # TFC1 pairs at most, one per sentence (--max-sentences caps the sentences they come from)
     max_tokens: int = 24  # longest clean document, word pieces with [CLS]/[SEP]
     filler: str = "the"
+    query_pieces: int = 1  # word pieces the query term (and the filler) add to the sentence: 1 in TFC1
     ig_steps: int = 3
     edge_method: str = "eap-ig"
     candidates: int = 20
@@ -69,16 +72,23 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     returns the long head-score table."""
     settings = ctx.use_settings(settings)
     model = ctx.model
-    n_pairs = ctx.options.max_sentences or settings.n_pairs
-    pairs = measures.tfc1_pairs([s.words for s in ctx.corpus], model.tokenizer, filler=settings.filler,
-                                max_pairs=n_pairs, max_tokens=settings.max_tokens, seed=ctx.seed)
+    n_scan, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
+    pairs = measures.tfc1_pairs([s.words for s in ctx.corpus[:n_scan]], model.tokenizer, filler=settings.filler,
+                                max_pairs=settings.n_pairs, max_tokens=settings.max_tokens, seed=ctx.seed,
+                                query_pieces=settings.query_pieces)
     if len(pairs) < 2:
-        raise ValueError(f"the corpus gave {len(pairs)} TFC1 pairs; at least 2 are needed (intervals over pairs)")
+        raise CannotRun(f"circuits: the corpus gave {len(pairs)} TFC1 pairs (a pair needs a sentence with a word "
+                        f"that occurs once and, appended, adds {settings.query_pieces} piece(s), as the filler "
+                        f"{settings.filler!r} must; at most {settings.max_tokens} pieces in all); at least 2 are "
+                        "needed for intervals over pairs")
+    ctx.log(f"{len(pairs)} TFC1 pairs (at most {settings.n_pairs}, --set circuits.n_pairs=N) from the first "
+            f"{n_scan} sentences of {ctx.corpus_id} ({why})")
     task = circuits.make_task(model, pairs, "cosine")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     io.write_text(ctx.out_dir / "task.jsonl", "".join(_json(p) + "\n" for p in task.pairs))
     ctx.note("settings", asdict(settings))
     ctx.note("pairs", len(pairs))
+    ctx.note("n_sentences", len(pairs))  # one pair per sentence: the sentences measured on
     ctx.note("conventions", CONVENTIONS)
     known = {f.name for f in fields(measures.AnalysisSettings)}
     analysis = measures.AnalysisSettings(**{k: v for k, v in asdict(settings).items() if k in known},
@@ -108,25 +118,10 @@ def agreement(heads: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def duplicate_heads(out_root: Path, corpus_id: str) -> set[tuple[int, int]] | None:
-    """The same-token experiment's held-out top duplicate heads in this run (attention weighting, on the run's
-    corpus: both halves' choices), or None when its table is absent."""
-    for name in ("held_out.parquet", "held_out.csv"):
-        path = Path(out_root) / "same_token" / name
-        if path.is_file():
-            df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-            rows = df[(df.weighting == "attention") & df.criterion.str.startswith("duplicate")]
-            if "corpus" in rows and (rows.corpus == corpus_id).any():
-                rows = rows[rows.corpus == corpus_id]
-            return {(int(r.layer), int(r.head)) for r in rows.itertuples()} | {
-                (int(r.layer_other), int(r.head_other)) for r in rows.itertuples()}
-    return None
-
-
 def overlap_table(tables: dict[str, pd.DataFrame], out_root: Path, corpus_id: str, config: Any) -> pd.DataFrame:
     """Overlap of the circuit's heads (and of the top exact-patching heads, as many as there are duplicate heads)
     with the same-token duplicate heads, against chance; empty when same-token has not run into this folder."""
-    dup = duplicate_heads(out_root, corpus_id)
+    dup = measures.duplicate_heads(out_root, corpus_id)
     if not dup:
         return pd.DataFrame(columns=["heads", "overlap", "n_found", "n_other", "expected", "p_value"])
     n = config.n_layers * config.n_heads

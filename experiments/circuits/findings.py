@@ -7,6 +7,21 @@ from pathlib import Path
 import pandas as pd
 from bertscope.experiments.circuits.plots import LABELS, read_table
 from bertscope.experiments.findings import Finding, fmt_ci
+from bertscope.experiments.naming import head_name
+
+CAPTIONS: dict[str, str] = {
+    "fig_head_maps": "Which heads carry the term-frequency signal: each head's effect on the cosine between the "
+    "query term and the document when that head's output is patched from the corrupted document (filler word) "
+    "into the clean one (query term repeated), as a share of the whole clean-to-corrupted change. One panel "
+    "per method: exact patching, and the gradient estimates AtP, AtP* and EAP-IG of the same quantity.",
+    "fig_circuit": "The circuit found by greedy pruning with exact patching on the frozen-LayerNorm model: "
+    "nodes are the input, the heads and MLPs it keeps, and the output; an edge's width is its EAP-IG score's "
+    "size, its colour the sign (red: the edge pushes the metric toward the corrupted value when corrupted).",
+    "fig_faithfulness": "Faithfulness of circuits made of the top edges by score (black) and of random edge "
+    "orders (grey), as a function of the fraction of edges kept: 1 = the circuit alone recovers the full "
+    "model's metric, 0 = no better than the corrupted run. CPR is the area under the curve, CMD the area "
+    "between it and 1 (MIB).",
+}
 
 
 def findings(out_dir: Path) -> list[Finding]:
@@ -41,10 +56,11 @@ def _top_heads(results: pd.DataFrame, resid: pd.DataFrame | None) -> list[Findin
     if exact.empty:
         return []
     top = exact.reindex(exact.normalised.abs().sort_values(ascending=False).index).head(3)
-    parts = [f"{r.node} {fmt_ci(r.normalised, r.normalised_low, r.normalised_high)}" for r in top.itertuples()]
+    parts = [f"{head_name(r.layer, r.head)} {fmt_ci(r.normalised, r.normalised_low, r.normalised_high)}"
+             for r in top.itertuples()]
     text = (f"Patching one head at a time (corrupted into clean, {int(exact.n_pairs.iloc[0])} pairs), the heads "
             f"carrying the largest share of the term-frequency effect are {'; '.join(parts)}.")
-    numbers = {f"normalised:{r.node}": float(r.normalised) for r in top.itertuples()}
+    numbers = {f"normalised:{head_name(r.layer, r.head)}": float(r.normalised) for r in top.itertuples()}
     if resid is not None and not resid.empty:
         last = resid[resid.layer == resid.layer.max()].iloc[0]
         text += (f" The injected token's own final hidden state, patched alone, carries "
@@ -60,7 +76,9 @@ def _circuit(circuit: pd.DataFrame, areas: pd.DataFrame, rand: pd.DataFrame) -> 
     others = areas[areas.ordering != "scores"]
     beaten = int((rand.faithfulness < f).sum())
     heads = sorted({n for n in set(circuit.sender) | set(circuit.receiver) if n.startswith("a")})
-    text = (f"Greedy pruning with exact patching keeps {len(circuit)} edges ({len(heads)} heads) with faithfulness "
+    names = ", ".join(head_name(*map(int, n[1:].split(".h"))) for n in heads)
+    text = (f"Greedy pruning with exact patching keeps {len(circuit)} edges ({len(heads)} heads"
+            f"{': ' + names if heads else ''}) with faithfulness "
             f"{f:.2f}; {beaten} of {len(rand)} random circuits of the same size score lower (best random "
             f"{rand.faithfulness.max():.2f}). The top-edge faithfulness curve has CPR {ours.cpr:.3f} and CMD "
             f"{ours.cmd:.3f}")

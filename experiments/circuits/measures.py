@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,24 +35,32 @@ class AnalysisSettings:
 
 
 def tfc1_pairs(sentences: Sequence[Sequence[str]], tokenizer: Any, *, filler: str = "the", max_pairs: int = 32,
-               max_tokens: int = 32, seed: int = 0) -> list[dict[str, Any]]:
+               max_tokens: int = 32, seed: int = 0, query_pieces: int = 1) -> list[dict[str, Any]]:
     """The TFC1 term-frequency task after Chen et al. (2024): from each sentence s (its words), a query term w
-    that occurs once in s, is alphabetic, is one word piece and is not the filler (drawn with ``seed``);
-    ``clean = s + " " + w``, ``corrupted = s + " " + filler``, ``query = w``. Sentences whose clean text is over
-    ``max_tokens`` word pieces, or with no such word, are skipped; at most ``max_pairs`` pairs."""
+    that occurs once in s, is alphabetic, is not the filler and, appended to s, adds ``query_pieces`` word pieces
+    (1, as in TFC1; counted in context, so that a byte-level BPE's "Ġw" counts as the one piece it is), drawn with
+    ``seed``; ``clean = s + " " + w``, ``corrupted = s + " " + filler`` (the filler must add as many pieces);
+    ``query = w``. Sentences whose clean text is over ``max_tokens`` word pieces, or with no such word, are
+    skipped; at most ``max_pairs`` pairs."""
     rng = np.random.default_rng(seed)
+
+    def n_pieces(text: str) -> int:
+        return len(tokenizer(text)["input_ids"])
+
     pairs = []
     for i, words in enumerate(sentences):
         text = " ".join(words)
+        base = n_pieces(text)
+        if n_pieces(f"{text} {filler}") != base + query_pieces:
+            continue
         lowered = [w.lower() for w in words]
-        candidates = sorted({w for w in lowered if w.isalpha() and w != filler and lowered.count(w) == 1
-                             and len(tokenizer(w, add_special_tokens=False)["input_ids"]) == 1})
+        candidates = sorted({w for w in lowered if w.isalpha() and w != filler and lowered.count(w) == 1})
+        candidates = [w for w in candidates if n_pieces(f"{text} {w}") == base + query_pieces]
         if not candidates:
             continue
         w = candidates[int(rng.integers(len(candidates)))]
         clean, corrupted = f"{text} {w}", f"{text} {filler}"
-        n_clean = len(tokenizer(clean)["input_ids"])
-        if n_clean > max_tokens or n_clean != len(tokenizer(corrupted)["input_ids"]):
+        if base + query_pieces > max_tokens:
             continue
         pairs.append({"clean": clean, "corrupted": corrupted, "query": w, "sentence": i})
         if len(pairs) >= max_pairs:
@@ -60,7 +69,8 @@ def tfc1_pairs(sentences: Sequence[Sequence[str]], tokenizer: Any, *, filler: st
 
 
 def injected_positions(task: circuits.Task) -> torch.Tensor:
-    """``[n_pairs]``: the position of the last real token before the final special token (the TFC1 term)."""
+    """``[n_pairs]``: the position of the last real token before the final special token (the TFC1 term's last
+    piece)."""
     return task.mask.sum(1) - 2
 
 
@@ -151,3 +161,18 @@ class _Timer:
         start = time.perf_counter()
         out = fn()
         return out, time.perf_counter() - start
+
+
+def duplicate_heads(out_root: Path, corpus_id: str) -> set[tuple[int, int]] | None:
+    """The same-token experiment's held-out top duplicate heads in this run (attention weighting, on the run's
+    corpus: both halves' choices), or None when its table is absent."""
+    for name in ("held_out.parquet", "held_out.csv"):
+        path = Path(out_root) / "same_token" / name
+        if path.is_file():
+            df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+            rows = df[(df.weighting == "attention") & df.criterion.str.startswith("duplicate")]
+            if "corpus" in rows and (rows.corpus == corpus_id).any():
+                rows = rows[rows.corpus == corpus_id]
+            return {(int(r.layer), int(r.head)) for r in rows.itertuples()} | {
+                (int(r.layer_other), int(r.head_other)) for r in rows.itertuples()}
+    return None

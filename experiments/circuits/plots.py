@@ -12,19 +12,6 @@ FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG"}
 
-CAPTIONS: dict[str, str] = {
-    "fig_head_maps": "Which heads carry the term-frequency signal: each head's effect on the cosine between the "
-    "query term and the document when that head's output is patched from the corrupted document (filler word) "
-    "into the clean one (query term repeated), as a share of the whole clean-to-corrupted change. One panel "
-    "per method: exact patching, and the gradient estimates AtP, AtP* and EAP-IG of the same quantity.",
-    "fig_circuit": "The circuit found by greedy pruning with exact patching on the frozen-LayerNorm model: "
-    "nodes are the input, the heads and MLPs it keeps, and the output; an edge's width is its EAP-IG score's "
-    "size, its colour the sign (red: the edge pushes the metric toward the corrupted value when corrupted).",
-    "fig_faithfulness": "Faithfulness of circuits made of the top edges by score (black) and of random edge "
-    "orders (grey), as a function of the fraction of edges kept: 1 = the circuit alone recovers the full "
-    "model's metric, 0 = no better than the corrupted run. CPR is the area under the curve, CMD the area "
-    "between it and 1 (MIB).",
-}
 
 
 def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
