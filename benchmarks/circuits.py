@@ -74,7 +74,7 @@ def main() -> None:
 
 
 def bert_base_cost(task, steps: int) -> list[dict]:
-    """Forward-equivalents of exact patching, AtP, AtP* and EAP-IG for the 144 heads of a random bert-base-shaped
+    """Forward-equivalents of exact patching, AtP, AtP*, EAP-IG and EAP-IG-activations for the 144 heads of a random bert-base-shaped
     model (same token ids as the task)."""
     from bertscope.hooks import circuits
     from bertscope.hooks.circuits.tasks import Task, mean_pool
@@ -89,7 +89,7 @@ def bert_base_cost(task, steps: int) -> list[dict]:
     circuits.metric_values(model, big, "clean", 16)
     fwd = time.perf_counter() - start
     rows = []
-    for method in ("exact", "atp", "atp*", "eap-ig"):
+    for method in ("exact", "atp", "atp*", "eap-ig", "eap-ig-act"):
         start = time.perf_counter()
         if method == "exact":
             circuits.patching.patch_effects(model, big, "heads", batch_size=16)

@@ -54,8 +54,8 @@ def test_small_run_writes_every_table(tiny_folder, tmp_path, capsys):
     import pandas as pd
 
     heads = pd.read_csv(out / "heads.csv")
-    assert set(heads.method) == {"exact", "atp", "atp*", "eap-ig"}
-    assert len(heads) == 4 * 2 * 4  # methods x layers x heads of the tiny model
+    assert set(heads.method) == {"exact", "atp", "atp*", "eap-ig", "eap-ig-act"}
+    assert len(heads) == 5 * 2 * 4  # methods x layers x heads of the tiny model
 
 
 def test_tfc1_pairs_repeat_a_single_occurrence_term():

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from bertscope.hooks import circuits
 
-HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig")
+HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
 
 
 @dataclass(frozen=True)

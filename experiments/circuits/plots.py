@@ -10,7 +10,8 @@ from bertscope.experiments import io
 
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
-LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG"}
+LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG",
+          "eap-ig-act": "EAP-IG (activations)"}
 
 
 

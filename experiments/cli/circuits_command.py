@@ -8,7 +8,7 @@ from typing import Any
 
 from bertscope.experiments.options import UsageError
 
-HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig")
+HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
 #: `bertscope.hooks.circuits.METRICS`, named here so that building the parser imports no torch
 #: (tests/test_circuits_cli.py checks the two agree)
 METRIC_NAMES = ("cosine", "dot", "mask-logit-diff")

@@ -9,8 +9,15 @@ For a node with clean activation ``a`` and corrupted ``a*`` (gradients through t
   corrupted query (each key's column with the corrupted key, all queries) is recomputed and the pattern change
   multiplied by ``dm/dA``. This removes the error AtP makes when attention is saturated. (The paper's second fix,
   GradDrop, is not applied: its absolute values lose the effect's sign.)
-- ``eap-ig`` (Hanna et al. 2024, as in their ``get_scores_eap_ig``): ``(a* - a) . mean_k dm/da`` over ``steps``
-  runs whose input embeddings (``embed.hook_out``) are ``e* + k/steps (e - e*)``, ``k = 0..steps-1``.
+- ``eap-ig`` (Hanna et al. 2024, as in their ``get_scores_eap_ig``; MIB's "EAP-IG-inputs"): ``(a* - a) . mean_k
+  dm/da`` over ``steps`` runs whose input embeddings (``embed.hook_out``) are ``e* + k/steps (e - e*)``,
+  ``k = 0..steps-1``. The path moves every input at once, so it estimates a path-averaged effect, not the effect
+  of patching one node into the clean run.
+- ``eap-ig-act`` (Hanna et al.'s ``get_scores_ig_activations``; MIB's "EAP-IG-activations"): for each layer, the
+  nodes' own activations (all heads of the layer, or its MLP output) interpolated ``alpha a + (1 - alpha) a*``,
+  ``alpha = k/steps``, ``k = 1..steps``, everything else clean; ``(a* - a) . mean_k dm/da``. As ``steps`` grows
+  this is the exact effect of patching the whole layer's nodes, split between its heads along the path: the
+  integral of the gradient along one node's own line (costs ``n_layers x steps`` forward-backward passes).
 
 Every estimate is per pair (gradients of the sum over pairs, which are independent), so the table carries the
 same intervals as exact patching's.
@@ -26,7 +33,7 @@ import torch
 from bertscope.hooks.circuits.results import chunks, effects_table, node_labels
 from bertscope.hooks.circuits.tasks import Task
 
-METHODS = ("atp", "atp*", "eap-ig")
+METHODS = ("atp", "atp*", "eap-ig", "eap-ig-act")
 
 
 def attribute(
@@ -57,7 +64,7 @@ def attribute_effects(
         raise ValueError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
     if nodes not in ("heads", "mlps") or (method == "atp*" and nodes != "heads"):
         raise ValueError(f"{method} attributes heads{'' if method == 'atp*' else ' or mlps'}, not {nodes!r}")
-    if method == "eap-ig" and steps < 1:
+    if method in ("eap-ig", "eap-ig-act") and steps < 1:
         raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
     out, totals = [], []
     for rows in chunks(task.n_pairs, batch_size):
@@ -95,6 +102,21 @@ def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.
             g = [cg[f"blocks.{L}.{site}_grad"] for L in range(n)]
             grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
         grads = [g / steps for g in grads]
+    elif method == "eap-ig-act":
+        with torch.no_grad():
+            _, cc = model.run_with_cache(**clean, names_filter=names)
+        grads = []
+        for L in range(n):
+            name = f"blocks.{L}.{site}"
+            a, a_k = cc[name], ck[name]
+            total_grad = torch.zeros_like(a)
+            for k in range(1, steps + 1):
+                mixed = (k / steps) * a + (1 - k / steps) * a_k
+                hook = (name, lambda t, hook, mixed=mixed: mixed)
+                _, cg = model.run_with_cache(**clean, names_filter=[name], fwd_hooks=[hook], incl_bwd=True,
+                                             loss_fn=loss)
+                total_grad += cg[name + "_grad"]
+            grads.append(total_grad / steps)
     else:
         _, cc = model.run_with_cache(**clean, names_filter=names, incl_bwd=True, loss_fn=loss)
         grads = [cc[f"blocks.{L}.{site}_grad"] for L in range(n)]
