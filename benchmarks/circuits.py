@@ -74,8 +74,8 @@ def main() -> None:
 
 
 def bert_base_cost(task, steps: int) -> list[dict]:
-    """Forward-equivalents of exact patching, AtP, AtP*, EAP-IG and EAP-IG-activations for the 144 heads of a random bert-base-shaped
-    model (same token ids as the task)."""
+    """Forward-equivalents of exact patching, AtP, AtP*, EAP-IG and EAP-IG-activations for the 144 heads of a
+    random bert-base-shaped model (same token ids as the task)."""
     from bertscope.hooks import circuits
     from bertscope.hooks.circuits.tasks import Task, mean_pool
     from bertscope.models import Encoder, EncoderConfig
