@@ -111,3 +111,16 @@ def test_the_parser_names_the_library_metrics():
     from bertscope.hooks.circuits import METRICS
 
     assert tuple(METRIC_NAMES) == tuple(METRICS)
+
+
+def test_run_circuits_refuses_a_corpus_without_pairs(tiny_folder, tmp_path, capsys):
+    """A corpus with no word that occurs once gives no TFC1 pair: `run circuits` refuses in one line (exit 2)
+    and leaves no table behind."""
+    corpus = tmp_path / "repeats.txt"
+    corpus.write_text("a a a\nb b b\n")
+    out = tmp_path / "out"
+    code = cli.main(["run", "circuits", "--corpus", str(corpus), "--model", str(tiny_folder), "--out", str(out),
+                     "--quiet"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("bertscope: error:")]
+    assert code == 2 and len(err) == 1 and "0 TFC1 pairs" in err[0], err
+    assert not list(out.rglob("*.csv")) and not list(out.rglob("*.parquet"))

@@ -77,7 +77,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                                 max_pairs=settings.n_pairs, max_tokens=settings.max_tokens, seed=ctx.seed,
                                 query_pieces=settings.query_pieces)
     if len(pairs) < 2:
-        raise CannotRun(f"circuits: the corpus gave {len(pairs)} TFC1 pairs (a pair needs a sentence with a word "
+        raise CannotRun(f"the corpus gave {len(pairs)} TFC1 pairs (a pair needs a sentence with a word "
                         f"that occurs once and, appended, adds {settings.query_pieces} piece(s), as the filler "
                         f"{settings.filler!r} must; at most {settings.max_tokens} pieces in all); at least 2 are "
                         "needed for intervals over pairs")
