@@ -331,3 +331,19 @@ def test_eap_ig_activations_converges_to_exact_patching_of_the_node():
     err = {k: np.abs(v - exact).max() / scale for k, v in (("fine", fine), ("coarse", coarse), ("atp", atp))}
     print(err)
     assert err["fine"] < 0.02 * err["atp"] and err["fine"] < 0.02 * err["coarse"], err
+
+
+def test_edge_check_path_patches_the_top_and_a_random_sample_of_edges():
+    """The experiment's edge check: on the frozen-linear model each checked edge's path-patching effect equals its
+    EAP score; the first rows are the top-ranked edges, the rest a seeded sample of the others."""
+    from bertscope.experiments.circuits.measures import edge_check
+
+    model, task = linear_model(), _linear_task(2)
+    scores = circuits.edges(model, task, "eap")
+    check = edge_check(model, task, scores, 3, seed=0)
+    table = scores.table()
+    assert list(check.edge[check.chosen == "top"]) == list(table.edge[:3])
+    rand = check[check.chosen == "random"]
+    assert len(rand) == 3 and not set(rand.edge) & set(table.edge[:3])
+    np.testing.assert_allclose(check.path_patching, check.score, rtol=1e-8, atol=1e-12)
+    assert list(edge_check(model, task, scores, 3, seed=0).edge) == list(check.edge)

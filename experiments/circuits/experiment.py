@@ -17,7 +17,8 @@ format ``bertscope circuits --task`` reads):
 Tables: ``results`` (long: model, corpus, method, source, node, layer, head, effect, normalised and intervals:
 95% percentile bootstrap over pairs; ``normalised`` = the head's effect / (m(corrupted) - m(clean))),
 ``agreement`` (Spearman of each estimate with exact patching over heads), ``cost``, ``resid``, ``edges``,
-``circuit``, ``faithfulness``, ``areas``, ``random_circuits``, ``overlap``. Definitions and equations:
+``edge_check`` (path patching of top and random edges beside their scores), ``circuit``, ``faithfulness``,
+``areas``, ``random_circuits``, ``overlap``. Definitions and equations:
 ``docs/experiments/circuits.md``.
 """
 
@@ -53,6 +54,7 @@ class Settings:
     threshold: float = 0.02
     n_random: int = 2
     n_random_circuits: int = 10
+    checked_edges: int = 8  # path patching (ground truth) of this many top-scored and as many random edges
     n_boot: int = 1000
 
 
@@ -62,6 +64,8 @@ CONVENTIONS = {
     "normalised": "sum over pairs of effects / sum over pairs of (m(corrupted) - m(clean))",
     "ci": "95% percentile bootstrap over pairs (resampling pairs)",
     "edges": "frozen-LayerNorm EAP-IG scores, mean over pairs; circuits evaluated on the frozen-LN model",
+    "edge_check": "path patching on the frozen-LN model: the sender's corrupted output reaches only that receiver, "
+    "everything downstream recomputed; mean over pairs of m - m(clean), the quantity an edge score estimates",
     "faithfulness": "(m(circuit) - m(empty)) / (m(full) - m(empty)); CPR/CMD: MIB's trapezoids over the fraction "
     "of edges (0.001..1)",
 }

@@ -38,6 +38,9 @@ def findings(out_dir: Path) -> list[Finding]:
             f"Agreement with exact patching over the {int(agreement.n_heads.iloc[0])} heads (Spearman of the "
             f"effects): {'; '.join(parts)}.",
             numbers={f"spearman:{r.method}": float(r.spearman) for r in agreement.itertuples()}))
+    check = read_table(out_dir, "edge_check")
+    if check is not None and len(check) >= 3:
+        out.append(_edge_check(check))
     circuit, areas, rand = (read_table(out_dir, n) for n in ("circuit", "areas", "random_circuits"))
     if circuit is not None and areas is not None and rand is not None and not circuit.empty:
         out.append(_circuit(circuit, areas, rand))
@@ -86,3 +89,13 @@ def _circuit(circuit: pd.DataFrame, areas: pd.DataFrame, rand: pd.DataFrame) -> 
              else ".")
     return Finding(text, numbers={"faithfulness": f, "cpr": float(ours.cpr), "cmd": float(ours.cmd),
                                   "random_beaten": float(beaten)})
+
+
+def _edge_check(check: pd.DataFrame) -> Finding:
+    rho = float(check.score.corr(check.path_patching, method="spearman"))
+    top = check[check.chosen == "top"]
+    share = float(top.path_patching.abs().sum() / max(check.path_patching.abs().sum(), 1e-300))
+    text = (f"Path patching (the exact effect each edge score estimates) of the {len(top)} top-scored and "
+            f"{len(check) - len(top)} random edges: Spearman {rho:.2f} between the {top.method.iloc[0]} edge scores "
+            f"and the exact effects; the top edges carry {share:.0%} of the summed absolute effect of the sample.")
+    return Finding(text, numbers={"edge_spearman": rho, "top_share": share})

@@ -30,6 +30,7 @@ class AnalysisSettings:
     n_random: int = 3  # random edge orders for the faithfulness-curve control
     n_random_circuits: int = 20  # random circuits of the found circuit's size
     top_edges: int = 40  # rows of the edges table kept
+    checked_edges: int = 8  # path patching (ground truth) of this many top edges and as many random ones
     batch_size: int = 16
     n_boot: int = 1000
 
@@ -105,6 +106,12 @@ def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
     cost.append({"method": f"edges:{s.edge_method}", "seconds": secs,
                  "forward_equivalents": secs / timer.forward_seconds})
     out["edges"] = scores.table().head(s.top_edges)
+    if s.checked_edges > 0:
+        progress(f"path patching of {2 * s.checked_edges} edges (ground truth for the edge scores)")
+        out["edge_check"], secs = timer.time(lambda: edge_check(model, task, scores, s.checked_edges, seed=seed,
+                                                                batch_size=s.batch_size))
+        cost.append({"method": "path patching (checked edges)", "seconds": secs,
+                     "forward_equivalents": secs / timer.forward_seconds})
     progress("circuit search (greedy, exact patching)")
     ev = circuits.Evaluator(model, task, batch_size=max(s.batch_size, 32))
     circuit, secs = timer.time(lambda: circuits.find_circuit(model, task, scores, method="greedy",
@@ -120,6 +127,23 @@ def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
                                            "faithfulness": rand})
     out["circuit"] = circuit_table(circuit, scores)
     return out
+
+
+def edge_check(model: Any, task: circuits.Task, scores: circuits.EdgeScores, n: int, *, seed: int = 0,
+               batch_size: int = 16) -> pd.DataFrame:
+    """Path patching (the sender's corrupted output reaches only that receiver, everything downstream recomputed
+    on the frozen-LayerNorm model) of the ``n`` top-scored edges and ``n`` edges drawn at random (``seed``) from
+    the rest: a row per edge with ``chosen`` ("top" | "random"), ``score`` (the edge method's estimate) and
+    ``path_patching`` (the exact effect it estimates)."""
+    table = scores.table()
+    top = table.head(n).assign(chosen="top")
+    rest = table.iloc[n:]
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(rest), size=min(n, len(rest)), replace=False) if len(rest) else []
+    sample = pd.concat([top, rest.iloc[np.sort(pick)].assign(chosen="random")], ignore_index=True)
+    exact = circuits.path_patch(model, task, list(sample.edge), batch_size=batch_size)
+    sample["path_patching"] = exact.effect.to_numpy()
+    return sample[["edge", "chosen", "rank", "score", "path_patching", "method", "n_pairs"]]
 
 
 def circuit_table(circuit: circuits.Circuit, scores: circuits.EdgeScores) -> pd.DataFrame:
