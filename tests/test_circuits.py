@@ -347,3 +347,17 @@ def test_edge_check_path_patches_the_top_and_a_random_sample_of_edges():
     assert len(rand) == 3 and not set(rand.edge) & set(table.edge[:3])
     np.testing.assert_allclose(check.path_patching, check.score, rtol=1e-8, atol=1e-12)
     assert list(edge_check(model, task, scores, 3, seed=0).edge) == list(check.edge)
+
+
+@pytest.mark.parametrize("line,problem", [('{"clean": "unclosed', "not valid JSON"), ('["clean"]', "expected a JSON")])
+def test_task_files_and_jsonl_corpora_share_one_reader(tmp_path, line, problem):
+    """One JSON Lines reader (hooks/jsonl.py) serves task files and JSONL corpora; both name the bad line."""
+    from bertscope.experiments.corpus import CorpusError, read_corpus_file
+    from bertscope.hooks.circuits.tasks import read_pairs
+
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps({"clean": "a b", "corrupted": "a c", "text": "a b"}) + "\n\n" + line + "\n")
+    with pytest.raises(TaskError, match=f"line 3: {problem}"):
+        read_pairs(path)
+    with pytest.raises(CorpusError, match=f"x.jsonl:3: {problem}"):
+        read_corpus_file(path)

@@ -9,6 +9,7 @@ import json
 import warnings
 from pathlib import Path
 
+from ...hooks.jsonl import json_objects
 from .base import Corpus, CorpusError, CorpusFileNotFoundError, Sentence, invisible_problem, tree_problems
 
 CONLLU_COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
@@ -50,18 +51,10 @@ def read_jsonl(path: str | Path, *, max_sentences: int | None = None, field: str
     Blank lines are skipped; objects whose text has no words are skipped with a warning."""
     path = Path(path)
     sentences, empty = [], []
-    for lineno, line in enumerate(_read_lines(path), start=1):
+    fail = lambda lineno, problem: CorpusError(f"{path}:{lineno}: {problem}")  # noqa: E731
+    for lineno, record in json_objects(_read_lines(path), fail, expected=f"a JSON object with a {field!r} field"):
         if max_sentences is not None and len(sentences) >= max_sentences:
             break
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{path}:{lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
-        if not isinstance(record, dict):
-            raise CorpusError(f"{path}:{lineno}: expected a JSON object with a {field!r} field, "
-                              f"got {type(record).__name__}")
         if field not in record:
             raise CorpusError(f"{path}:{lineno}: object has no {field!r} field (keys: {sorted(record)})")
         text = record[field]

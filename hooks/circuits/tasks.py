@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..jsonl import json_objects
+
 METRICS = ("cosine", "dot", "mask-logit-diff")
 
 
@@ -89,15 +91,9 @@ class Task:
 def read_pairs(path: str | Path) -> list[dict[str, Any]]:
     """The JSON records of a task file, each checked to have string ``clean`` and ``corrupted``."""
     pairs = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TaskError(f"{path}: line {i} is not JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("clean"), str) or not isinstance(
-                rec.get("corrupted"), str):
+    lines = Path(path).read_text().splitlines()
+    for i, rec in json_objects(lines, lambda i, problem: TaskError(f"{path}: line {i}: {problem}")):
+        if not isinstance(rec.get("clean"), str) or not isinstance(rec.get("corrupted"), str):
             raise TaskError(f"{path}: line {i} needs string fields 'clean' and 'corrupted'")
         rec["_line"] = i
         pairs.append(rec)
