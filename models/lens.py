@@ -127,6 +127,7 @@ class LensConfig:
 
     @property
     def d_head(self) -> int:
+        """``d_model // n_heads``."""
         return self._config.d_head
 
     @classmethod
@@ -167,6 +168,7 @@ class FactoredMatrix:
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions of the (unformed) product, leading ones included."""
         return len(self.shape)
 
     @property
@@ -202,6 +204,7 @@ class FactoredMatrix:
 
     @property
     def U(self) -> Tensor:
+        """Left singular vectors ``[..., ldim, mdim]``."""
         return self._svd[0]
 
     @property
@@ -211,6 +214,7 @@ class FactoredMatrix:
 
     @property
     def Vh(self) -> Tensor:
+        """Right singular vectors ``[..., rdim, mdim]`` as columns (TransformerLens' name; ``AB = U diag(S) Vh^T``)."""
         return self._svd[2]
 
     @property
