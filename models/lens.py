@@ -434,15 +434,16 @@ class LensMixin:
 
     def to_string(self, tokens: Tensor | list[int] | int) -> str | list[str]:
         """Decode ids to text: ``[pos]`` (or a list of ints, or one int) -> ``str``; ``[batch, pos]`` -> one
-        string per row. Special tokens are kept (``"[CLS] the cat [SEP]"``), as TransformerLens keeps BOS."""
+        string per row. As TransformerLens: special tokens kept (``"[CLS] the cat. [SEP]"``) and the tokenizer's
+        ``decode`` with ``clean_up_tokenization_spaces=False``."""
         tok = self._need_tokenizer("to_string")
         ids = torch.as_tensor(tokens)
         if ids.dim() == 0:
             ids = ids[None]
         if ids.dim() == 1:
-            return tok.decode(ids.tolist())
+            return tok.decode(ids.tolist(), clean_up_tokenization_spaces=False)
         if ids.dim() == 2:
-            return [tok.decode(row) for row in ids.tolist()]
+            return [tok.decode(row, clean_up_tokenization_spaces=False) for row in ids.tolist()]
         raise ValueError(f"to_string takes ids [pos] or [batch, pos], got shape {tuple(ids.shape)}")
 
     def get_token_position(

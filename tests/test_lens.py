@@ -221,7 +221,9 @@ def test_token_helpers(bundled):
     with pytest.raises(ValueError, match="not a single token.*pieces"):
         bundled.to_single_token("unbelievableness")
     ids = bundled.to_tokens(TEXT)["input_ids"]
-    assert bundled.to_string(ids[0]) == "[CLS] the cat sat on the mat because the cat was tired. [SEP]"
+    # as TransformerLens: decode(ids, clean_up_tokenization_spaces=False), special tokens kept
+    expected = bundled.tokenizer.decode(ids[0].tolist(), clean_up_tokenization_spaces=False)
+    assert bundled.to_string(ids[0]) == expected == "[CLS] the cat sat on the mat because the cat was tired. [SEP]"
     assert bundled.to_string(ids) == [bundled.to_string(ids[0])]
     assert bundled.to_string(cat) == "cat"
     pieces = bundled.to_str_tokens(TEXT)
