@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from bertscope.hooks.hook_points import HookedModule, HookPoint
 from bertscope.hooks.sites import parse_site
 from bertscope.models.config import EncoderConfig
+from bertscope.models.lens import LensMixin
 from bertscope.models.text import as_batch, str_tokens
 from einops import rearrange
 from torch import nn
@@ -25,7 +26,7 @@ from torch import nn
 AttentionImpl = Literal["auto", "explicit"]
 
 
-class Encoder(HookedModule):
+class Encoder(LensMixin, HookedModule):
     """BERT encoder: embeddings, ``n_layers`` blocks, optional pooler and masked-LM head.
 
     ``forward`` returns the last hidden state ``[batch, pos, d_model]``. Hooks: see ``hook_names()`` and

@@ -412,3 +412,58 @@ def test_report_tables_fit_the_page_width(browser, tmp_path):
         "  return Math.round(t.getBoundingClientRect().right - right); }).filter(function (x) { return x > 1; });"
     )
     assert overflow == []
+
+
+# ---------------------------------------------------------------------------------------------- in Chromium
+def _mass(att: np.ndarray, segs: list[int], layer: int, src: int, dst: int) -> float:
+    """Mean over heads and over the queries of segment ``src`` of their attention on segment ``dst``."""
+    s = np.asarray(segs)
+    return float(att[layer][:, s == src][:, :, s == dst].sum(-1).mean())
+
+
+def test_sentence_pair_view_in_the_browser(browser, bundled, tmp_path):
+    """Pairs: tokens marked by segment; the summary's A->B and B->A masses are the decoded map's; the segment
+    filter leaves only lines from the chosen segment's queries; a single sentence hides the control."""
+    texts, pairs = ["The cat sat on the mat.", "Dogs bark."], ["It was very tired.", "Cats do not."]
+    view = explorer.explore(bundled, texts, pairs=pairs, qk=False)
+    path = view.save(tmp_path / "pairs.html")
+    open_page(browser, path)
+    assert problems(browser) == []
+    segs = view.payload["sentences"][0]["segments"]
+    classes = [e.get_attribute("class") for e in all_css(browser, "#bs-queries .bs-tok")]
+    assert [("bs-seg-b" in c) for c in classes] == [bool(x) for x in segs]
+    assert [("bs-seg-a" in c) for c in classes] == [not x for x in segs]
+    assert by_css(browser, "#bs-seg-box").is_displayed()
+    att = decoded(view, 0, "attention")
+    state = head_view(browser)
+    assert float(state["segAb"]) == pytest.approx(_mass(att, segs, 0, 0, 1), abs=1e-4)
+    assert float(state["segBa"]) == pytest.approx(_mass(att, segs, 0, 1, 0), abs=1e-4)
+    assert "segment A is" in by_css(browser, "#bs-seg-summary").text
+    choose(browser, "bs-layer", "4")
+    state = head_view(browser)
+    assert float(state["segAb"]) == pytest.approx(_mass(att, segs, 4, 0, 1), abs=1e-4)
+
+    def drawn_rows() -> list[int]:  # which token rows have line pixels at the query (left) edge of the canvas
+        return browser.execute_script(
+            """
+            var c = document.getElementById('bs-hv-canvas'), ctx = c.getContext('2d');
+            var dpr = c.width / c.clientWidth, d = ctx.getImageData(Math.round(3 * dpr), 0, 1, c.height).data;
+            var rows = {};
+            for (var y = 0; y < c.height; y++) if (d[4 * y + 3] > 0) rows[Math.floor(y / dpr / 16)] = 1;
+            return Object.keys(rows).map(Number).sort(function (a, b) { return a - b; });
+            """
+        )
+
+    n_a = segs.count(0)
+    assert set(drawn_rows()) == set(range(len(segs)))  # all pairs: lines leave every query
+    choose(browser, "bs-segments", "AB")
+    assert head_view(browser)["seg"] == "AB"
+    assert drawn_rows() and max(drawn_rows()) < n_a  # only queries of A draw
+    choose(browser, "bs-segments", "BA")
+    assert drawn_rows() and min(drawn_rows()) >= n_a
+    # a sentence without a pair hides the control
+    single = explorer.explore(bundled, "The cat sat on the mat.", qk=False).save(tmp_path / "single.html")
+    open_page(browser, single)
+    assert not by_css(browser, "#bs-seg-box").is_displayed()
+    assert not by_css(browser, "#bs-seg-summary").is_displayed()
+    assert problems(browser) == []

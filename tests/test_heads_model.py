@@ -17,6 +17,7 @@ from bertscope.experiments.heads import syntax as syn
 from bertscope.hooks.hook_points import fork_batch
 
 from bertscope import hooks, models
+from tests.helpers import assert_close_across_kernels
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def test_zero_ablation_through_hooks_equals_zeroing_the_W_O_slice(tiny):
         clean = tiny(batch.input_ids, batch.attention_mask)
         for c, dead_heads in enumerate([[(1, 2)], [(0, 1), (1, 3)]]):
             expected = without_heads(tiny, dead_heads)(batch.input_ids, batch.attention_mask)
-            torch.testing.assert_close(real_rows(ablated[c], batch), real_rows(expected, batch), atol=1e-5, rtol=1e-4)
+            assert_close_across_kernels(real_rows(ablated[c], batch), real_rows(expected, batch))
             assert (real_rows(ablated[c], batch) - real_rows(clean, batch)).abs().max() > 1e-2  # not a no-op
 
 
@@ -94,8 +95,9 @@ def test_ablation_matches_hooks_ablate_heads_and_runs_from_the_ablated_layer(tin
                 tiny, {1: [2]}, method, reference=reference, attention_mask=batch.attention_mask
             ),
         )
-    torch.testing.assert_close(real_rows(ours, batch), real_rows(lead, batch), atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(real_rows(started, batch), real_rows(ours, batch), atol=1e-5, rtol=1e-4)
+    # batched masks vs hooks, and a restart from layer 1: other kernels (batch shape, fused vs explicit attention)
+    assert_close_across_kernels(real_rows(ours, batch), real_rows(lead, batch))
+    assert_close_across_kernels(real_rows(started, batch), real_rows(ours, batch))
     with pytest.raises(ValueError, match="earlier layers"):
         imp.forward_with_heads(tiny, batch, imp.single_head_keep(2, 4, 0), start=(1, cache["blocks.1.hook_resid_pre"]))
 
@@ -127,7 +129,7 @@ def test_one_sentence_copies_share_the_start_layer_and_mix_methods(tiny):
             with torch.no_grad():
                 alone = imp.forward_with_heads(tiny, batch, keep[c][None], method=method, mean_z=mean_z)
             real = batch.attention_mask[i].bool()
-            torch.testing.assert_close(shared[c], alone[i][real], atol=1e-5, rtol=1e-4)
+            assert_close_across_kernels(shared[c], alone[i][real])  # forked batch vs padded batch
     keep_early = keep.clone()
     keep_early[3, 0, 0] = 0.0  # copy 3 now gates layer 0: the fork moves there
     seen.clear()
@@ -144,7 +146,7 @@ def test_fork_batch_is_the_only_shape_change_a_hook_may_make(tiny):
         tiny.run_with_hooks(ids, fwd_hooks=grow)
     out = tiny.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", fork_batch(3))])
     assert out.shape == (3, ids.shape[1], tiny.config.d_model)
-    torch.testing.assert_close(out[2], tiny(ids)[0])
+    assert_close_across_kernels(out[2], tiny(ids)[0])  # a batch of 3 vs of 1: the matmuls may block differently
     with pytest.raises(ValueError, match="batch of one"):
         tiny.run_with_hooks(toy_batch(n=2).input_ids, fwd_hooks=[("blocks.0.attn.hook_z", fork_batch(3))])
 

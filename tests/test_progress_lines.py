@@ -53,3 +53,55 @@ def test_quiet_runs_print_no_progress(quiet, capsys, monkeypatch):
     bar.update(2)
     bar.close()
     assert ("work: 2/2" in capsys.readouterr().err) is not quiet
+
+
+def test_heads_importance_pass_counts_every_long_step(tiny_config, tokenizer):
+    """The heads experiment's importance step ran its gradient pass and its three pruning passes (the largest
+    cost of a run) with no progress at all after the ablation bar: now each reports, item by item, to its total."""
+    import numpy as np
+    from bertscope.experiments import corpus as corpus_mod
+    from bertscope.experiments.heads import experiment as heads_experiment
+    from bertscope.experiments.heads import passes
+
+    from bertscope import models
+
+    model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
+    corpus = corpus_mod.load_corpus("builtin", max_sentences=6)
+    batches = list(corpus_mod.encode(corpus, tokenizer, batch_size=4).batches)
+    settings = heads_experiment.Settings(pruning_points=2, pruning_random_orders=2, methods=("zero",), workers=1)
+    seen: dict[str, list[int]] = {}
+
+    def progress(it, desc, total):
+        seen[desc] = [0, total]
+        for item in it:
+            seen[desc][0] += 1
+            yield item
+
+    passes.importance_pass(model, batches, settings, seed=0, rng=np.random.default_rng(0), progress=progress)
+    assert set(seen) == {"ablation", "gradient importance (batches)", "pruning curves, 2 random orders",
+                         "pruning curves, chosen orders on half 1 of 2", "pruning curves, chosen orders on half 2 of 2"}
+    assert all(done == total > 0 for done, total in seen.values()), seen
+    assert seen["pruning curves, 2 random orders"] == [6, 6] and seen["gradient importance (batches)"] == [2, 2]
+
+
+def test_structure_word_vectors_report_each_batch(tiny_config, tokenizer):
+    """structure's word-vector pass (a forward over every chosen sentence, for the trained and the re-initialised
+    model) printed nothing; it now takes a progress wrapper, which the experiment gives (one unit per batch)."""
+    from bertscope.experiments import corpus as corpus_mod
+    from bertscope.experiments.structure import data as structure_data
+
+    from bertscope import models
+
+    model = models.random_encoder(tiny_config, seed=0, tokenizer=tokenizer)
+    sentences = list(corpus_mod.load_corpus("builtin", max_sentences=5))
+    encoded = corpus_mod.encode(sentences, tokenizer, batch_size=2)
+    counted = []
+
+    def progress(it):
+        for batch in it:
+            counted.append(len(batch.sentence_index))
+            yield batch
+
+    structure_data.collect(model, encoded, ["blocks.0.hook_resid_post"], [len(s) for s in sentences],
+                           corpus=sentences, progress=progress)
+    assert counted == [2, 2, 1]

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from bertscope.experiments.explorer import data, page
 from bertscope.experiments.explorer.data import SentenceData, capture, decode_map, decode_qk, encode_map, encode_qk
 from bertscope.experiments.naming import model_label
@@ -41,6 +42,7 @@ __all__ = [
     "encode_map",
     "encode_qk",
     "explore",
+    "from_attentions",
     "mixing_maps",
     "mixing_methods",
 ]
@@ -158,6 +160,7 @@ def build(
                 "tokens": list(s.tokens),
                 "maps": {m: encode_map(s.maps[m]) for m in methods},
                 "qk": None if s.q is None else encode_qk(s.q, s.k),
+                "segments": s.segments,
             }
             for s in sentences
         ],
@@ -176,8 +179,20 @@ def explore(
     attention: bool = True,
     title: str = "bertscope explorer",
     batch_size: int = 8,
+    pairs: str | Sequence[str] | None = None,
+    sentence_b_start: int | Sequence[int | None] | None = None,
 ) -> Explorer:
     """Explore ``model``'s attention on ``texts`` (one string or several; padded together, padding dropped).
+
+    Sentence pairs: ``pairs`` gives each text its second segment (``model.tokenize(texts, pairs)``, as in
+    next-sentence or entailment inputs); the page then marks each token's segment and can show only
+    A->B, B->A, A->A or B->B attention, with the attention mass each way.
+
+    bertviz-style input: ``explore(outputs.attentions, tokens)`` takes transformers' ``output_attentions`` (a tuple
+    of ``[batch, head, query, key]`` tensors, one per layer) with the tokens (``convert_ids_to_tokens``; one list
+    per row for a batch) instead of a model and texts, and ``sentence_b_start`` (the position where segment B
+    starts, as bertviz's ``head_view`` takes it; one per row for a batch) for a pair. No query-key view then
+    (the queries and keys are not in the attentions).
 
     ``maps``: extra views, method id -> ``[batch, layer, query, key]`` (or ``[batch, layer, head, query,
     key]``) over ``model.tokenize(texts)``'s padded positions, or a list with one ``[layer, query, key]`` per
@@ -189,15 +204,26 @@ def explore(
     indices, or "auto" (in order while the int8 total stays within ``QK_AUTO_BYTES``; the first always).
     ``attention=False`` leaves attention out of the menu (then ``maps`` is required).
     """
+    if isinstance(model, (tuple, list)) or (isinstance(model, torch.Tensor) and model.dim() == 5):
+        if maps or mixing or pairs is not None:
+            raise ValueError("with transformers' attentions, give only the tokens and sentence_b_start (maps, mixing "
+                             "and pairs need a bertscope model)")
+        return from_attentions(model, texts, sentence_b_start=sentence_b_start, title=title)
+    if sentence_b_start is not None:
+        raise ValueError("sentence_b_start goes with transformers' attentions; with a model, give pairs=")
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a non-empty list of strings")
+    if pairs is not None:
+        pairs = [pairs] if isinstance(pairs, str) else list(pairs)
+        if len(pairs) != len(texts) or not all(isinstance(t, str) for t in pairs):
+            raise ValueError(f"pairs must give one second segment (a string) per text: {len(texts)} texts")
     if not attention and not maps:
         raise ValueError("nothing to show: attention=False and no maps")
     if attention and "attention" in (maps or {}):
         raise ValueError("'attention' is the model's own attention; give your map another name")
     cfg = model.config
-    inputs = model.tokenize(texts)
+    inputs = model.tokenize(texts, pairs)
     computed = mixing_maps(model, inputs, mixing)
     if computed:
         clash = sorted(set(computed) & set(maps or {}))
@@ -213,11 +239,14 @@ def explore(
         name: data.sentence_maps(value, len(texts), caught.positions, padded_len, name)
         for name, value in (maps or {}).items()
     }
+    segments = (data.pair_segments(model.tokenizer, texts, pairs, caught.positions) if pairs is not None
+                else [None] * len(texts))  # fmt: skip
     sentences = []
     for i, text in enumerate(texts):
         sentence_maps = {"attention": caught.pattern[i]} if attention else {}
         sentence_maps.update({name: arrays[i] for name, arrays in extra.items()})
-        sentences.append(SentenceData(text, caught.tokens[i], sentence_maps, caught.q[i], caught.k[i]))
+        shown = text if pairs is None else f"{text} || {pairs[i]}"
+        sentences.append(SentenceData(shown, caught.tokens[i], sentence_maps, caught.q[i], caught.k[i], segments[i]))
     return build(
         sentences,
         labels=labels,
@@ -225,6 +254,34 @@ def explore(
         model_name=model_label(model),  # name and weights sha256, never the local path (pages get shared)
         title=title,
     )
+
+
+def from_attentions(
+    attentions,
+    tokens: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    sentence_b_start: int | Sequence[int | None] | None = None,
+    title: str = "bertscope explorer",
+) -> Explorer:
+    """An explorer from transformers' ``output_attentions`` (bertviz's input): ``attentions`` a tuple of one
+    ``[batch, head, query, key]`` tensor per layer (or one ``[layer, batch, head, query, key]`` tensor), ``tokens``
+    the token strings (one list, or one per row; a shorter row is right-padded), ``sentence_b_start`` where
+    segment B starts (an int, or one per row, None for a single sentence)."""
+    arr, rows = data.attention_tuple(attentions, tokens)
+    starts = sentence_b_start if isinstance(sentence_b_start, (list, tuple)) else [sentence_b_start] * len(rows)
+    if len(starts) != len(rows):
+        raise ValueError(f"sentence_b_start gives {len(starts)} values for {len(rows)} rows")
+    sentences = []
+    for i, (row, start) in enumerate(zip(rows, starts, strict=True)):
+        n = len(row)
+        segments = None
+        if start is not None:
+            if not 0 < int(start) < n:
+                raise ValueError(f"sentence_b_start must be in 1..{n - 1} for row {i} ({n} tokens), got {start}")
+            segments = [0] * int(start) + [1] * (n - int(start))
+        maps = {"attention": np.ascontiguousarray(arr[i, :, :, :n, :n], dtype=np.float32)}
+        sentences.append(SentenceData(" ".join(row), row, maps, segments=segments))
+    return build(sentences, vmax={"attention": 1.0}, model_name="transformers output_attentions", title=title)
 
 
 def _qk_wanted(qk: bool | str | Sequence[int], lengths: list[int], per_token: int) -> list[bool]:

@@ -35,7 +35,8 @@ class SentenceData:
 
     ``tokens``: its real tokens (no padding), ``n`` of them. ``maps``: method id -> ``[layer, head, n, n]``
     float array (``head`` is 1 for per-layer methods). ``q`` and ``k``: ``[layer, n, head, d_head]`` float
-    arrays for the query-key view, or None when not embedded.
+    arrays for the query-key view, or None when not embedded. ``segments``: for a sentence pair, each token's
+    segment (0 = A, 1 = B; a separator belongs to the segment it closes), else None.
     """
 
     text: str
@@ -43,9 +44,14 @@ class SentenceData:
     maps: dict[str, np.ndarray] = field(default_factory=dict)
     q: np.ndarray | None = None
     k: np.ndarray | None = None
+    segments: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
+        if self.segments is not None:
+            self.segments = [int(x) for x in self.segments]
+            if len(self.segments) != n or not set(self.segments) <= {0, 1}:
+                raise ValueError(f"segments must give 0 (A) or 1 (B) for each of the {n} tokens, got {self.segments}")
         for method, m in self.maps.items():
             if m.ndim != 4 or m.shape[2:] != (n, n):
                 raise ValueError(f"map {method!r} must be [layer, head, {n}, {n}], got {tuple(m.shape)}")
@@ -227,3 +233,54 @@ def decode_qk(encoded: Mapping, n: int) -> tuple[np.ndarray, np.ndarray]:
     flat = code.reshape(len(scale), n, -1).astype(np.float32) * scale
     q, k = rearrange(flat, "(two l h) n d -> two l n h d", two=2, l=n_layers, h=n_heads)
     return q, k
+
+
+def pair_segments(tokenizer, texts: Sequence[str], pairs: Sequence[str], positions: Sequence[np.ndarray]) -> list[
+        list[int]]:
+    """Each real token's segment (0 = A, 1 = B) for ``tokenizer(texts, pairs)`` padded as ``model.tokenize`` pads,
+    at the real ``positions`` of each row. Special tokens join the segment before them (BERT's ``[CLS] A [SEP]``
+    is A, the last ``[SEP]`` is B), as BERT's token types say; this works for tokenizers without token types
+    (RoBERTa's ``</s></s>`` between the segments belongs to A)."""
+    enc = tokenizer(list(texts), list(pairs), padding=True, truncation=False)
+    out = []
+    for i, real in enumerate(positions):
+        if getattr(enc, "is_fast", False):
+            ids = enc.sequence_ids(i)
+        else:
+            ids = enc.get("token_type_ids", [[0] * len(enc["input_ids"][i])] * (i + 1))[i]
+        segs, last = [], 0
+        for p in real.tolist():
+            last = last if ids[p] is None else int(ids[p])
+            segs.append(last)
+        out.append(segs)
+    return out
+
+
+def attention_tuple(attentions, tokens) -> tuple[np.ndarray, list[list[str]]]:
+    """transformers' ``output_attentions`` (a tuple of ``n_layers`` tensors ``[batch, head, query, key]``, as
+    bertviz takes it) and the tokens (one list for a batch of one, or one list per row) -> the stacked
+    ``[batch, layer, head, query, key]`` array and one token list per row. A row shorter than the padded length
+    is read as right-padded (its tokens are the first positions)."""
+    if isinstance(attentions, torch.Tensor) and attentions.dim() == 5:
+        attentions = tuple(attentions)
+    if not isinstance(attentions, (tuple, list)) or not attentions or not all(
+            isinstance(a, (torch.Tensor, np.ndarray)) for a in attentions):
+        raise TypeError("attentions must be transformers' output_attentions: a tuple of one [batch, head, query, key] "
+                        "tensor per layer (run the model with output_attentions=True, attn_implementation='eager')")
+    arr = np.stack([_as_numpy(a) for a in attentions], axis=1)
+    if arr.ndim != 5 or arr.shape[-1] != arr.shape[-2]:
+        raise ValueError(f"each layer's attention must be [batch, head, query, key], got {tuple(arr.shape[0:1])} + "
+                         f"{tuple(arr.shape[2:])}")
+    if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens):
+        tokens = [list(tokens)]
+    if not isinstance(tokens, (list, tuple)) or not all(
+            isinstance(row, (list, tuple)) and all(isinstance(t, str) for t in row) for row in tokens):
+        raise TypeError("tokens must be a list of token strings (e.g. tokenizer.convert_ids_to_tokens(ids)), or one "
+                        "such list per batch row")
+    if len(tokens) != arr.shape[0]:
+        raise ValueError(f"the attentions hold {arr.shape[0]} rows but {len(tokens)} token lists were given")
+    n_pos = arr.shape[-1]
+    for i, row in enumerate(tokens):
+        if not 0 < len(row) <= n_pos or (arr.shape[0] == 1 and len(row) != n_pos):
+            raise ValueError(f"row {i} has {len(row)} tokens but the attention is over {n_pos} positions")
+    return arr, [list(row) for row in tokens]

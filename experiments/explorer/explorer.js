@@ -18,6 +18,8 @@
   var BUCKETS = 32; // opacity levels for line drawing (one path per level and head)
   var MIN_ALPHA_ALL = 1 / 64; // with every row drawn, fainter lines are skipped (invisible anyway)
   var DPR = Math.min(2, window.devicePixelRatio || 1);
+  // Sentence pairs: which query -> key segments the head view draws ("AB": queries in A, keys in B).
+  var SEG_FILTERS = [["all", "all tokens"], ["AB", "A \u2192 B"], ["BA", "B \u2192 A"], ["AA", "A \u2192 A"], ["BB", "B \u2192 B"]];
 
   function $(id) { return document.getElementById(id); }
   function el(tag, cls, text) {
@@ -112,6 +114,40 @@
     if (state.hover !== null) return [state.hover];
     return null;
   }
+  function segOk(i, j) { // does the segment filter let the line query i -> key j through?
+    var segs = sentence().segments;
+    if (!segs || state.seg === "all") return true;
+    return segs[i] === (state.seg[0] === "A" ? 0 : 1) && segs[j] === (state.seg[1] === "A" ? 0 : 1);
+  }
+  function segmentMass() { // mean over the selected heads and the queries of one segment of their weight on the other
+    var segs = sentence().segments, m = current.map;
+    if (!segs || !m) return null;
+    var out = { ab: 0, ba: 0 };
+    [["ab", 0, 1], ["ba", 1, 0]].forEach(function (w) {
+      var rows = [], total = 0;
+      for (var i = 0; i < m.n; i++) if (segs[i] === w[1]) rows.push(i);
+      if (!rows.length || !state.heads.length) return;
+      state.heads.forEach(function (h) {
+        var r = rowSums(rows, h);
+        for (var j = 0; j < m.n; j++) if (segs[j] === w[2]) total += r[j];
+      });
+      out[w[0]] = total / (rows.length * state.heads.length);
+    });
+    return out;
+  }
+  function updateSegments() {
+    var segs = sentence().segments, box = $("bs-seg-summary"), root = $("bs-headview");
+    var mass = segmentMass();
+    root.dataset.seg = segs ? state.seg : "";
+    if (!mass) { box.hidden = true; delete root.dataset.segAb; delete root.dataset.segBa; return; }
+    root.dataset.segAb = mass.ab.toFixed(5);
+    root.dataset.segBa = mass.ba.toFixed(5);
+    var nA = segs.filter(function (x) { return x === 0; }).length;
+    box.hidden = false;
+    box.textContent = "Sentence pair: segment A is " + nA + " tokens, B " + (segs.length - nA) + " (marked blue / orange). " +
+      method().label + ", layer " + state.layer + ", mean over " + state.heads.length + " head(s): a token of A puts " +
+      fmt(mass.ab) + " on B; a token of B puts " + fmt(mass.ba) + " on A.";
+  }
   function tokenLabel(i) { return "'" + sentence().tokens[i] + "'"; }
   function setHover(text) { $("bs-hover").textContent = text; }
 
@@ -147,7 +183,7 @@
 
   // ------------------------------------------------------------------------------------------ head view
   function renderTokens() {
-    var tokens = sentence().tokens;
+    var tokens = sentence().tokens, segs = sentence().segments;
     [["bs-queries", "q"], ["bs-keys", "k"]].forEach(function (pair) {
       var col = $(pair[0]);
       col.replaceChildren();
@@ -157,6 +193,7 @@
         d.dataset.i = String(i);
         d.dataset.side = pair[1];
         if (/^\[[A-Z]+\]$/.test(t) || /^<\/?s>$/.test(t)) d.classList.add("bs-special");
+        if (segs) d.classList.add(segs[i] ? "bs-seg-b" : "bs-seg-a");
         frag.appendChild(d);
       });
       col.appendChild(frag);
@@ -194,7 +231,7 @@
         var y0 = (i + 0.5) * ROW;
         for (var j = 0; j < n; j++) {
           var a = Math.min(1, Math.abs(mapValue(m, state.layer, h, i, j)) / vmax);
-          if (a < minAlpha) continue;
+          if (a < minAlpha || !segOk(i, j)) continue;
           var b = Math.min(BUCKETS - 1, Math.floor(a * BUCKETS));
           if (!paths[b]) paths[b] = new Path2D();
           paths[b].moveTo(2, y0);
@@ -430,7 +467,7 @@
   // ------------------------------------------------------------------------------------------ flow
   function redraw() {
     var t0 = performance.now();
-    drawHeadView(); updateThumbs(); updateSwatches(); updateTokenClasses();
+    drawHeadView(); updateThumbs(); updateSwatches(); updateTokenClasses(); updateSegments();
     var t1 = performance.now();
     drawQKView();
     api.redrawMs = { head: t1 - t0, qk: performance.now() - t1 };
@@ -450,6 +487,9 @@
         fillSelect($("bs-qk-head"), current.qk ? Array.from({ length: current.qk.heads }, function (_, h) { return String(h); }) : [], state.qkHead);
         var t = [performance.now()];
         $("bs-text").textContent = sentence().text;
+        if (!sentence().segments) state.seg = "all";
+        $("bs-seg-box").hidden = !sentence().segments;
+        $("bs-segments").value = state.seg;
         renderControls();
         renderTokens();
         t.push(performance.now());
@@ -481,6 +521,7 @@
       load().catch(fail);
     });
     $("bs-layer").addEventListener("change", function (e) { state.layer = Number(e.target.value); redraw(); });
+    $("bs-segments").addEventListener("change", function (e) { state.seg = e.target.value; redraw(); });
     $("bs-qk-head").addEventListener("change", function (e) { state.qkHead = Number(e.target.value); drawQKView(); });
     $("bs-all-heads").addEventListener("click", function () {
       state.heads = Array.from({ length: method().heads }, function (_, h) { return h; });
@@ -566,6 +607,7 @@
   api.mapRow = function (s, id, l, h, i) {
     return getMap(s, id).then(function (m) { var out = []; for (var j = 0; j < m.n; j++) out.push(mapValue(m, l, h, i, j)); return out; });
   };
+  api.segmentMass = function () { return segmentMass(); };
   api.qkVector = function (s, which, l, h, i) {
     return getQK(s).then(function (qk) { return qk ? Array.from(qkVector(qk, which, l, h, i)) : null; });
   };
@@ -576,7 +618,8 @@
       if (payload.format !== "bertscope-explorer/1") throw new Error("unknown data format " + payload.format);
       if (typeof DecompressionStream !== "function") throw new Error("this browser has no DecompressionStream (needs Chrome 80+, Firefox 113+, Safari 16.4+)");
       methods = payload.methods;
-      state = { sentence: 0, method: methods[0].id, layer: 0, heads: [], selected: [], hover: null, focus: null, qkHead: 0 };
+      state = { sentence: 0, method: methods[0].id, layer: 0, heads: [], selected: [], hover: null, focus: null, qkHead: 0, seg: "all" };
+      SEG_FILTERS.forEach(function (f) { var o = el("option", null, f[1]); o.value = f[0]; $("bs-segments").appendChild(o); });
       api.state = state;
       api.payload = payload;
       $("bs-model").textContent = payload.model && payload.model.name ? payload.model.name : "";

@@ -35,6 +35,11 @@ def _no_progress(it: Iterable[Any], desc: str, total: int) -> Iterable[Any]:
     return it
 
 
+def _counted(progress: Progress, desc: str, total: int) -> Callable[[Iterable[Any]], Iterable[Any]]:
+    """``progress`` with its description and total fixed: the one-argument wrapper ``map_sentences`` takes."""
+    return lambda it: progress(it, desc, total)
+
+
 def attention_sites(n_layers: int) -> list[str]:
     """The sites the attention pass reads: every layer's ``attn.hook_pattern`` and ``attn.hook_v``."""
     return [f"blocks.{i}.attn.{h}" for i in range(n_layers) for h in ("hook_pattern", "hook_v")]
@@ -199,12 +204,13 @@ def importance_pass(
     michel = {}
     gradient_batches = batches if gradient_batches is None else gradient_batches
     grad_inverse = np.argsort(np.concatenate([b.sentence_index for b in gradient_batches]))
+    counted = progress(gradient_batches, "gradient importance (batches)", len(gradient_batches))
     if imp.has_mlm_head(model):
-        sums, tokens = grads.michel_importance(model, gradient_batches, seed=seed)
+        sums, tokens = grads.michel_importance(model, counted, seed=seed)
         grad, objective = sums / tokens[:, None, None], "mlm"
         michel = {"michel_sums": sums[grad_inverse], "michel_tokens": tokens[grad_inverse]}
     else:
-        grad, objective = grads.gradient_importance(model, gradient_batches, objective="projection",
+        grad, objective = grads.gradient_importance(model, counted, objective="projection",
                                                     n_projections=settings.n_projections, seed=seed)  # fmt: skip
     effects, grad = effects[inverse], grad[grad_inverse]
     out = {
@@ -214,7 +220,7 @@ def importance_pass(
         "grad": grad,
         "objective": np.asarray(objective),
     }
-    return {**out, **_pruning(model, batches, effects, grad, settings, seed, rng, inverse), **michel}
+    return {**out, **_pruning(model, batches, effects, grad, settings, seed, rng, inverse, progress), **michel}
 
 
 def _pruning(
@@ -226,8 +232,10 @@ def _pruning(
     seed: int,
     rng: np.random.Generator,
     inverse: np.ndarray,
+    progress: Progress = _no_progress,
 ) -> dict[str, np.ndarray]:
-    """Pruning curves of the held-out importance orders and of the random orders (batched masks, ``pruning``).
+    """Pruning curves of the held-out importance orders and of the random orders (batched masks, ``pruning``);
+    ``progress`` counts sentences of each of the three passes (random orders, then each held-out half).
 
     An importance order is chosen on one half of the sentences (``statistics.heldout_folds``) and its curve read
     on the other half, both ways round (so it runs on that half only); the random orders run on every sentence.
@@ -250,13 +258,15 @@ def _pruning(
                                  n_heads)  # fmt: skip
     n_chosen = 2 * len(names)
     workers = settings.workers
-    random = pruning.pruning_curves(model, batches, keep[n_chosen:], workers=workers)[inverse]  # [s, o, c, m]
+    random = pruning.pruning_curves(model, batches, keep[n_chosen:], workers=workers, progress=_counted(
+        progress, f"pruning curves, {settings.pruning_random_orders} random orders", len(effects)))[inverse]
     heldout = np.zeros((len(effects), len(names), *random.shape[2:]))
     for f in (0, 1):  # the orders chosen without half f (keep[f::2]) are read on half f only
         rows = [fold[np.asarray(b.sentence_index)] == f for b in batches]
         sub = [_rows(b, r) for b, r in zip(batches, rows, strict=True) if r.any()]
         index = np.concatenate([np.asarray(b.sentence_index)[r] for b, r in zip(batches, rows, strict=True)])
-        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2], workers=workers)
+        heldout[index] = pruning.pruning_curves(model, sub, keep[f:n_chosen:2], workers=workers, progress=_counted(
+            progress, f"pruning curves, chosen orders on half {f + 1} of 2", len(index)))
     return {
         "pruning": heldout,  # [sentence, order, count, measure]
         "pruning_orders": np.asarray(names, dtype=str),

@@ -10,7 +10,7 @@ head outputs, ``importance.forward_with_heads``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,10 +49,12 @@ def pruning_curves(
     *,
     copies_per_pass: int = 128,
     workers: int = 1,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
 ) -> np.ndarray:
     """Output change of every sentence under every zero-ablation mask ``keep [..., layer, head]`` (0 = removed).
 
-    ``workers``: processes for the sentences (``parallel.map_sentences``; 1 = in this process).
+    ``workers``: processes for the sentences (``parallel.map_sentences``; 1 = in this process). ``progress``
+    optionally wraps the per-sentence results as they arrive (one unit per sentence).
     Returns ``[sentence, ..., measure]`` float64, measures ``OUTPUT_MEASURES``; sentences in batch order.
     """
     _check_eval(model)
@@ -68,7 +70,7 @@ def pruning_curves(
         with torch.no_grad():
             return _sentence_changes(model, sentence, unique, first, copies_per_pass)[inverse].numpy()
 
-    out = map_sentences(one, sentences, workers, device=_device(model))
+    out = map_sentences(one, sentences, workers, progress, device=_device(model))
     curves = np.stack(out) if out else np.zeros((0, len(flat), len(OUTPUT_MEASURES)))
     return curves.reshape(curves.shape[0], *lead, len(OUTPUT_MEASURES))
 

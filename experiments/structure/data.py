@@ -77,9 +77,11 @@ class WordVectors:
 
 
 def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[int], *,
-            corpus: Sequence[Any] | None = None, capture: CaptureSource | None = None) -> tuple[WordVectors, list[int]]:
+            corpus: Sequence[Any] | None = None, capture: CaptureSource | None = None,
+            progress: Any = None) -> tuple[WordVectors, list[int]]:
     """The activations of ``encoded``'s batches at ``sites`` (the activations stage: a forward of ``model``, or
-    ``capture``, then ``corpus`` is what ``encoded`` encodes), pieces mean-pooled into words.
+    ``capture``, then ``corpus`` is what ``encoded`` encodes), pieces mean-pooled into words. ``progress``
+    optionally wraps the batches (e.g. ``lambda it: ctx.progress(it, "word vectors", total=len(encoded))``).
 
     Returns the packed `WordVectors` of the sentences in corpus order (``n_words``: the chosen sentences' word
     counts) and the indices of truncated sentences (left out: length 0)."""
@@ -87,7 +89,7 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
     pooled: dict[int, np.ndarray] = {}
     truncated: list[int] = []
     with torch.no_grad():
-        for batch in encoded:
+        for batch in encoded if progress is None else progress(encoded):
             cache = batch_activations(model, batch, list(sites), corpus=corpus, capture=capture, device=device,
                                       stop_early=False)  # fmt: skip
             stacked = torch.stack([cache[s] for s in sites], dim=1).float()  # [batch, site, pos, d]

@@ -196,7 +196,8 @@ def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]]) -> tuple
                 net = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
                 net = net.to(device=ctx.device, dtype=ctx.dtype).eval()
             wv, cut = data.collect(net, encoded, sites, n_words, corpus=chosen,
-                                   capture=source if encoder == "trained" else None)
+                                   capture=source if encoder == "trained" else None,
+                                   progress=lambda it: ctx.progress(it, f"word vectors ({encoder})", total=len(it)))
             return {"words": wv.words, "lengths": wv.lengths, "truncated": np.asarray(cut, dtype=np.int64)}
 
         arrays = ctx.step_arrays("vectors", collect, encoder=encoder, sites=sites)
