@@ -297,3 +297,32 @@ def test_bad_inputs_raise_clear_errors():
         train_dictionaries([torch.randn(5000, 5)], cfg, _small())
     with pytest.raises(KeyError, match="no activations for site"):
         train_dictionaries([{"y": torch.randn(500, 4)}], cfg, _small())
+
+
+def test_topk_training_loss_and_gradients_equal_the_dense_computation():
+    """The sparse TopK path (TopKEncodeFunction, AuxK on the dead latents only) gives the dense formulas' loss
+    and gradients: topk_activation, decode, MSE + AuxK (auxk_loss on the full pre-activations)."""
+    torch.manual_seed(0)
+    cfg = DictionaryConfig(d_in=16, d_sae=64, arch="topk", k=4, site="x")
+    d = Dictionary(cfg)
+    d.init_weights(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        d.b_dec.copy_(torch.randn(16) * 0.1)
+        d.b_enc.copy_(torch.randn(64) * 0.1)
+    x = torch.randn(50, 16)
+    dead = torch.zeros(64, dtype=torch.bool)
+    dead[::5] = True
+    st = TrainSettings(tokens=1024, batch_size=512, progress=False, aux_coefficient=0.5)
+    loss, f, y_hat = dictionary_loss(d, x, x, st, tokens=0, dead=dead)
+    loss.backward()
+    fast = {n: p.grad.clone() for n, p in d.named_parameters()}
+    d.zero_grad()
+    h = d.pre_activation(x)
+    f_ref = topk_activation(h, 4)
+    y_ref = d.decode(f_ref)
+    ref = (y_ref - x).pow(2).sum(-1).mean() + 0.5 * auxk_loss(d, h, x, y_ref, dead)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(f, f_ref.detach())
+    for n, p in d.named_parameters():
+        torch.testing.assert_close(fast[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
