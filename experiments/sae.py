@@ -255,8 +255,19 @@ def describe(dicts: dict[str, Dictionary]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CorpusActivations", "corpus_tokens", "evaluate_sae", "find_dictionaries", "parse_width", "site_width",
-           "summary", "train_sae", "write_evaluation"]
+__all__ = [
+    "CorpusActivations",
+    "capture_sentences",
+    "corpus_tokens",
+    "evaluate_sae",
+    "find_dictionaries",
+    "parse_width",
+    "site_width",
+    "summary",
+    "train_sae",
+    "transcoder_sites",
+    "write_evaluation",
+]
 
 
 # ------------------------------------------------------------------------------------------------ the commands
@@ -271,6 +282,12 @@ def run_train_command(args: Any, options: Any) -> int:
                          "train on more tokens")
     inputs = prepare_inputs(options)
     model = inputs.model
+    if args.kind != "sae" and len(args.site) == 1:
+        try:
+            site_in, site_out = transcoder_sites(model, args.site[0], args.site_out)
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+        args.site, args.site_out = [site_in], site_out
     sites = list(args.site) + ([args.site_out] if args.site_out else [])
     for site in sites:
         try:
@@ -299,7 +316,10 @@ def run_train_command(args: Any, options: Any) -> int:
         if missing:
             raise UsageError(f"--activations {args.activations} holds no site {missing[0]}")
     sentences = list(inputs.corpus)
-    available = corpus_tokens(model, sentences, options.max_length)
+    max_length = options.max_length
+    if capture is not None:
+        sentences, max_length = capture_sentences(capture, sentences, options.corpus, sites)
+    available = corpus_tokens(model, sentences, max_length)
     if available < args.train_batch:
         raise UsageError(f"the corpus has {available} usable tokens (special tokens left out), fewer than one "
                          f"training batch ({args.train_batch}); use a larger --corpus")
@@ -310,12 +330,50 @@ def run_train_command(args: Any, options: Any) -> int:
                              l1_coefficient=args.l1, l0_coefficient=args.l0)
     dicts = train_sae(model, sentences, args.site, options.out, arch=args.arch, k=args.k, width=args.width,
                       kind=args.kind, site_out=args.site_out, settings=settings, capture=capture,
-                      batch_size=options.batch_size, max_length=options.max_length, controls=not args.no_controls)
+                      batch_size=options.batch_size, max_length=max_length, controls=not args.no_controls)
     if not options.quiet:
         print(describe(dicts))
         print(f"saved under {options.out} (SAELens format); evaluate with: bertscope sae eval {options.out} "
               "--corpus HELD_OUT")
     return 0
+
+
+def transcoder_sites(model: Any, site: str, site_out: str | None = None) -> tuple[str, str]:
+    """A transcoder's (read, predicted) sites: ``site`` may name a block (``blocks.3``), read at its MLP input
+    (post-LN BERT: ``blocks.3.hook_resid_mid``; pre-LN: ``blocks.3.ln2.hook_normalized``, the MLP input up to
+    LayerNorm's affine map, which the encoder absorbs); ``site_out`` defaults to the same block's
+    ``hook_mlp_out``. ``KeyError`` (one line) when ``site`` names no block."""
+    import re
+
+    match = re.fullmatch(r"blocks\.(\d+)(\..+)?", site)
+    if match is None:
+        raise KeyError(f"a transcoder reads a block's MLP input: give --site blocks.L (or a hook of block L), "
+                       f"not {site!r}")
+    layer = int(match.group(1))
+    if match.group(2) is None:
+        post_ln = getattr(model.config, "norm_placement", "post") == "post"
+        site = f"blocks.{layer}.hook_resid_mid" if post_ln else f"blocks.{layer}.ln2.hook_normalized"
+    return site, site_out or f"blocks.{layer}.hook_mlp_out"
+
+
+def capture_sentences(capture: Any, sentences: Sequence[Any], corpus_name: str,
+                      sites: Sequence[str]) -> tuple[list[Any], int]:
+    """The sentences of ``--corpus`` that the capture holds, and the capture's ``--max-length`` (a capture of a
+    subset, e.g. ``--max-sentences``, trains on that subset); ``UsageError`` (one line) when it holds none of
+    them or was made by another model or dtype."""
+    from bertscope.experiments.capture.layout import CaptureError
+    from bertscope.experiments.options import UsageError
+
+    held = [s for s in sentences if capture.locate(s) is not None]
+    if not held:
+        made_from = (capture.index.get("corpus") or {}).get("name", "another corpus")
+        raise UsageError(f"--activations {capture.folder} holds none of the sentences of --corpus {corpus_name} "
+                         f"(it was made from {made_from}); pass the corpus it was captured from")
+    try:
+        capture.check(capture.max_length, held, sites)
+    except CaptureError as e:
+        raise UsageError(" ".join(str(e).split())) from None
+    return held, capture.max_length
 
 
 def _width_or_usage(width: str, d_in: int) -> int:

@@ -94,3 +94,37 @@ def test_sae_commands_have_help(capsys):
             main([*command, "--help"])
         assert exc.value.code == 0
         assert "usage: bertscope sae" in capsys.readouterr().out
+
+
+def test_train_from_a_capture_folder_reads_the_captured_sentences(tiny, tmp_path, capsys):
+    cap = tmp_path / "cap"
+    assert main(["capture", "--model", str(tiny), "--hooks", "blocks.0.hook_resid_post", "--max-sentences", "40",
+                 "--out", str(cap), "--quiet"]) == 0
+    out = tmp_path / "sae"
+    # no --corpus: the default corpus's sentences that the capture holds (its 40), at the capture's max length
+    rc = main(["sae", "train", "--model", str(tiny), "--site", "blocks.0.hook_resid_post", "--activations", str(cap),
+               "--k", "4", "--width", "2x", "--tokens", "1k", "--out", str(out), "--train-batch", "128",
+               "--buffer", "512", "--quiet", "--no-controls"])
+    assert rc == 0, capsys.readouterr().err
+    assert load_dictionary(out / "blocks.0.hook_resid_post").config.metadata["tokens_trained"] == 896
+    bad = tmp_path / "bad"
+    rc = main(["sae", "train", "--model", str(tiny), "--site", "blocks.0.hook_resid_post", "--activations", str(cap),
+               "--corpus", "repeated-random", "--out", str(bad), "--train-batch", "128", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "holds none of the sentences" in err and len(err.splitlines()) == 1, err
+    assert not bad.exists()
+    rc = main(["sae", "train", "--model", str(tiny), "--site", "blocks.0.hook_mlp_out", "--activations", str(cap),
+               "--out", str(bad), "--train-batch", "128", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "the capture holds blocks.0.hook_resid_post" in err and len(err.splitlines()) == 1, err
+    assert not bad.exists()
+
+
+def test_transcoder_from_a_block_name_reads_the_mlp_input_and_predicts_its_output(tiny, tmp_path):
+    out = tmp_path / "tc"
+    rc = main(["sae", "train", "--model", str(tiny), "--site", "blocks.0", "--kind", "transcoder", "--arch", "relu",
+               "--width", "2x", "--tokens", "512", "--out", str(out), *SMALL, "--no-controls"])
+    assert rc == 0
+    d = load_dictionary(out / "blocks.0.hook_resid_mid")
+    assert d.config.kind == "transcoder"
+    assert (d.config.site, d.config.site_out) == ("blocks.0.hook_resid_mid", "blocks.0.hook_mlp_out")

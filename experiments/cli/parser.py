@@ -196,7 +196,9 @@ def _add_sae(sub: Any) -> None:
     inner = p.add_subparsers(dest="sae_command", metavar="ACTION", required=True)
     t = inner.add_parser("train", help="train dictionaries at one or more sites")
     t.add_argument("--site", action="append", required=True, help="hook name to read (repeat for several)")
-    t.add_argument("--site-out", default=None, help="transcoders: the hook to predict (e.g. blocks.3.hook_mlp_out)")
+    t.add_argument("--site-out", default=None,
+                   help="transcoders: the hook to predict (default: the --site block's hook_mlp_out; "
+                   "--site blocks.3 reads that block's MLP input)")
     t.add_argument("--kind", choices=["sae", "transcoder", "skip_transcoder"], default="sae")
     t.add_argument("--arch", choices=["topk", "batchtopk", "relu", "jumprelu"], default="topk")
     t.add_argument("--k", type=_positive_int, default=32, help="active latents per token (topk, batchtopk)")

@@ -25,6 +25,7 @@ its L1 penalty by them instead (SAELens ``standard``: ``sum_i f_i * ||W_dec[i]||
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -239,6 +240,46 @@ def batch_topk_activation(h: torch.Tensor, k: float) -> torch.Tensor:
     flat = acts.flatten()
     kept = torch.topk(flat, int(k * acts.shape[:-1].numel()), dim=-1)
     return torch.zeros_like(flat).scatter(-1, kept.indices, kept.values).reshape(acts.shape)
+
+
+class TopKEncodeFunction(torch.autograd.Function):
+    """The ``k`` largest pre-activations per row, ``(values [rows, k], indices [rows, k])`` of
+    ``h = x_in @ W_enc + b_enc``, with a sparse backward: only the ``rows * k`` selected entries carry gradient
+    (as in the dense ``topk`` backward), so ``d/dW_enc = G^T x_in`` and ``d/dx_in = G W_enc^T`` are computed
+    from the sparse ``G [rows, d_sae]`` (``k`` entries a row) instead of two dense ``[rows, d_sae]`` matmuls.
+    The same numbers as ``torch.topk(x_in @ W_enc + b_enc, k)`` and its autograd, to float summation order
+    (``tests/test_dictionary.py``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x_in: torch.Tensor, W_enc: torch.Tensor, b_enc: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.addmm(b_enc, x_in, W_enc)
+        values, indices = torch.topk(h, k, dim=-1, sorted=False)
+        ctx.save_for_backward(x_in, W_enc, indices)
+        ctx.mark_non_differentiable(indices)
+        return values, indices
+
+    @staticmethod
+    def backward(ctx: Any, grad_values: torch.Tensor, _grad_indices: Any) -> tuple[Any, Any, Any, None]:
+        x_in, W_enc, indices = ctx.saved_tensors
+        rows, k = indices.shape
+        d_sae = W_enc.shape[1]
+        flat_idx, flat_grad = indices.reshape(-1), grad_values.reshape(-1).contiguous()
+        grad_x = grad_W = grad_b = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+            if ctx.needs_input_grad[0]:
+                crow = torch.arange(0, rows * k + 1, k, device=indices.device)
+                G = torch.sparse_csr_tensor(crow, flat_idx, flat_grad, (rows, d_sae))
+                grad_x = G @ W_enc.T
+            if ctx.needs_input_grad[1]:
+                row_ids = torch.arange(rows, device=indices.device).repeat_interleave(k)
+                Gt = torch.sparse_coo_tensor(torch.stack([flat_idx, row_ids]), flat_grad, (d_sae, rows))
+                grad_W = torch.sparse.mm(Gt, x_in).T
+        if ctx.needs_input_grad[2]:
+            grad_b = torch.zeros(d_sae, dtype=grad_values.dtype, device=grad_values.device).index_add_(
+                0, flat_idx, flat_grad)
+        return grad_x, grad_W, grad_b, None
 
 
 def _rectangle(x: torch.Tensor) -> torch.Tensor:

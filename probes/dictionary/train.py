@@ -35,6 +35,7 @@ from .models import (
     DictionaryConfig,
     JumpReLUFunction,
     StepFunction,
+    TopKEncodeFunction,
     batch_topk_activation,
     topk_activation,
 )
@@ -345,23 +346,34 @@ def dictionary_loss(d: Dictionary, x: torch.Tensor, y: torch.Tensor, settings: T
     warm-up tokens.
     """
     cfg = d.config
-    h = d.pre_activation(x)
     if cfg.arch == "topk" and d.W_skip is None:
-        # the same numbers as topk_activation then decode, with the decoder reading only the k active rows
-        values, indices = torch.topk(h, cfg.k, dim=-1, sorted=False)
+        # the same numbers as topk_activation then decode, with the encoder's backward and the decoder reading
+        # only the k active latents of each row (TopKEncodeFunction, embedding_bag)
+        x_in = x.to(d.W_enc.dtype)
+        if d.is_sae:
+            x_in = x_in - d.b_dec
+        values, indices = TopKEncodeFunction.apply(x_in, d.W_enc, d.b_enc, cfg.k)
         values = values.relu()
-        f = torch.zeros_like(h).scatter(-1, indices, values)
+        f = torch.zeros(x_in.shape[0], cfg.d_sae, dtype=values.dtype, device=values.device).scatter_(
+            -1, indices, values.detach())
         y_hat = torch.nn.functional.embedding_bag(indices, d.W_dec, per_sample_weights=values, mode="sum") + d.b_dec
+        loss = (y_hat - y).pow(2).sum(-1).mean()
+        if dead is not None and int(dead.sum()) > 0:
+            # AuxK reads only the dead latents' pre-activations: the same loss as auxk_loss on the full h
+            cols = dead.nonzero().squeeze(1)
+            h_dead = torch.addmm(d.b_enc[cols], x_in, d.W_enc[:, cols])
+            loss = loss + settings.aux_coefficient * _auxk_on_dead(d, h_dead, cols, y, y_hat)
+        return loss, f, y_hat
+    h = d.pre_activation(x)
+    if cfg.arch == "relu":
+        f = h.relu()
+    elif cfg.arch == "topk":
+        f = topk_activation(h, cfg.k)
+    elif cfg.arch == "batchtopk":
+        f = batch_topk_activation(h, cfg.k)
     else:
-        if cfg.arch == "relu":
-            f = h.relu()
-        elif cfg.arch == "topk":
-            f = topk_activation(h, cfg.k)
-        elif cfg.arch == "batchtopk":
-            f = batch_topk_activation(h, cfg.k)
-        else:
-            f = JumpReLUFunction.apply(h, d.threshold, settings.jumprelu_bandwidth)
-        y_hat = d.decode(f, x)
+        f = JumpReLUFunction.apply(h, d.threshold, settings.jumprelu_bandwidth)
+    y_hat = d.decode(f, x)
     loss = (y_hat - y).pow(2).sum(-1).mean()
     if cfg.arch == "relu":
         coef = settings.l1_coefficient * _warm_up(tokens, settings.l1_warm_up_tokens)
@@ -388,6 +400,18 @@ def auxk_loss(d: Dictionary, h: torch.Tensor, y: torch.Tensor, y_hat: torch.Tens
     top = masked.topk(k_aux, dim=-1, sorted=False)
     acts = torch.zeros_like(h).scatter_(-1, top.indices, top.values)
     recon = acts @ d.W_dec + d.b_dec
+    return scale * (recon - (y - y_hat).detach()).pow(2).sum(-1).mean()
+
+
+def _auxk_on_dead(d: Dictionary, h_dead: torch.Tensor, cols: torch.Tensor, y: torch.Tensor,
+                  y_hat: torch.Tensor) -> torch.Tensor:
+    """:func:`auxk_loss` from the dead latents' pre-activations ``h_dead [rows, n_dead]`` (latents ``cols``)."""
+    n_dead = int(cols.numel())
+    k_aux = d.config.d_in // 2
+    scale = min(n_dead / k_aux, 1.0)
+    top = h_dead.topk(min(k_aux, n_dead), dim=-1, sorted=False)
+    recon = torch.nn.functional.embedding_bag(top.indices, d.W_dec[cols], per_sample_weights=top.values,
+                                              mode="sum") + d.b_dec
     return scale * (recon - (y - y_hat).detach()).pow(2).sum(-1).mean()
 
 
