@@ -16,17 +16,16 @@ from bertscope.experiments.corpus import encode, load_corpus
 from bertscope.experiments.erasure import measures
 from bertscope.experiments.options import Inputs, RunOptions, corpus_summary, model_summary
 from bertscope.experiments.runner import run_experiment
+from bertscope.models import load
 from helpers import save_tiny_bert
 from test_erasure_experiment import SMALL
-
-from bertscope import models
 
 
 @pytest.fixture(scope="module")
 def tiny_mlm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_mlm")
     hf = save_tiny_bert(folder, cls=transformers.BertForMaskedLM, seed=3)
-    return hf, models.load(folder)
+    return hf, load(folder)
 
 
 def test_clean_mlm_hits_equal_transformers_masked_lm(tiny_mlm) -> None:
