@@ -44,9 +44,24 @@ class Split:
         return np.concatenate([self.train, self.dev, self.test])
 
 
-def split_sentences(n_available: int, n_train: int, n_dev: int, n_test: int, rng: np.random.Generator) -> Split:
+def split_sentences(n_available: int, n_train: int, n_dev: int, n_test: int, rng: np.random.Generator, *,
+                    n_eval_available: int | None = None) -> Split:
     """A seeded split by sentence. With fewer sentences than asked for, each part shrinks in proportion (at
-    least 2 sentences each); fewer than 6 sentences raise ``ValueError``."""
+    least 2 sentences each); fewer than 6 sentences raise ``ValueError``. ``n_eval_available`` (an evaluation
+    corpus, --eval-corpus): train and dev come from the ``n_available`` sentences and ``test`` indexes the
+    evaluation corpus (a seeded choice of ``n_test`` of its sentences)."""
+    if n_eval_available is not None:
+        if n_available < 4 or n_eval_available < 2:
+            raise ValueError(f"the structural probe needs at least 4 training sentences (train and dev) and 2 "
+                             f"evaluation sentences, got {n_available} and {n_eval_available}")
+        scale = min(1.0, n_available / (n_train + n_dev))
+        sizes = [max(2, int(n * scale)) for n in (n_train, n_dev)]
+        while sum(sizes) > n_available:
+            sizes[int(np.argmax(sizes))] -= 1
+        order = rng.permutation(n_available)
+        train, dev = np.sort(order[: sizes[0]]), np.sort(order[sizes[0] : sum(sizes)])
+        test = np.sort(rng.permutation(n_eval_available)[: min(n_test, n_eval_available)])
+        return Split(train, dev, test)
     if n_available < 6:
         raise ValueError(f"the corpus has {n_available} usable sentences with trees; the structural probe needs "
                          "at least 6 (train, dev and test)")

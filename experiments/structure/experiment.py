@@ -45,7 +45,8 @@ DIRNAME = "structure"
 SUMMARY_TABLES = ["summary"]
 MIN_SENTENCES = 6  # two each to train, stop early and score (`data.split_sentences`)
 COLUMNS = ["model", "corpus", "encoder", "site", "layer", "component", "kind", "metric", "rank", "value", "ci_low",
-           "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test", "dev_value", "dev_ci_low", "dev_ci_high"]
+           "ci_high", "split", "n_sentences", "n_train", "n_dev", "n_test", "dev_value", "dev_ci_low", "dev_ci_high",
+           "test_corpus"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ def check(inputs: Any, settings: Settings) -> None:
     train, 2 to stop early, 2 to score), before anything is written."""
     from bertscope.experiments.registry import CannotRun
 
+    eval_corpus = getattr(inputs, "eval_corpus", None)
+    if eval_corpus is not None and (not eval_corpus.has_syntax or len(eval_corpus) < 2):
+        raise CannotRun(f"--eval-corpus {eval_corpus.name!r} needs gold dependency trees and at least 2 sentences")
     corpus = inputs.corpus
     if not corpus.has_syntax:
         raise CannotRun(f"needs gold dependency trees, and corpus {corpus.name!r} has none; use --corpus builtin "
@@ -111,12 +115,16 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     check(ctx.inputs, settings)
     ctx.note("settings", dataclasses.asdict(settings))
     n_layers = ctx.model.config.n_layers
+    eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
     split = data.split_sentences(len(ctx.corpus), settings.n_train, settings.n_dev, settings.n_test,
-                                 ctx.rng("split"))  # fmt: skip
-    chosen = [ctx.corpus[int(i)] for i in split.all()]
+                                 ctx.rng("split"), n_eval_available=None if eval_corpus is None else len(eval_corpus))
+    test_source = ctx.corpus if eval_corpus is None else eval_corpus
+    test_corpus = ctx.corpus_id if eval_corpus is None else str(eval_corpus.name)
+    chosen = [ctx.corpus[int(i)] for i in np.concatenate([split.train, split.dev])]
+    chosen += [test_source[int(i)] for i in split.test]  # test: indices into the evaluation corpus, if any
     _, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
-    ctx.log(f"{len(chosen)} sentences (train {len(split.train)}, dev {len(split.dev)}, test {len(split.test)}) "
-            f"drawn from {len(ctx.corpus)} of {ctx.corpus_id} ({why})")
+    ctx.log(f"{len(chosen)} sentences (train {len(split.train)}, dev {len(split.dev)} of {ctx.corpus_id}; test "
+            f"{len(split.test)} of {test_corpus}) drawn from {len(ctx.corpus)} of {ctx.corpus_id} ({why})")
     components = (data.BLOCK_COMPONENTS[:3] if settings.sublayers is True
                   else () if settings.sublayers is False else tuple(settings.sublayers))
     site_names = {"trained": data.residual_sites(n_layers) + data.sublayer_sites(n_layers, components)}
@@ -126,14 +134,15 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     if settings.threads:
         torch.set_num_threads(settings.threads)
     try:
-        vectors, truncated = _features(ctx, chosen, site_names)
+        n_fit = len(split.train) + len(split.dev)  # training-corpus sentences, encoded apart from the test ones
+        vectors, truncated = _features(ctx, chosen, site_names, n_fit if eval_corpus is not None else None)
         parts = _local_parts(split, set(truncated))
         ctx.note("n_left_out_truncated", len(truncated))
         ctx.note("split", {k: len(v) for k, v in parts.items()})
         ctx.log(f"{len(chosen)} sentences: {', '.join(f'{k} {len(v)}' for k, v in parts.items())}; word vectors "
                 f"at {sum(map(len, site_names.values()))} sites ({time.perf_counter() - t0:.1f}s)")
         heads, punct = [list(s.heads) for s in chosen], data.punct_masks(chosen)
-        info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "split": "test",
+        info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "split": "test", "test_corpus": test_corpus,
                 "n_train": len(parts["train"]), "n_dev": len(parts["dev"]), "n_test": len(parts["test"])}
         test = parts["test"]
         scored = {name: (parts[name], measures.resample_weights(len(parts[name]), settings.n_boot, [ctx.seed, seed]))
@@ -165,6 +174,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                                    settings.ci, info))
     finally:
         torch.set_num_threads(old_threads)
+    ctx.note("test_corpus", test_corpus)
     results = _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True),
                                              pd.concat(dev_rows, ignore_index=True)),
                      pd.concat(training, ignore_index=True))  # fmt: skip
@@ -180,11 +190,15 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ pieces
 
 
-def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]]) -> tuple[dict, list[int]]:
-    """Word vectors of the chosen sentences per encoder (``trained``, ``random_weights``), each a cached step."""
+def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]],
+              n_fit: int | None = None) -> tuple[dict, list[int]]:
+    """Word vectors of the chosen sentences per encoder (``trained``, ``random_weights``), each a cached step.
+    ``n_fit`` (with --eval-corpus): the first ``n_fit`` sentences (train and dev, of --corpus) are batched apart
+    from the rest (the evaluation corpus's), so not even their padding depends on the evaluation sentences; a
+    capture (--activations) holds --corpus only, so the evaluation sentences are run through the model."""
     model = ctx.model.eval()
-    encoded = ctx.encode(chosen, sort_by_length=True)
-    n_words = [len(s) for s in chosen]
+    groups = [chosen] if n_fit is None else [chosen[:n_fit], chosen[n_fit:]]
+    encoded = [ctx.encode(g, sort_by_length=True) for g in groups]
     vectors, truncated = {}, []
     source = open_capture(ctx.options.activations, model)  # --activations: the trained model's from a capture
     for encoder, sites in site_names.items():
@@ -195,12 +209,20 @@ def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]]) -> tuple
 
                 net = random_encoder(model.config, seed=ctx.seed, tokenizer=model.tokenizer)
                 net = net.to(device=ctx.device, dtype=ctx.dtype).eval()
-            wv, cut = data.collect(net, encoded, sites, n_words, corpus=chosen,
-                                   capture=source if encoder == "trained" else None,
-                                   progress=lambda it: ctx.progress(it, f"word vectors ({encoder})", total=len(it)))
-            return {"words": wv.words, "lengths": wv.lengths, "truncated": np.asarray(cut, dtype=np.int64)}
+            parts, start = [], 0
+            for g, (sentences, enc) in enumerate(zip(groups, encoded, strict=True)):
+                wv, cut = data.collect(net, enc, sites, [len(s) for s in sentences], corpus=sentences,
+                                       capture=source if encoder == "trained" and g == 0 else None,
+                                       progress=lambda it, g=g: ctx.progress(it, f"word vectors ({encoder}, part "
+                                                                             f"{g + 1} of {len(groups)})",
+                                                                             total=len(it)))
+                parts.append((wv, [start + i for i in cut]))
+                start += len(sentences)
+            return {"words": np.concatenate([wv.words for wv, _ in parts], axis=1),
+                    "lengths": np.concatenate([wv.lengths for wv, _ in parts]),
+                    "truncated": np.asarray([i for _, cut in parts for i in cut], dtype=np.int64)}
 
-        arrays = ctx.step_arrays("vectors", collect, encoder=encoder, sites=sites)
+        arrays = ctx.step_arrays("vectors", collect, encoder=encoder, sites=sites, n_fit=n_fit)
         vectors[encoder] = data.WordVectors(arrays["words"], arrays["lengths"])
         truncated = arrays["truncated"].tolist()
     return vectors, truncated
@@ -309,7 +331,10 @@ def summary_table(results: pd.DataFrame, rank_sweep: pd.DataFrame) -> pd.DataFra
     best = {m: table[f"dev_{m}"].idxmax() for m in ("uuas", "dspr", "root_acc", "nspr")
             if f"dev_{m}" in table and table[f"dev_{m}"].notna().any()}
     table["best_on_dev"] = [",".join(m for m, i in best.items() if i == j) for j in table.index]
-    table["selection"] = "best layer and smallest rank chosen on the dev sentences; values on the test sentences"
+    where = {c: f" (of {results[c].iloc[0]})" if c in results and len(results) else ""
+             for c in ("corpus", "test_corpus")}
+    table["selection"] = (f"best layer and smallest rank chosen on the dev sentences{where['corpus']}; values on the "
+                          f"test sentences{where['test_corpus']}")
     return table
 
 
