@@ -19,6 +19,7 @@ EXPERIMENTS: dict[str, str] = {
     "mixing": "bertscope.experiments.mixing",
     "structure": "bertscope.experiments.structure",
     "erasure": "bertscope.experiments.erasure",
+    "features": "bertscope.experiments.features",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
@@ -49,6 +50,12 @@ HELP: dict[str, str] = {
     "accuracy; plus word-level probes with control tasks per layer. Trains on --corpus and reports on "
     "--eval-corpus (default: EWT train/dev when found, else a split of the corpus). Writes OUT/erasure/: results, "
     "summary and probing tables, figures, manifest.json.",
+    "features": "What do sparse-dictionary latents encode? One dictionary per site (TopK SAEs at a low, middle and last "
+    "layer, one MLP transcoder; --set features.dictionaries=DIR loads trained ones, features.tokens=N trains "
+    "longer), each latent labelled with position, duplicate-token, syntax (UPOS, relation, depth) and special-token "
+    "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
+    "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
+    "sparse-probing and browser tables, feature_browser.html, figures, manifest.json.",
 }
 #: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on
 #: a quiet machine; nothing is typed in by hand).
