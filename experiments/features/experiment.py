@@ -57,9 +57,9 @@ class Settings:
     n_test: int = 120  # sentences every reported number comes from
     layers: tuple[int, ...] = ()  # blocks with an SAE at hook_resid_post (default: first, middle, last)
     transcoder_layer: int | None = None  # block of the MLP transcoder (default: the middle one; -1: none)
-    width: str = "4x"  # latents: a multiple of the site's width or a number
+    width: str = "2x"  # latents: a multiple of the site's width or a number
     k: int = 32  # active latents per token (TopK; BatchTopK on average)
-    tokens: int = 60_000  # training rows per dictionary (--set features.tokens=N scales it up)
+    tokens: int = 20_000  # training rows per dictionary (--set features.tokens=N scales it up)
     batch_size: int = 1024
     buffer_rows: int = 16384
     lr: float = 1e-3

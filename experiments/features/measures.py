@@ -118,9 +118,8 @@ def score_on_test(a_test: np.ndarray, y_test: np.ndarray, units: np.ndarray, con
     p = fire(a_test[:, units], signs, thresholds)
     y = y_test[:, concepts]
     groups, inv = np.unique(sentence, return_inverse=True)
-    counts = np.zeros((4, len(groups), len(units)))
-    for k, cell in enumerate((p & y, p & ~y, ~p & y, ~p & ~y)):
-        np.add.at(counts[k], inv, cell.astype(np.float64))
+    member = _membership(inv, len(groups))
+    counts = np.stack([member @ cell.astype(np.float64) for cell in (p & y, p & ~y, ~p & y, ~p & ~y)])
     value = mcc(*counts.sum(1))
     if n_boot <= 0:
         return value, np.full_like(value, np.nan), np.full_like(value, np.nan)
@@ -130,7 +129,35 @@ def score_on_test(a_test: np.ndarray, y_test: np.ndarray, units: np.ndarray, con
     return value, low, high
 
 
+def _membership(inv: np.ndarray, n_groups: int):
+    """Sparse ``[n_groups, n_rows]`` indicator of each row's group."""
+    from scipy.sparse import csr_matrix
+
+    return csr_matrix((np.ones(len(inv)), (inv, np.arange(len(inv)))), shape=(n_groups, len(inv)))
+
+
 # --------------------------------------------------------------------------------------- k-sparse probing
+def logistic_fit(x: np.ndarray, y: np.ndarray, *, c: float = 1.0, max_iter: int = 100,
+                 tol: float = 1e-10) -> tuple[np.ndarray, float]:
+    """L2-regularised logistic regression with sklearn's objective (``0.5 |w|^2 + C * sum log-loss``, intercept
+    not penalised), solved by Newton's method (the few-unit probes of k-sparse probing: exact and fast). Returns
+    (weights ``[k]``, intercept)."""
+    x = np.asarray(x, dtype=np.float64)
+    t = np.asarray(y, dtype=np.float64)
+    z = np.concatenate([x, np.ones((len(x), 1))], axis=1)
+    w = np.zeros(z.shape[1])
+    reg = np.ones(z.shape[1]) / c
+    reg[-1] = 0.0
+    for _ in range(max_iter):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -50, 50)))
+        grad = z.T @ (p - t) + reg * w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg) + 1e-12 * np.eye(len(w))
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < tol:
+            break
+    return w[:-1], float(w[-1])
+
 def balanced(y: np.ndarray, rng: np.random.Generator, max_per_class: int) -> np.ndarray:
     """Row indices of a class-balanced sample: every positive (at most ``max_per_class``) and as many negatives
     drawn without replacement (SAEBench's `prepare_probe_data`)."""
@@ -150,20 +177,18 @@ def sparse_probe(a_train: np.ndarray, y_train: np.ndarray, a_test: np.ndarray, y
                  test_sentence: np.ndarray, ks: Sequence[int], *, seed: int, max_per_class: int = 2000,
                  ) -> list[dict]:
     """k-sparse probing of one binary concept (SAEBench's protocol): balanced train and test samples, the top-k
-    units by mean difference on train, an L2 logistic regression (sklearn, C = 1, max_iter = 1000) on those k,
+    units by mean difference on train, an L2 logistic regression (sklearn's objective with C = 1, solved exactly by
+    `logistic_fit`) on those k,
     scored by accuracy on the balanced test sample. Returns one dict per k with the chosen units and the
     per-test-sentence hits and counts (for intervals across concepts)."""
-    from sklearn.linear_model import LogisticRegression
-
     rng = np.random.default_rng([seed, 29])
     tr, te = balanced(y_train, rng, max_per_class), balanced(y_test, rng, max_per_class)
     groups, inv = np.unique(test_sentence[te], return_inverse=True)
     out = []
     for k in ks:
         chosen = top_k_mean_diff(a_train[tr], y_train[tr], k)
-        probe = LogisticRegression(C=1.0, max_iter=1000)
-        probe.fit(a_train[tr][:, chosen], y_train[tr])
-        hit = probe.predict(a_test[te][:, chosen]) == y_test[te]
+        w, b = logistic_fit(a_train[tr][:, chosen], y_train[tr])
+        hit = ((a_test[te][:, chosen] @ w + b) > 0) == y_test[te]
         hits = np.bincount(inv, weights=hit.astype(float), minlength=len(groups))
         counts = np.bincount(inv, minlength=len(groups)).astype(float)
         out.append({"k": int(k), "units": chosen.tolist(), "accuracy": float(hit.mean()), "groups": groups,
@@ -193,8 +218,9 @@ def mean_accuracy_interval(parts: Sequence[dict], *, n_boot: int, seed: int, ci:
 def pca_basis(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean ``[d]`` and principal directions ``[d, d]`` (columns, by decreasing variance) of rows ``x``."""
     mean = x.mean(0)
-    _, _, vt = np.linalg.svd((x - mean).astype(np.float64), full_matrices=False)
-    return mean, vt.T.astype(np.float32)
+    xc = (x - mean).astype(np.float64)
+    values, vectors = np.linalg.eigh(xc.T @ xc)
+    return mean, vectors[:, ::-1].astype(np.float32).copy()
 
 
 def densities(a: np.ndarray) -> np.ndarray:
