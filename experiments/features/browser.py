@@ -106,6 +106,7 @@ _SCRIPT = r"""
   document.getElementById("fb-model").textContent = D.model;
   filter();
   document.body.setAttribute("data-ready", "1");
+  window.featureBrowser = {ready: true, readyMs: performance.now(), filter: filter};
 })();
 """
 
