@@ -20,6 +20,7 @@ EXPERIMENTS: dict[str, str] = {
     "structure": "bertscope.experiments.structure",
     "erasure": "bertscope.experiments.erasure",
     "circuits": "bertscope.experiments.circuits",
+    "features": "bertscope.experiments.features",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
@@ -56,6 +57,12 @@ HELP: dict[str, str] = {
     "edges, a circuit by greedy pruning with its faithfulness curve and MIB's CPR/CMD against random circuits, and "
     "its overlap with the same-token duplicate heads. Writes OUT/circuits/: results, agreement, edges, circuit, "
     "faithfulness and area tables, task.jsonl, figures, manifest.json.",
+    "features": "What do sparse-dictionary latents encode? One dictionary per site (TopK SAEs at a low, middle and "
+    "last layer, one MLP transcoder; --set features.dictionaries=DIR loads trained ones, features.tokens=N trains "
+    "longer), each latent labelled with position, duplicate-token, syntax (UPOS, relation, depth) and special-token "
+    "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
+    "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
+    "sparse-probing and browser tables, feature_browser.html, figures, manifest.json.",
 }
 #: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on
 #: a quiet machine; nothing is typed in by hand).

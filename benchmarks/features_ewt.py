@@ -1,0 +1,70 @@
+"""The numbers of docs/experiments/features.md: `bertscope run features` on the bundled model with UD English EWT
+train text (gold UPOS, relations, trees), then the doc's two tables printed as markdown from the saved tables.
+
+    python benchmarks/features_ewt.py [--out /tmp/features_ewt] [--tokens 200000] [--sentences 4000]
+
+Needs /work/shared/data/ud-english-ewt/ (or ../shared/...; `corpus.ewt.find_ewt`). About 20 minutes of CPU on
+2 cores at the defaults. Prints (1) per site the share of alive latents whose best single-variable label beats the
+best neuron and the best PCA direction for that label on test sentences, with the labelled counts per family;
+(2) k-sparse probing accuracy (k = 1, 5) for position and UPOS from latents, neurons, PCA, re-initialised latents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/features_ewt"))
+    ap.add_argument("--tokens", type=int, default=200_000)
+    ap.add_argument("--sentences", type=int, default=4000)
+    ap.add_argument("--n-train", type=int, default=2500)
+    ap.add_argument("--n-eval", type=int, default=400)
+    args = ap.parse_args()
+    from bertscope.experiments.corpus.ewt import find_ewt
+
+    train = find_ewt("train")
+    if train is None:
+        print("UD English EWT not found (see docs/experiments/features.md for where to get it)")
+        return 1
+    cmd = [sys.executable, "-m", "bertscope", "run", "features", "--corpus", str(train), "--out", str(args.out),
+           "--max-sentences", str(args.sentences), "--no-report",
+           "--set", f"features.tokens={args.tokens}", "--set", f"features.n_train={args.n_train}",
+           "--set", f"features.n_dev={args.n_eval}", "--set", f"features.n_test={args.n_eval}"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"\nrun: {time.perf_counter() - t0:.0f} s wall; corpus {train.name} (first {args.sentences} sentences), "
+          f"{args.tokens} training rows per dictionary\n")
+    print(tables(args.out / "features"))
+    return 0
+
+
+def tables(folder: Path) -> str:
+    """The doc's two markdown tables from a features output folder."""
+    s = pd.read_parquet(folder / "summary.parquet")
+    lines = ["| site | model | basis | units | labelled (position / duplicate / syntax / special) | "
+             "share beating neuron and PCA |", "| --- | --- | --- | ---: | --- | ---: |"]
+    for r in s.itertuples():
+        lines.append(f"| {r.site} | {r.encoder} | {r.basis} | {r.n_units} | {r.n_labelled} ({r.n_position} / "
+                     f"{r.n_duplicate} / {r.n_syntax} / {r.n_special}) | {100 * r.share_beating_neuron_and_pca:.1f}% |")
+    p = pd.read_parquet(folder / "sparse_probing_summary.parquet")
+    p = p[p["variable"].isin(["position", "upos"]) & p["k"].isin([1, 5])]
+    lines += ["", "| site | variable | k | latents | neurons | PCA | re-initialised latents |",
+              "| --- | --- | ---: | --- | --- | --- | --- |"]
+    for (site, var, k), g in p.groupby(["site", "variable", "k"], sort=False):
+        h = g.set_index("source")
+        cell = [f"{h.loc[x, 'accuracy']:.3f} [{h.loc[x, 'ci_low']:.3f}, {h.loc[x, 'ci_high']:.3f}]"
+                if x in h.index else "-" for x in ("latent", "neuron", "pca", "reinit_latent")]
+        lines.append(f"| {site} | {var} | {k} | " + " | ".join(cell) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,15 @@
+"""Experiment `features`: one sparse dictionary per site, its latents labelled against known variables with
+neurons, PCA, the re-initialised model's dictionary and shuffled labels as controls, k-sparse probing, and a
+feature browser (see :mod:`bertscope.experiments.features.experiment`).
+
+Files by role: ``experiment`` (Settings, run), ``labels`` (known variables as binary concepts), ``measures``
+(labelling and k-sparse probing on arrays, intervals), ``steps`` (activations, dictionaries, per-unit tables),
+``compute`` (the whole computation on plain values), ``browser`` (the HTML page), ``plots`` (figures and the page
+from the tables), ``findings`` (sentences from the tables).
+"""
+
+from bertscope.experiments.features.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
+from bertscope.experiments.features.findings import CAPTIONS, findings
+from bertscope.experiments.features.plots import plot
+
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]
