@@ -136,14 +136,14 @@ def _trace_powers(m: torch.Tensor, k: int) -> torch.Tensor:
 def test_factored_qk_ov_match_dense_products(bundled):
     QK, OV = bundled.QK, bundled.OV
     assert QK.shape == OV.shape == (6, 12, 384, 384) and QK.mdim == 32
-    dense_qk = bundled.W_Q @ bundled.W_K.transpose(-2, -1)
-    dense_ov = bundled.W_V @ bundled.W_O
-    torch.testing.assert_close(QK.AB, dense_qk)
-    torch.testing.assert_close(OV.AB, dense_ov)
+    dense_qk = bundled.W_Q[2] @ bundled.W_K[2].transpose(-2, -1)  # one layer: [head, d_model, d_model]
+    dense_ov = bundled.W_V[2] @ bundled.W_O[2]
+    torch.testing.assert_close(QK[2].AB, dense_qk)
+    torch.testing.assert_close(OV[2].AB, dense_ov)
     # one head, indexed like TransformerLens: QK[layer, head]
     qk = QK[2, 8]
-    torch.testing.assert_close(qk.AB, dense_qk[2, 8])
-    dense = dense_ov[2, 8].double()
+    torch.testing.assert_close(qk.AB, dense_qk[8])
+    dense = dense_ov[8].double()
     ov = FactoredMatrix(bundled.W_V[2, 8].double(), bundled.W_O[2, 8].double())
     U, S, Vh = ov.svd()  # TransformerLens: AB == U diag(S) Vh^T, singular values descending
     torch.testing.assert_close(U @ torch.diag(S) @ Vh.T, dense)
