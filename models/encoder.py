@@ -420,7 +420,7 @@ class Attention(nn.Module):
             q, k, v = torch.stack((q, k, v))
             scores = scaled_scores(q, k, self.d_head**-0.5)
             if keep is not None:
-                scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+                scores = scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)  # fresh from the matmul: in place
             scores = self.hook_scores(scores)
             pattern = self.hook_pattern(scores.softmax(dim=-1))
             z = torch.matmul(F.dropout(pattern, dropout_p, self.training), v)
