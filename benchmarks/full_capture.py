@@ -3,6 +3,7 @@
     python benchmarks/full_capture.py                       # bundled model, 16 x 128, 2 threads, CPU
     python benchmarks/full_capture.py --device cuda
     python benchmarks/full_capture.py --model DIR --batch 4 --length 32 --repeats 3
+    python benchmarks/full_capture.py --profile            # + where the full capture spends its extra time
 
 "Full capture" is ``run_with_cache`` with every hook point, per-head results (``attn.hook_result``) included; "plain"
 is the forward with no hooks. The two are timed round-robin in one process (``benchutils.time_interleaved``), so
@@ -57,6 +58,26 @@ def _memory(args) -> dict:
     return {"peak": peak, "captured": captured}
 
 
+def _profile(fns: dict, repeats: int = 2, top: int = 14) -> None:
+    """Print, per operator, the CPU seconds of each configuration (torch.profiler, ``repeats`` calls each) and the
+    full capture's extra over the plain forward, largest first: where the captured path loses its time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per: dict[str, dict[str, float]] = {}
+    for name, fn in fns.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeats):
+                fn()
+        per[name] = {e.key: e.self_cpu_time_total / 1e6 / repeats for e in prof.key_averages()}
+    plain, full = per["plain forward"], per["full capture"]
+    total_plain, total_full = sum(plain.values()), sum(full.values())
+    print(f"profile (self CPU s per call): plain {total_plain:.3f}, full {total_full:.3f}; by operator:")
+    ops = sorted(set(plain) | set(full), key=lambda k: -abs(full.get(k, 0.0) - plain.get(k, 0.0)))
+    for op in ops[:top]:
+        a, b = plain.get(op, 0.0), full.get(op, 0.0)
+        print(f"  {op:<52} plain {a:7.3f}  full {b:7.3f}  extra {b - a:+7.3f}  ({(b - a) / total_full:+6.1%} of full)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder or name (default: the bundled model)")
@@ -65,6 +86,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--profile", action="store_true", help="also print the per-operator profile of both paths")
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -97,6 +119,9 @@ def main() -> None:
         print(f"full capture / plain forward speed (cpu)  = {cpu['plain forward'] / cpu['full capture']:.3f}")
     print(f"peak memory {mem['peak'] / 2**20:.1f} MiB for {mem['captured'] / 2**20:.1f} MiB captured: "
           f"{mem['peak'] / mem['captured']:.3f} x  (target <= 1.3)")
+    if args.profile:
+        with torch.inference_mode():
+            _profile(fns)
 
 
 if __name__ == "__main__":

@@ -416,9 +416,12 @@ class Attention(nn.Module):
             self.impl == "explicit" or self.hook_scores.is_hooked or self.hook_pattern.is_hooked or dropout_p > 0
         )
         if explicit:
+            # One copy of q, k and v together into [three, batch, head, pos, d_head] (the projection gives them
+            # interleaved per position): the batched matmuls below then read views, instead of copying each.
+            q, k, v = torch.stack((q, k, v))
             scores = scaled_scores(q, k, self.d_head**-0.5)
             if keep is not None:
-                scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+                scores = scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)  # fresh from the matmul: in place
             scores = self.hook_scores(scores)
             pattern = self.hook_pattern(scores.softmax(dim=-1))
             z = torch.matmul(F.dropout(pattern, dropout_p, self.training), v)
