@@ -5,7 +5,6 @@ Every error names the file, and the line where there is one (`path:line: problem
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
