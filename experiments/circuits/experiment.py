@@ -54,7 +54,7 @@ class Settings:
     threshold: float = 0.02
     n_random: int = 2
     n_random_circuits: int = 10
-    checked_edges: int = 8  # path patching (ground truth) of this many top-scored and as many random edges
+    checked_edges: int = 3  # path patching (~20 forward-equivalents an edge) of this many top and random edges
     n_boot: int = 1000
 
 

@@ -30,7 +30,7 @@ class AnalysisSettings:
     n_random: int = 3  # random edge orders for the faithfulness-curve control
     n_random_circuits: int = 20  # random circuits of the found circuit's size
     top_edges: int = 40  # rows of the edges table kept
-    checked_edges: int = 8  # path patching (ground truth) of this many top edges and as many random ones
+    checked_edges: int = 3  # path patching (ground truth) of this many top edges and as many random ones
     batch_size: int = 16
     n_boot: int = 1000
 
