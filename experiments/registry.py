@@ -50,8 +50,8 @@ HELP: dict[str, str] = {
     "accuracy; plus word-level probes with control tasks per layer. Trains on --corpus and reports on "
     "--eval-corpus (default: EWT train/dev when found, else a split of the corpus). Writes OUT/erasure/: results, "
     "summary and probing tables, figures, manifest.json.",
-    "features": "What do sparse-dictionary latents encode? One dictionary per site (TopK SAEs at a low, middle and last "
-    "layer, one MLP transcoder; --set features.dictionaries=DIR loads trained ones, features.tokens=N trains "
+    "features": "What do sparse-dictionary latents encode? One dictionary per site (TopK SAEs at a low, middle and "
+    "last layer, one MLP transcoder; --set features.dictionaries=DIR loads trained ones, features.tokens=N trains "
     "longer), each latent labelled with position, duplicate-token, syntax (UPOS, relation, depth) and special-token "
     "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
     "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
