@@ -148,6 +148,7 @@ def _experiment_section(out: Path, d: Path, embed: bool, words: ExperimentWords)
     parts = [f'<section id="{_anchor(d)}"><h2>{html.escape(name)} {_badge(m.get("status", "unknown"))}</h2>']
     parts.append(experiment_findings(words, sample_size(m)))
     parts.append(_provenance(m))
+    parts.append(_pages(out, d))
     if m.get("error"):
         parts.append(f'<details open><summary>error</summary><pre>{html.escape(str(m["error"]))}</pre></details>')
     if m.get("notes"):
@@ -161,6 +162,17 @@ def _experiment_section(out: Path, d: Path, embed: bool, words: ExperimentWords)
     parts.append(f"<details><summary>manifest.json</summary><pre>{manifest_text}</pre></details>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _pages(out: Path, d: Path) -> str:
+    """Links to the self-contained pages an experiment wrote into its folder (e.g. features'
+    ``feature_browser.html``); empty when there are none."""
+    pages = sorted(d.glob("*.html"))
+    if not pages:
+        return ""
+    links = " · ".join(f'<a href="{html.escape(p.relative_to(out).as_posix())}">{html.escape(p.stem.replace("_", " "))}'
+                       "</a>" for p in pages)
+    return f'<p class="pages">Pages: {links}</p>'
 
 
 def _provenance(m: dict[str, Any]) -> str:

@@ -135,3 +135,7 @@ def test_features_runs_end_to_end(bundled, tmp_path: Path, monkeypatch) -> None:
     found = features.findings(out)
     assert found and any("alive latents" in f.text for f in found)
     assert (out / "fig_labelled_units.png").is_file()
+    from bertscope.experiments.report import build_report
+
+    index = build_report(tmp_path).read_text()
+    assert 'href="features/feature_browser.html"' in index  # the report links the browser

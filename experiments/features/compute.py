@@ -26,7 +26,8 @@ def compute(run: S.RunValues, settings: Any, split: dict[str, list], sites: Sequ
     if settings.reinit:
         from bertscope.models import random_encoder
 
-        encoders["reinit"] = random_encoder(model.config, seed=run.seed, tokenizer=model.tokenizer)
+        encoders["reinit"] = random_encoder(model.config, seed=run.seed, tokenizer=model.tokenizer,
+                                            device=next(model.parameters()).device)
     data = {}
     for name, net in encoders.items():
         data[name] = {s: S.collect(net, split[s], hooks, max_length=run.max_length) for s in ("train", "dev", "test")}
@@ -99,14 +100,15 @@ def _dictionaries(train: S.Collected, sites: Sequence[S.Site], settings: Any, ru
             folder = Path(settings.dictionaries) / s.name.replace("/", "_")
             if not is_dictionary(folder):
                 raise FileNotFoundError(f"no dictionary for site {s.name} in {settings.dictionaries} ({folder})")
-            out[s.name] = load_dictionary(folder).eval()
+            out[s.name] = load_dictionary(folder, device=next(run.model.parameters()).device).eval()
         return out
     from bertscope.experiments.sae import parse_width
 
     widths = {s.name: parse_width(settings.width, train.acts[s.name].shape[1]) for s in sites}
     run.log(f"training {len(sites)} dictionaries on the {enc_name} model ({settings.tokens} rows each)")
-    return {k: v.eval() for k, v in S.train_site_dictionaries(train, sites, settings, seed=run.seed,
-                                                              widths=widths).items()}
+    device = next(run.model.parameters()).device
+    return {k: v.eval() for k, v in S.train_site_dictionaries(train, sites, settings, seed=run.seed, widths=widths,
+                                                              device=device).items()}
 
 
 def _results(results: list, baselines: list, settings: Any) -> pd.DataFrame:

@@ -52,14 +52,14 @@ class Settings:
     """Sizes of the features run (defaults: about 150 CPU-seconds with the bundled model; ``tokens`` scales the
     dictionary training up, ``dictionaries`` loads trained ones)."""
 
-    n_train: int = 500  # sentences training the dictionaries, PCA and the k-sparse probes
-    n_dev: int = 120  # sentences choosing every label, rule and best baseline unit
-    n_test: int = 120  # sentences every reported number comes from
+    n_train: int = 300  # sentences training the dictionaries, PCA and the k-sparse probes
+    n_dev: int = 100  # sentences choosing every label, rule and best baseline unit
+    n_test: int = 100  # sentences every reported number comes from
     layers: tuple[int, ...] = ()  # blocks with an SAE at hook_resid_post (default: first, middle, last)
     transcoder_layer: int | None = None  # block of the MLP transcoder (default: the middle one; -1: none)
     width: str = "2x"  # latents: a multiple of the site's width or a number
     k: int = 32  # active latents per token (TopK; BatchTopK on average)
-    tokens: int = 20_000  # training rows per dictionary (--set features.tokens=N scales it up)
+    tokens: int = 12_000  # training rows per dictionary (--set features.tokens=N scales it up)
     batch_size: int = 1024
     buffer_rows: int = 16384
     lr: float = 1e-3

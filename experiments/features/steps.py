@@ -98,7 +98,7 @@ def hooks_of(sites: Sequence[Site]) -> list[str]:
 
 
 def train_site_dictionaries(train: Collected, sites: Sequence[Site], settings: Any, *, seed: int,
-                            widths: dict[str, int]) -> dict[str, Any]:
+                            widths: dict[str, int], device: str = "cpu") -> dict[str, Any]:
     """One dictionary per site trained on the train split's non-special rows (`probes.dictionary`'s streaming
     trainer, SAELens conventions): TopK SAEs, BatchTopK transcoders; ``settings.tokens`` rows in all."""
     from bertscope.probes.dictionary import ActivationBatch, DictionaryConfig, TrainSettings, train_dictionaries
@@ -119,14 +119,18 @@ def train_site_dictionaries(train: Collected, sites: Sequence[Site], settings: A
                               train.rows.sentence[i:i + step]) for i in range(0, n, step)]
     batch = min(settings.batch_size, max(64, int((~special).sum())))
     ts = TrainSettings(tokens=max(settings.tokens, batch), batch_size=batch, buffer_rows=settings.buffer_rows,
-                       lr=settings.lr, seed=seed, dead_tokens=max(batch, settings.tokens // 4), progress=False)
+                       lr=settings.lr, seed=seed, dead_tokens=max(batch, settings.tokens // 4), progress=False,
+                       device=str(device))
     return train_dictionaries(source, configs, ts)
 
 
 @torch.no_grad()
 def encode(dictionary: Any, x: np.ndarray, chunk: int = 8192) -> np.ndarray:
-    """Latent activations ``[rows, d_sae]`` (float32) of rows ``x``."""
-    out = [dictionary.encode(torch.from_numpy(x[i:i + chunk])).numpy() for i in range(0, len(x), chunk)]
+    """Latent activations ``[rows, d_sae]`` (float32, on the CPU) of rows ``x`` (encoded on the dictionary's
+    device)."""
+    device = dictionary.W_enc.device
+    out = [dictionary.encode(torch.from_numpy(x[i:i + chunk]).to(device)).float().cpu().numpy()
+           for i in range(0, len(x), chunk)]
     return np.concatenate(out).astype(np.float32) if out else np.zeros((0, dictionary.config.d_sae), np.float32)
 
 
@@ -194,12 +198,13 @@ def promoted_tokens(model: Any, dictionary: Any, scale: np.ndarray, tokens: Sequ
     head = getattr(model, "mlm_head", None)
     if head is None:
         return []
-    w = dictionary.W_dec.detach().float()
-    base = dictionary.b_dec.detach().float()[None]
+    device = next(model.parameters()).device
+    w = dictionary.W_dec.detach().float().to(device)
+    base = dictionary.b_dec.detach().float().to(device)[None]
     out = []
     for i in range(0, w.shape[0], 256):
-        x = base + w[i:i + 256] * torch.as_tensor(scale[i:i + 256], dtype=torch.float32)[:, None]
+        x = base + w[i:i + 256] * torch.as_tensor(scale[i:i + 256], dtype=torch.float32, device=device)[:, None]
         delta = model.mlm_logits(x) - model.mlm_logits(base)
-        top = delta.topk(n, dim=-1).indices.numpy()
+        top = delta.topk(n, dim=-1).indices.cpu().numpy()
         out += [" ".join(tokens[j] for j in row) for row in top]
     return out
