@@ -27,7 +27,8 @@ evaluates; otherwise the run's corpus is split by sentence (seeded). The tables'
 ``eval_corpus`` columns say which.
 
 Outputs in ``OUT/erasure/``: ``results`` (long table, columns `COLUMNS`), ``probing`` (clean word-level probes
-per layer with control tasks and selectivity), ``summary`` (per concept, method and erasure layer: the change
+per layer, and at every block's attention and MLP outputs, with control tasks and selectivity), ``summary`` (per
+concept, method and erasure layer: the change
 in the same concept's and the other concepts' probes at the last layer, UUAS at the last layer, the embedding
 cosine; the random control beside each), figures.
 """
@@ -62,6 +63,7 @@ class Settings:
     concepts: tuple[str, ...] = ("position", "upos")  # erased (also: "deprel", "depth", "xpos")
     probed: tuple[str, ...] = ("position", "upos", "xpos", "deprel", "depth")  # probed (xpos only where tagged)
     methods: tuple[str, ...] = ("leace", "inlp", "mean")
+    sublayers: tuple[str, ...] = ("attn_out", "mlp_out")  # also probed (probing table) inside every block
     erase_layers: tuple[int, ...] = (1, 3)  # layer numbers (0 = embeddings, k = block k-1's output)
     inlp_iterations: int = 5
     inlp_classifier: str = "svm"  # "svm" (Ravfogel et al.), "sgd-log" (Elazar et al.), "logistic"
@@ -84,6 +86,8 @@ class Settings:
             raise ValueError(f"unknown concepts {sorted(unknown)}; choose from {measures.CONCEPTS}")
         if set(self.methods) - {"leace", "inlp", "mean"}:
             raise ValueError(f"methods must be among leace, inlp, mean; got {self.methods}")
+        if set(self.sublayers) - {"attn_out", "mlp_out", "resid_mid"}:
+            raise ValueError(f"sublayers must be among attn_out, mlp_out, resid_mid; got {self.sublayers}")
         if self.source not in ("auto", "run"):
             raise ValueError(f"source must be 'auto' or 'run', got {self.source!r}")
 
