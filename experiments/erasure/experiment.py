@@ -106,7 +106,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     info = {"model": ctx.model_id, "train_corpus": split.train_name, "eval_corpus": split.eval_name,
             "split": "eval", "n_train": len(split.train), "n_eval": len(split.eval)}
     key = {"train": split.key, "probed": probed}
-    tables = ctx.step("erasure", lambda: steps.compute(_run_values(ctx), settings, split, probed, info), **key)
+    tables = ctx.step("erasure", lambda: steps.compute(_run_values(ctx, split), settings, split, probed, info),
+                      **key)
     results = tables[tables["table"] == "results"].reindex(columns=COLUMNS + ["majority"]).reset_index(drop=True)
     results = results.astype({c: "int64" for c in ("erase_layer", "rank", "layer", "n_train", "n_eval")})
     probing = tables[tables["table"] == "probing"].dropna(axis=1, how="all").drop(columns="table")
@@ -118,9 +119,28 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     return results
 
 
-def _run_values(ctx: Any) -> steps.RunValues:
-    """The plain values the measurement steps take from the run."""
-    return steps.RunValues(model=ctx.model, encode=ctx.encode, seed=ctx.seed, progress=ctx.progress, log=ctx.log)
+def _run_values(ctx: Any, split: data.Split) -> steps.RunValues:
+    """The plain values the measurement steps take from the run; with --activations, the capture serves the clean
+    pass of the sentences that come from the run's corpus (--corpus: what the capture holds)."""
+    from bertscope.experiments.activations import open_capture
+
+    source = open_capture(ctx.options.activations, ctx.model)
+    ours = (ctx.corpus_id, f"{ctx.corpus_id}:train-part", f"{ctx.corpus_id}:eval-part")
+    return steps.RunValues(model=ctx.model, encode=ctx.encode, seed=ctx.seed, progress=ctx.progress, log=ctx.log,
+                           capture_train=source if split.train_name in ours else None,
+                           capture_eval=source if split.eval_name in ours else None)
+
+
+def activation_sites(model: Any) -> list[str]:
+    """The sites the clean passes read (what ``--activations`` must hold): every layer's residual output, the
+    sublayer outputs the probing table probes, and the last block's output (the pooled embedding). The erased
+    runs intervene on the model, so they always run it; with EWT chosen automatically (run corpus ``builtin``)
+    the sentences are not the capture's and the model runs too."""
+    from bertscope.experiments.erasure import steps
+
+    settings = Settings()
+    sites = [data.site(k) for k in steps.layers_of(model)] + [at for _, _, at in steps.sublayer_sites(model, settings)]
+    return list(dict.fromkeys([*sites, f"blocks.{model.config.n_layers - 1}.hook_resid_post"]))
 
 
 def _choose_sentences(ctx: Any, settings: Settings) -> data.Split:

@@ -29,6 +29,10 @@ class RunValues:
     seed: int
     progress: Callable[..., Any]
     log: Callable[[str], None]
+    # --activations: a `CaptureSource` for the clean pass of the training / evaluation sentences when they come
+    # from the run's corpus (what the capture holds); None: run the model
+    capture_train: Any = None
+    capture_eval: Any = None
 
 
 @dataclass
@@ -96,8 +100,9 @@ def prepare(run: RunValues, settings: Any, split: Split, probed: tuple[str, ...]
     lt, le = [len(s) for s in split.train], [len(s) for s in split.eval]
     enc_t, enc_e = run.encode(split.train), run.encode(split.eval)
     subs = [at for _, _, at in sublayer_sites(model, settings)]  # probed only (the probing table)
-    clean_t = measures.collect(model, enc_t, sites + subs, lt)
-    clean_e = measures.collect(model, enc_e, sites + subs, le, mlm_every=settings.mlm_every)
+    clean_t = measures.collect(model, enc_t, sites + subs, lt, corpus=split.train, capture=run.capture_train)
+    clean_e = measures.collect(model, enc_e, sites + subs, le, mlm_every=settings.mlm_every, corpus=split.eval,
+                               capture=run.capture_eval)
     labels = {}
     for c in dict.fromkeys(settings.concepts + probed):
         kw = {"max_position": settings.max_position, "max_depth": settings.max_depth}
