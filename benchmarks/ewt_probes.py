@@ -87,6 +87,9 @@ def main() -> int:
     p.add_argument("--n-train", type=int, default=1500)
     p.add_argument("--n-dev", type=int, default=300)
     p.add_argument("--n-test", type=int, default=800)
+    p.add_argument("--sublayers", default="resid_mid", help="structure's sublayers setting (True, False, names)")
+    p.add_argument("--erasure-n-train", type=int, default=150)
+    p.add_argument("--erasure-n-eval", type=int, default=80)
     p.add_argument("--only", choices=["structure", "erasure"], default=None)
     args = p.parse_args()
     train, dev = find_ewt("train"), find_ewt("dev")
@@ -96,10 +99,11 @@ def main() -> int:
     if args.only in (None, "structure"):
         cpu = _run(["run", "structure", "--corpus", str(train), "--eval-corpus", str(dev), "--out", str(args.out),
                     "--quiet", "--set", f"structure.n_train={args.n_train}", "--set", f"structure.n_dev={args.n_dev}",
-                    "--set", f"structure.n_test={args.n_test}"])
+                    "--set", f"structure.n_test={args.n_test}", "--set", f"structure.sublayers={args.sublayers}"])
         print(f"\n### Structural probes on EWT (CPU {cpu:.0f} s)\n\n{structure_table(args.out / 'structure')}\n")
     if args.only in (None, "erasure"):
-        cpu = _run(["run", "erasure", "--out", str(args.out), "--quiet"])
+        cpu = _run(["run", "erasure", "--out", str(args.out), "--quiet", "--set",
+                    f"erasure.n_train={args.erasure_n_train}", "--set", f"erasure.n_eval={args.erasure_n_eval}"])
         print(f"\n### Amnesic probing on EWT (CPU {cpu:.0f} s)\n\n{erasure_table(args.out / 'erasure')}\n")
     return 0
 

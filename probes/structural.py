@@ -170,7 +170,10 @@ def length_macro_mean(total: np.ndarray, count: np.ndarray, length: np.ndarray,
     lo, hi = lengths
     values = np.arange(lo, hi + 1)
     onehot = (length[:, None] == values[None, :]).astype(np.float64)  # [n_sent, n_lengths]
-    sums = np.einsum("mn,...n,nl->...ml", w, np.asarray(total, dtype=np.float64), onehot)
+    # sentences outside ``lengths`` are left out, also when their correlation is undefined (one word: NaN),
+    # which the product below would otherwise spread to every length (NaN * 0 = NaN)
+    total = np.where(onehot.any(-1), np.asarray(total, dtype=np.float64), 0.0)
+    sums = np.einsum("mn,...n,nl->...ml", w, total, onehot)
     counts = (w @ (onehot * count[:, None]))  # [m, n_lengths]
     with np.errstate(invalid="ignore", divide="ignore"):
         per_length = np.where(counts > 0, sums / np.where(counts > 0, counts, 1), np.nan)

@@ -52,6 +52,11 @@ def test_erasure_runs_and_leace_leaves_the_majority_at_the_site(bundled, tmp_pat
     probing = pd.read_parquet(out / "probing.parquet")
     assert set(probing["label"]) == {"task", "control", "selectivity"}
     assert set(probing["layer"]) == set(range(bundled.config.n_layers + 1))
+    # per layer and sublayer: the attention and MLP outputs of every block beside the residual stream
+    assert set(probing["component"]) == {"embed", "resid_post", "attn_out", "mlp_out"}
+    sub = probing[(probing["component"] == "mlp_out") & (probing["label"] == "selectivity")]
+    assert set(sub["site"]) == {f"blocks.{b}.hook_mlp_out" for b in range(bundled.config.n_layers)}
+    assert sub["value"].notna().all()
     summary = pd.read_parquet(out / "summary.parquet")
     assert {"same_delta", "random_same_delta", "uuas_delta", "random_uuas_delta"} <= set(summary)
     assert (out / "erasure_uuas.png").is_file()

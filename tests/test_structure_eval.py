@@ -65,3 +65,13 @@ def test_selections_never_see_the_evaluation_sentences(tiny, tmp_path, monkeypat
     assert "of dev_a" in sa["selection"].iloc[0] and "of train" in sa["selection"].iloc[0]
     examples = pd.read_parquet(out_a / "examples.parquet")
     assert set(examples["sentence_id"]) <= {s.id for s in eval_a}
+
+
+def test_spearman_leaves_out_one_word_sentences_outside_the_lengths() -> None:
+    from bertscope.probes.structural import length_macro_mean
+
+    total = np.array([np.nan, 3.0, 2.5])  # a one-word sentence's correlation is undefined
+    count, length = np.array([1.0, 5.0, 5.0]), np.array([1, 5, 5])
+    assert length_macro_mean(total, count, length) == pytest.approx(0.55)
+    boot = length_macro_mean(total, count, length, weights=np.array([[1.0, 2.0, 0.0], [0.0, 1.0, 1.0]]))
+    np.testing.assert_allclose(boot, [0.6, 0.55])

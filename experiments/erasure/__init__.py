@@ -7,6 +7,7 @@ Files by role: ``experiment`` (Settings, run), ``data`` (which sentences train a
 """
 
 from bertscope.experiments.erasure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
+from bertscope.experiments.erasure.experiment import activation_sites as activation_sites
 from bertscope.experiments.erasure.findings import CAPTIONS, findings
 from bertscope.experiments.erasure.plots import plot
 

@@ -27,7 +27,8 @@ evaluates; otherwise the run's corpus is split by sentence (seeded). The tables'
 ``eval_corpus`` columns say which.
 
 Outputs in ``OUT/erasure/``: ``results`` (long table, columns `COLUMNS`), ``probing`` (clean word-level probes
-per layer with control tasks and selectivity), ``summary`` (per concept, method and erasure layer: the change
+per layer, and at every block's attention and MLP outputs, with control tasks and selectivity), ``summary`` (per
+concept, method and erasure layer: the change
 in the same concept's and the other concepts' probes at the last layer, UUAS at the last layer, the embedding
 cosine; the random control beside each), figures.
 """
@@ -62,6 +63,7 @@ class Settings:
     concepts: tuple[str, ...] = ("position", "upos")  # erased (also: "deprel", "depth", "xpos")
     probed: tuple[str, ...] = ("position", "upos", "xpos", "deprel", "depth")  # probed (xpos only where tagged)
     methods: tuple[str, ...] = ("leace", "inlp", "mean")
+    sublayers: tuple[str, ...] = ("attn_out", "mlp_out")  # also probed (probing table) inside every block
     erase_layers: tuple[int, ...] = (1, 3)  # layer numbers (0 = embeddings, k = block k-1's output)
     inlp_iterations: int = 5
     inlp_classifier: str = "svm"  # "svm" (Ravfogel et al.), "sgd-log" (Elazar et al.), "logistic"
@@ -84,6 +86,8 @@ class Settings:
             raise ValueError(f"unknown concepts {sorted(unknown)}; choose from {measures.CONCEPTS}")
         if set(self.methods) - {"leace", "inlp", "mean"}:
             raise ValueError(f"methods must be among leace, inlp, mean; got {self.methods}")
+        if set(self.sublayers) - {"attn_out", "mlp_out", "resid_mid"}:
+            raise ValueError(f"sublayers must be among attn_out, mlp_out, resid_mid; got {self.sublayers}")
         if self.source not in ("auto", "run"):
             raise ValueError(f"source must be 'auto' or 'run', got {self.source!r}")
 
@@ -102,7 +106,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     info = {"model": ctx.model_id, "train_corpus": split.train_name, "eval_corpus": split.eval_name,
             "split": "eval", "n_train": len(split.train), "n_eval": len(split.eval)}
     key = {"train": split.key, "probed": probed}
-    tables = ctx.step("erasure", lambda: steps.compute(_run_values(ctx), settings, split, probed, info), **key)
+    tables = ctx.step("erasure", lambda: steps.compute(_run_values(ctx, split), settings, split, probed, info),
+                      **key)
     results = tables[tables["table"] == "results"].reindex(columns=COLUMNS + ["majority"]).reset_index(drop=True)
     results = results.astype({c: "int64" for c in ("erase_layer", "rank", "layer", "n_train", "n_eval")})
     probing = tables[tables["table"] == "probing"].dropna(axis=1, how="all").drop(columns="table")
@@ -114,9 +119,28 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     return results
 
 
-def _run_values(ctx: Any) -> steps.RunValues:
-    """The plain values the measurement steps take from the run."""
-    return steps.RunValues(model=ctx.model, encode=ctx.encode, seed=ctx.seed, progress=ctx.progress, log=ctx.log)
+def _run_values(ctx: Any, split: data.Split) -> steps.RunValues:
+    """The plain values the measurement steps take from the run; with --activations, the capture serves the clean
+    pass of the sentences that come from the run's corpus (--corpus: what the capture holds)."""
+    from bertscope.experiments.activations import open_capture
+
+    source = open_capture(ctx.options.activations, ctx.model)
+    ours = (ctx.corpus_id, f"{ctx.corpus_id}:train-part", f"{ctx.corpus_id}:eval-part")
+    return steps.RunValues(model=ctx.model, encode=ctx.encode, seed=ctx.seed, progress=ctx.progress, log=ctx.log,
+                           capture_train=source if split.train_name in ours else None,
+                           capture_eval=source if split.eval_name in ours else None)
+
+
+def activation_sites(model: Any) -> list[str]:
+    """The sites the clean passes read (what ``--activations`` must hold): every layer's residual output, the
+    sublayer outputs the probing table probes, and the last block's output (the pooled embedding). The erased
+    runs intervene on the model, so they always run it; with EWT chosen automatically (run corpus ``builtin``)
+    the sentences are not the capture's and the model runs too."""
+    from bertscope.experiments.erasure import steps
+
+    settings = Settings()
+    sites = [data.site(k) for k in steps.layers_of(model)] + [at for _, _, at in steps.sublayer_sites(model, settings)]
+    return list(dict.fromkeys([*sites, f"blocks.{model.config.n_layers - 1}.hook_resid_post"]))
 
 
 def _choose_sentences(ctx: Any, settings: Settings) -> data.Split:

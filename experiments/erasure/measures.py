@@ -69,14 +69,25 @@ class Activations:
 @torch.no_grad()
 def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[int], *,
             hooks: Sequence[tuple[str, Callable]] = (), pieces_at: Sequence[str] = (),
-            mlm_every: int = 0) -> Activations:
+            mlm_every: int = 0, corpus: Sequence[Any] | None = None, capture: Any = None) -> Activations:
     """Run ``model`` over ``encoded``'s batches with ``hooks`` in place (e.g. an erasure) and keep word vectors at
     ``sites`` and piece vectors at ``pieces_at``. ``n_words``: words per sentence (truncated sentences must have
     been left out). ``mlm_every`` > 0 and a masked-LM head: every ``mlm_every``-th word piece is masked in a
-    second pass (same hooks) and the head's top-1 accuracy on those pieces is kept per sentence."""
+    second pass (same hooks) and the head's top-1 accuracy on those pieces is kept per sentence.
+
+    Activations come through the activations stage (`experiments.activations.batch_activations`): a forward of
+    ``model`` with ``hooks`` in place, or, for a clean pass (no hooks), ``capture`` (a `CaptureSource`, e.g.
+    ``--activations``; ``corpus``: the sentences ``encoded`` encodes). The pooled embedding is the last block's
+    output (through the final LayerNorm of pre-LN models), as the forward's own output."""
+    from bertscope.experiments.activations import batch_activations
+
+    if capture is not None and hooks:
+        raise ValueError("a capture holds clean activations: an intervention's run needs the forward (capture=None)")
     device = next(model.parameters()).device
     offsets = np.concatenate([[0], np.cumsum(n_words)]).astype(np.int64)
     sites = list(dict.fromkeys([*sites, *pieces_at]))
+    last_site = f"blocks.{model.config.n_layers - 1}.hook_resid_post"
+    final_norm = getattr(model, "ln_final", None)
     d = model.config.d_model
     sums = torch.zeros(len(sites), int(offsets[-1]), d, dtype=torch.float32, device=device)
     counts = torch.zeros(int(offsets[-1]), dtype=torch.float32, device=device)
@@ -90,7 +101,9 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
             if any(batch.n_words[r] != n_words[si] for r, si in enumerate(batch.sentence_index)):
                 raise ValueError("a sentence was truncated; leave truncated sentences out")
             ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-            last, cache = model.run_with_cache(ids, attention_mask=mask, names_filter=sites)
+            cache = batch_activations(model, batch, list(dict.fromkeys([*sites, last_site])), corpus=corpus,
+                                      capture=capture, device=device, stop_early=False)
+            last = cache[last_site] if final_norm is None else final_norm(cache[last_site])
             real = mask.unsqueeze(-1).float()
             embedding[batch.sentence_index] = ((last.float() * real).sum(1) / real.sum(1)).cpu().numpy()
             wid = batch.word_ids.to(device)

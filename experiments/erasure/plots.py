@@ -89,6 +89,8 @@ def _probing(p: pd.DataFrame, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
 
+    if "component" in p:  # the residual stream per layer (sublayer outputs are in the table, not drawn)
+        p = p[p["component"].isin(["embed", "resid_post"])]
     if p.empty:
         return []
     targets = list(dict.fromkeys(p["target"]))

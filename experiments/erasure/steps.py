@@ -29,6 +29,10 @@ class RunValues:
     seed: int
     progress: Callable[..., Any]
     log: Callable[[str], None]
+    # --activations: a `CaptureSource` for the clean pass of the training / evaluation sentences when they come
+    # from the run's corpus (what the capture holds); None: run the model
+    capture_train: Any = None
+    capture_eval: Any = None
 
 
 @dataclass
@@ -55,23 +59,23 @@ class Prepared:
                                                                        **boot)
         return self.site_cache["structural"]
 
-    def site_clean(self, run: RunValues, settings: Any, concept: str, layer: int) -> tuple:
-        """Clean per-sentence hits of the concept probe and of the control task at ``layer``, and the control
-        labels (train, eval); computed once per (concept, layer)."""
-        if (concept, layer) not in self.site_cache:
-            s = site(layer)
+    def site_clean(self, run: RunValues, settings: Any, concept: str, layer: int, at: str | None = None) -> tuple:
+        """Clean per-sentence hits of the concept probe and of the control task at ``layer``'s residual site (or
+        at the site ``at``, e.g. a sublayer output), and the control labels (train, eval); computed once each."""
+        s = at or site(layer)
+        if (concept, s) not in self.site_cache:
             xt, xe = self.clean_train.words[s], self.clean_eval.words[s]
             ytr, yev, _ = self.labels[concept]
             sent, n = flat_sentence_index(self.lengths_eval), len(self.lengths_eval)
-            if (concept, layer) in self.clean_hits:
+            if at is None and (concept, layer) in self.clean_hits:
                 task = self.clean_hits[concept, layer]
             else:
                 pred = measures.fit_probe(xt, ytr, alpha=settings.alpha, seed=run.seed).predict(xe)
                 task = measures.sentence_hits(pred, yev, sent, n)
             control = measures.control_task(*self.types, ytr, seed=run.seed)
             pred = measures.fit_probe(xt, control[0], alpha=settings.alpha, seed=run.seed).predict(xe)
-            self.site_cache[concept, layer] = (task, measures.sentence_hits(pred, control[1], sent, n), control)
-        return self.site_cache[concept, layer]
+            self.site_cache[concept, s] = (task, measures.sentence_hits(pred, control[1], sent, n), control)
+        return self.site_cache[concept, s]
 
 
 def layers_of(model: Any) -> list[int]:
@@ -95,8 +99,10 @@ def prepare(run: RunValues, settings: Any, split: Split, probed: tuple[str, ...]
     sites = [site(k) for k in layers]
     lt, le = [len(s) for s in split.train], [len(s) for s in split.eval]
     enc_t, enc_e = run.encode(split.train), run.encode(split.eval)
-    clean_t = measures.collect(model, enc_t, sites, lt)
-    clean_e = measures.collect(model, enc_e, sites, le, mlm_every=settings.mlm_every)
+    subs = [at for _, _, at in sublayer_sites(model, settings)]  # probed only (the probing table)
+    clean_t = measures.collect(model, enc_t, sites + subs, lt, corpus=split.train, capture=run.capture_train)
+    clean_e = measures.collect(model, enc_e, sites + subs, le, mlm_every=settings.mlm_every, corpus=split.eval,
+                               capture=run.capture_eval)
     labels = {}
     for c in dict.fromkeys(settings.concepts + probed):
         kw = {"max_position": settings.max_position, "max_depth": settings.max_depth}
@@ -128,7 +134,15 @@ def _stack(words: dict[str, np.ndarray], sites: list[str], lengths: list[int]) -
 
 def layers_of_sites(prep: Prepared) -> list[int]:
     """The layers the structural probe was trained at (all of them, embeddings included)."""
-    return list(range(len(prep.clean_eval.words)))
+    return [k for k in range(len(prep.clean_eval.words)) if site(k) in prep.clean_eval.words]
+
+
+def sublayer_sites(model: Any, settings: Any) -> list[tuple[int, str, str]]:
+    """(layer, component, site) of the sublayer outputs the probing table also probes: block ``l``'s
+    ``hook_{component}`` for each of ``settings.sublayers`` (``attn_out``, ``mlp_out``), numbered layer ``l + 1``
+    (the layer whose residual output they feed)."""
+    return [(b + 1, c, f"blocks.{b}.hook_{c}") for b in range(model.config.n_layers)
+            for c in getattr(settings, "sublayers", ())]
 
 
 def fit_erasers(run: RunValues, settings: Any, prep: Prepared, concept: str, layer: int) -> dict[str, LinearEraser]:
@@ -261,7 +275,8 @@ def _site_rows(run: RunValues, settings: Any, prep: Prepared, act: measures.Acti
 
 
 def probing_rows(run: RunValues, settings: Any, prep: Prepared, probed: tuple[str, ...], info: dict) -> list[dict]:
-    """Word-level probes per layer on clean vectors (embeddings and every block output): task accuracy, the
+    """Word-level probes per layer on clean vectors (embeddings, every block output, and inside every block the
+    attention and MLP outputs of ``settings.sublayers``; columns ``site``, ``component``): task accuracy, the
     Hewitt & Liang control task's and selectivity (task - control, paired interval over evaluation sentences),
     with the majority baseline (the training split's most frequent label, scored on the evaluation words)."""
     boot = {"n_boot": settings.n_boot, "level": settings.ci}
@@ -271,8 +286,9 @@ def probing_rows(run: RunValues, settings: Any, prep: Prepared, probed: tuple[st
     for c in probed:
         ytr, yev, _ = prep.labels[c]
         majority = float(np.mean(yev == np.bincount(ytr).argmax()))
-        for k in layers_of(run.model):
-            task, control, _ = prep.site_clean(run, settings, c, k)
+        residual = [(k, "embed" if k == 0 else "resid_post", None) for k in layers_of(run.model)]
+        for k, component, at in residual + sublayer_sites(run.model, settings):
+            task, control, _ = prep.site_clean(run, settings, c, k, at)
             zero = np.zeros_like(task)
             t = measures.accuracy_with_change(task, zero, counts, seed=7, **boot)
             ctl = measures.accuracy_with_change(control, zero, counts, seed=7, **boot)
@@ -283,6 +299,7 @@ def probing_rows(run: RunValues, settings: Any, prep: Prepared, probed: tuple[st
                                                                                       r["delta_ci_high"])
                 rows.append({"model": info["model"], "train_corpus": info["train_corpus"],
                              "eval_corpus": info["eval_corpus"], "split": "eval", "target": c, "layer": k,
+                             "site": at or site(k), "component": component,
                              "label": label, "value": value, "ci_low": lo, "ci_high": hi, "majority": majority,
                              "n_train": info["n_train"], "n_eval": info["n_eval"], "alpha": settings.alpha,
                              "selection": SELECTION})
