@@ -119,10 +119,12 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     source = open_capture(ctx.options.activations, model)  # --activations: the run's corpus from a capture
     for corpus in corpora:
         stores[corpus.name] = _collect_step(ctx, corpus, source if corpus is corpora[0] else None)
+        ctx.log(f"{corpus.name}: self and duplicate masses with {settings.n_boot} bootstrap draws")
         frames.append(ctx.step(f"measure_{corpus.name}", lambda c=corpus.name: tables(stores[c], corpus=c, **stats)))
     if random is not None:
         frames.append(ctx.step("copy_specific", lambda: copy_specific(stores[RANDOM_CORPUS], stores[CONTROL_CORPUS],
                                                                       **stats)))  # fmt: skip
+    ctx.log("held-out head choice (chosen on one half of the sentences, reported on the other); weight view")
     held_out = ctx.step("held_out", lambda: held_out_table(stores, main=ctx.corpus.name, k=settings.top_k, **stats))
     frames.append(ctx.step("weights", lambda: weight_view(model, n_tokens=settings.vocab_sample, **stats)))
     results = pd.concat(frames, ignore_index=True)
@@ -133,6 +135,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
             f"{corpus}: some copies sit at offsets where every content pair is a copy, so the offset-matched "
             "null is undefined there (null_offset = NaN); null/ratio use the uniform null (null_kind)"
         )
+    ctx.log("example attention maps")
     maps = ctx.step(
         "example_maps", lambda: example_maps(model, corpora, results, max_tokens=settings.example_max_tokens)
     )
