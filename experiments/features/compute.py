@@ -12,6 +12,7 @@ import pandas as pd
 from bertscope.experiments.features import labels as L
 from bertscope.experiments.features import measures as M
 from bertscope.experiments.features import steps as S
+from bertscope.experiments.registry import CannotRun
 
 FAMILIES = tuple(L.FAMILIES)
 
@@ -33,6 +34,10 @@ def compute(run: S.RunValues, settings: Any, split: dict[str, list], sites: Sequ
         data[name] = {s: S.collect(net, split[s], hooks, max_length=run.max_length) for s in ("train", "dev", "test")}
         run.log(f"{name}: activations of {sum(len(c.rows) for c in data[name].values())} token rows")
     y = S.concept_splits(data["trained"], split, tokens, syntax=info["syntax"], min_positives=settings.min_positives)
+    if not y.names:
+        raise CannotRun(f"no concept has {settings.min_positives} positive and {settings.min_positives} negative "
+                        "token rows in each of the train, dev and test sentences; use a larger --corpus or "
+                        "--max-sentences, or a smaller --set features.min_positives")
     run.log(f"{len(y.names)} concepts")
     test_sentence = data["trained"]["test"].rows.sentence
     base = {"model": info["model"], "corpus": info["corpus"], "threshold": settings.threshold, "split": "test",
