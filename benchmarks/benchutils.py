@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -77,3 +78,24 @@ def reference_model(path: str, impl: str, device: torch.device):
     from transformers import BertModel
 
     return BertModel.from_pretrained(path, attn_implementation=impl).to(device).eval()
+
+
+def ewt_dev_path() -> Path:
+    """UD English EWT dev beside the repository (``../shared/...``), else the shared machine's copy."""
+    beside = Path(__file__).resolve().parents[1].parent / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
+    return beside if beside.is_file() else Path("/work/shared/data/ud-english-ewt/en_ewt-ud-dev.conllu")
+
+
+def tfc1_task(corpus_path, n_pairs: int, max_tokens: int = 32):
+    """The bundled model and the circuits experiment's TFC1 task (cosine metric) over the first ``n_pairs``
+    sentences of ``corpus_path`` that give a pair: ``(model, task)``."""
+    from bertscope.experiments.circuits import measures
+    from bertscope.experiments.corpus import load_corpus
+    from bertscope.hooks import circuits
+
+    import bertscope
+
+    model = bertscope.load().eval()
+    corpus = load_corpus(str(corpus_path))
+    pairs = measures.tfc1_pairs([s.words for s in corpus], model.tokenizer, max_pairs=n_pairs, max_tokens=max_tokens)
+    return model, circuits.make_task(model, pairs, "cosine")

@@ -18,16 +18,14 @@ import time
 from pathlib import Path
 
 import torch
-
-EWT = Path(__file__).resolve().parents[1].parent / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
+from benchutils import ewt_dev_path, tfc1_task
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=48)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--ewt", type=Path, default=EWT if EWT.is_file() else Path("/work/shared/data/ud-english-ewt/"
-                                                                                 "en_ewt-ud-dev.conllu"))
+    p.add_argument("--ewt", type=Path, default=ewt_dev_path())
     p.add_argument("--candidates", type=int, default=30)
     p.add_argument("--n-random", type=int, default=5)
     p.add_argument("--random-circuits", type=int, default=20)
@@ -38,15 +36,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from bertscope.experiments.circuits import experiment, measures
-    from bertscope.experiments.corpus import load_corpus
-    from bertscope.hooks import circuits
 
-    import bertscope
 
-    model = bertscope.load().eval()
-    corpus = load_corpus(str(args.ewt))
-    pairs = measures.tfc1_pairs([s.words for s in corpus], model.tokenizer, max_pairs=args.pairs, max_tokens=32)
-    task = circuits.make_task(model, pairs, "cosine")
+    model, task = tfc1_task(args.ewt, args.pairs)
     settings = measures.AnalysisSettings(ig_steps=args.steps, candidates=args.candidates, n_random=args.n_random,
                                          n_random_circuits=args.random_circuits,
                                          batch_size=16, n_boot=200)

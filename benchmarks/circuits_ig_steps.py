@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from benchutils import ewt_dev_path, tfc1_task
 from scipy.stats import pearsonr, spearmanr
 
-EWT = Path(__file__).resolve().parents[1].parent / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
 BEGIN, END = "<!-- ig-steps:begin -->", "<!-- ig-steps:end -->"
 
 
@@ -88,8 +88,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=24)
     p.add_argument("--steps", type=int, nargs="+", default=[3, 10, 20, 50])
-    p.add_argument("--ewt", type=Path, default=EWT if EWT.is_file() else Path("/work/shared/data/ud-english-ewt/"
-                                                                                 "en_ewt-ud-dev.conllu"))
+    p.add_argument("--ewt", type=Path, default=ewt_dev_path())
     p.add_argument("--act-steps", type=int, nargs="+", default=None,
                    help="steps for EAP-IG-activations (default: --steps; it costs n_layers x m passes)")
     p.add_argument("--bert-base", action="store_true")
@@ -98,16 +97,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bertscope.experiments.circuits import measures
-    from bertscope.experiments.corpus import load_corpus
-    from bertscope.hooks import circuits
 
-    import bertscope
 
-    model = bertscope.load().eval()
-    corpus = load_corpus(str(args.ewt))
-    pairs = measures.tfc1_pairs([s.words for s in corpus], model.tokenizer, max_pairs=args.pairs, max_tokens=32)
-    task = circuits.make_task(model, pairs, "cosine")
+    model, task = tfc1_task(args.ewt, args.pairs)
     table, fwd = sweep(model, task, args.steps, args.act_steps)
     print(table.to_string(index=False))
     best = table[table.method.str.startswith("eap-ig")].groupby("method").spearman.max()
