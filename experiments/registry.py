@@ -58,12 +58,30 @@ HELP: dict[str, str] = {
     "its overlap with the same-token duplicate heads. Writes OUT/circuits/: results, agreement, edges, circuit, "
     "faithfulness and area tables, task.jsonl, figures, manifest.json.",
     "features": "What do sparse-dictionary latents encode? One dictionary per site (TopK SAEs at a low, middle and "
-    "last layer, one MLP transcoder; --set features.dictionaries=DIR loads trained ones, features.tokens=N trains "
-    "longer), each latent labelled with position, duplicate-token, syntax (UPOS, relation, depth) and special-token "
+    "last layer, one MLP transcoder; --dictionaries DIR loads trained ones, --tokens N trains longer), each latent "
+    "labelled with position, duplicate-token, syntax (UPOS, relation, depth) and special-token "
     "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
     "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
     "sparse-probing and browser tables, feature_browser.html, figures, manifest.json.",
 }
+#: Experiment-specific ``bertscope run`` options, each a named shorthand for one ``--set NAME.FIELD=VALUE``: flag ->
+#: (experiment, Settings field, metavar, help). The value becomes that same setting (typed and checked like
+#: ``--set``, recorded once in the manifest's settings, part of what a rerun must match); giving both the flag and
+#: ``--set`` for the field is an error, and so is the flag with ``run`` of another experiment. The parser reads only
+#: this table (no experiment is imported to build it), so ``bertscope run --help`` lists them in one group.
+RUN_OPTIONS: dict[str, tuple[str, str, str, str]] = {
+    "--tokens": ("features", "tokens", "N", "features: training rows per dictionary, e.g. 200k (default 12k; "
+                 "= --set features.tokens=N)"),
+    "--dictionaries": ("features", "dictionaries", "DIR", "features: load trained dictionaries DIR/<site>/ "
+                       "(`bertscope sae train` output) instead of training (= --set features.dictionaries=DIR)"),
+}
+
+
+def run_option_dest(flag: str) -> str:
+    """The argparse ``dest`` of a :data:`RUN_OPTIONS` flag (``--tokens`` -> ``run_option_tokens``)."""
+    return "run_option_" + flag.lstrip("-").replace("-", "_")
+
+
 #: Where ``benchmarks/run_all.py --record`` writes the measured run times (absent until someone measures them on
 #: a quiet machine; nothing is typed in by hand).
 RUN_TIMES = Path(__file__).with_name("run_times.json")

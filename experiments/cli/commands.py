@@ -167,6 +167,15 @@ def cmd_explore(args: argparse.Namespace) -> int:
         mixing_methods(args.mixing)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    dictionary, latent = getattr(args, "dictionary", None), getattr(args, "latent", None)
+    if (dictionary is None) != (latent is None):
+        raise UsageError("--dictionary DIR and --latent N go together: give both to colour tokens by a latent")
+    if dictionary is not None:
+        from bertscope.probes.dictionary import is_dictionary
+
+        if not is_dictionary(dictionary):  # before the model loads
+            raise UsageError(f"--dictionary {dictionary} is not a dictionary folder (cfg.json + "
+                             "sae_weights.safetensors); train one with `bertscope sae train` or `run features`")
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))
     check_max_length(args.max_length, model)
     lengths = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
@@ -175,11 +184,13 @@ def cmd_explore(args: argparse.Namespace) -> int:
         raise UsageError(f"TEXT {too_long[0]} is {lengths[too_long[0] - 1]} word pieces long; --max-length is "
                          f"{args.max_length}")  # fmt: skip
     try:
-        view = explore(model, texts, mixing=args.mixing)
+        view = explore(model, texts, mixing=args.mixing, dictionary=dictionary, latents=latent)
     except ValueError as e:
         raise UsageError(str(e)) from e
     path = view.save(args.out)
-    print(f"explorer: {path}  ({len(texts)} sentence(s), {view.nbytes / 1e6:.2f} MB; open it in a browser)")
+    shown = view.payload.get("latents")
+    extra = f"; latent view: {', '.join(map(str, shown['ids']))} of {shown['site']}" if shown else ""
+    print(f"explorer: {path}  ({len(texts)} sentence(s), {view.nbytes / 1e6:.2f} MB{extra}; open it in a browser)")
     return EXIT_OK
 
 
@@ -299,10 +310,25 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def _set_assignments(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """``--set NAME.FIELD=VALUE`` items split by experiment (texts; typed once the experiments are imported)."""
+    """``--set NAME.FIELD=VALUE`` items, with `run`'s experiment options (``--tokens N`` = ``--set
+    features.tokens=N``, `registry.RUN_OPTIONS`) added, split by experiment (texts; typed once the experiments are
+    imported)."""
+    from bertscope.experiments.registry import RUN_OPTIONS, run_option_dest
     from bertscope.experiments.settings import parse_assignments
 
-    return parse_assignments(getattr(args, "set", None), list(EXPERIMENTS))
+    items = list(getattr(args, "set", None) or [])
+    for flag, (name, field, _, _) in RUN_OPTIONS.items():  # `run`'s experiment options: the same --set items
+        value = getattr(args, run_option_dest(flag), None)
+        if value is None:
+            continue
+        experiment = getattr(args, "experiment", name)
+        if experiment not in (name, "all"):
+            raise UsageError(f"{flag} is an option of `bertscope run {name}`; `bertscope run {experiment}` does not "
+                             f"run {name}")
+        if any(i.partition("=")[0].strip().replace("_", "-") == f"{name}.{field}" for i in items):
+            raise UsageError(f"{flag} and --set {name}.{field}=... give the same setting; give one of them")
+        items.append(f"{name}.{field}={value}")
+    return parse_assignments(items, list(EXPERIMENTS))
 
 
 def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any], *, alone: bool) -> None:

@@ -125,6 +125,7 @@ def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
                    help="change one of an experiment's settings, e.g. --set heads.syntax_min_arcs=5 (repeat for "
                    "more; typed and checked; part of the manifest and of what a rerun must match). "
                    "`bertscope run NAME --help` lists NAME's settings with defaults and meanings")  # fmt: skip
+    _add_run_options(p)
     p.add_argument(
         "--activations",
         type=Path,
@@ -137,6 +138,18 @@ def _add_run(sub: Any, argv: Sequence[str] | None) -> None:
     if chosen and {"-h", "--help"} & set(argv):  # only for help: it imports the experiment (and torch)
         p.epilog = _settings_epilog(chosen)
     p.set_defaults(handler=cmd_run)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """One group for the experiment-specific options (`registry.RUN_OPTIONS`): each is one experiment's
+    ``--set NAME.FIELD=VALUE`` under a name (merged into ``--set`` by `commands.options_from_args`)."""
+    from bertscope.experiments.registry import RUN_OPTIONS, run_option_dest
+
+    group = p.add_argument_group("experiment options", "shorthands for one experiment's --set NAME.FIELD=VALUE "
+                                 "(the same setting; with `run all` they apply to that experiment)")
+    for flag, (_, _, metavar, text) in RUN_OPTIONS.items():
+        group.add_argument(flag, dest=run_option_dest(flag), default=None, metavar=metavar,
+                           type=_count if metavar == "N" else str, help=text)
 
 
 def _settings_epilog(name: str) -> str | None:
@@ -175,7 +188,8 @@ def _add_explore(sub: Any) -> None:
         "explore",
         help="write one offline HTML page with interactive attention (and mixing) views of your sentences",
         description="Run the model on each TEXT and write an interactive page (head view, model view, "
-        "query-key view; context-mixing methods in a menu with --mixing): one self-contained HTML file.",
+        "query-key view; context-mixing methods in a menu with --mixing; tokens coloured by a dictionary's latent "
+        "with --dictionary DIR --latent N): one self-contained HTML file.",
     )
     p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more sentences (quote each)")
     _add_model_options(p)
@@ -183,6 +197,12 @@ def _add_explore(sub: Any) -> None:
                    help="word pieces per text incl. [CLS]/[SEP]; a longer text is an error (default 128)")  # fmt: skip
     p.add_argument("--mixing", default=None, metavar="METHODS",
                    help="context-mixing methods for the menu, comma-separated, e.g. alti,attention_norm")  # fmt: skip
+    p.add_argument("--dictionary", type=Path, default=None, metavar="DIR",
+                   help="a saved sparse dictionary (`bertscope sae train` output, or OUT/features/dictionaries/<site> "
+                   "of `bertscope run features`): with --latent, colour each token by a latent's activation at the "
+                   "dictionary's site")  # fmt: skip
+    p.add_argument("--latent", default=None, metavar="N[,M...]",
+                   help="the dictionary's latent(s) to colour tokens by, e.g. 17 or 17,302")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("explore.html"), help="HTML file to write (default explore.html)")
     p.set_defaults(handler=cmd_explore)
 

@@ -10,7 +10,8 @@ Each sentence gets a head view (lines from each token to the tokens it attends t
 heads), a model view (every layer x head as a thumbnail; click one to open it in the head view) and a
 query-key view (for one token and head: q, each key's k, q*k elementwise, q.k/sqrt(d_head) and the softmax).
 Other ``[layer, query, key]`` maps, e.g. context-mixing contributions, come in through ``maps=`` and get the
-same views, chosen in a menu.
+same views, chosen in a menu. With ``dictionary=`` (a saved sparse dictionary) and ``latents=``, a latent view
+colours each token by the chosen latent's activation (``explorer.latents``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from bertscope.experiments.explorer import data, page
+from bertscope.experiments.explorer import latents as latents_mod
 from bertscope.experiments.explorer.data import SentenceData, capture, decode_map, decode_qk, encode_map, encode_qk
 from bertscope.experiments.naming import model_label
 
@@ -128,10 +131,12 @@ def build(
     vmax: Mapping[str, float] | None = None,
     model_name: str = "",
     title: str = "bertscope explorer",
+    latents: Mapping | None = None,
 ) -> Explorer:
     """An ``Explorer`` from arrays (no model needed). Every sentence must carry the same methods, each with the
     same number of layers and heads; ``labels`` names them in the menu (default: the id); ``vmax`` fixes the
-    value a line at full opacity stands for (default: the largest |value| of that method)."""
+    value a line at full opacity stands for (default: the largest |value| of that method). ``latents``: the
+    latent view's description (`latents.describe`); every sentence then carries ``latents`` ``[latent, n]``."""
     if not sentences:
         raise ValueError("no sentences to explore")
     methods = list(sentences[0].maps)
@@ -149,6 +154,8 @@ def build(
             {"id": method, "label": labels.get(method, method), "layers": layers, "heads": heads, "vmax": top}
         )
     d_head = next((int(s.q.shape[-1]) for s in sentences if s.q is not None), 0)
+    if latents is not None and any(s.latents is None or len(s.latents) != len(latents["ids"]) for s in sentences):
+        raise ValueError(f"every sentence needs the activations of the {len(latents['ids'])} latent(s) shown")
     payload = {
         "format": page.FORMAT,
         "title": title,
@@ -161,11 +168,19 @@ def build(
                 "maps": {m: encode_map(s.maps[m]) for m in methods},
                 "qk": None if s.q is None else encode_qk(s.q, s.k),
                 "segments": s.segments,
+                **({"latents": _rounded(s.latents)} if latents is not None else {}),
             }
             for s in sentences
         ],
     }
+    if latents is not None:
+        payload["latents"] = dict(latents)
     return Explorer(payload)
+
+
+def _rounded(values: np.ndarray) -> list[list[float]]:
+    """``[latent, n]`` activations as JSON numbers with 4 significant digits (the page shows 3)."""
+    return [[float(f"{v:.4g}") for v in row] for row in np.asarray(values, dtype=np.float64)]
 
 
 def explore(
@@ -181,6 +196,8 @@ def explore(
     batch_size: int = 8,
     pairs: str | Sequence[str] | None = None,
     sentence_b_start: int | Sequence[int | None] | None = None,
+    dictionary: Any = None,
+    latents: int | str | Sequence[int] | None = None,
 ) -> Explorer:
     """Explore ``model``'s attention on ``texts`` (one string or several; padded together, padding dropped).
 
@@ -203,6 +220,11 @@ def explore(
     ``qk``: which sentences embed queries and keys for the query-key view: True (all), False (none), a list of
     indices, or "auto" (in order while the int8 total stays within ``QK_AUTO_BYTES``; the first always).
     ``attention=False`` leaves attention out of the menu (then ``maps`` is required).
+    ``dictionary``: a saved sparse dictionary (a folder as ``bertscope sae train`` / ``bertscope run features``
+    write, or a loaded ``probes.dictionary.Dictionary``) whose site this model has; ``latents``: which of its
+    latents to show (an index, several, or ``"3,17"``). The page then gets a latent view: each token's background
+    is the latent's activation at the dictionary's site. A folder that holds no dictionary, a site the model
+    lacks, another model's width or a latent out of range: ``ValueError``, before the model runs.
     """
     if isinstance(model, (tuple, list)) or (isinstance(model, torch.Tensor) and model.dim() == 5):
         if maps or mixing or pairs is not None:
@@ -222,6 +244,14 @@ def explore(
         raise ValueError("nothing to show: attention=False and no maps")
     if attention and "attention" in (maps or {}):
         raise ValueError("'attention' is the model's own attention; give your map another name")
+    if (dictionary is None) != (latents is None):
+        raise ValueError("the latent view needs both a dictionary and the latents to show")
+    chosen, dictionary_name = None, ""
+    if dictionary is not None:
+        dictionary_name = (Path(os.fspath(dictionary)).name if isinstance(dictionary, (str, os.PathLike))
+                           else str(dictionary.config.site or "dictionary"))
+        dictionary = latents_mod.load_for_model(dictionary, model)
+        chosen = latents_mod.parse_latents(latents, int(dictionary.config.d_sae))
     cfg = model.config
     inputs = model.tokenize(texts, pairs)
     computed = mixing_maps(model, inputs, mixing)
@@ -241,18 +271,24 @@ def explore(
     }
     segments = (data.pair_segments(model.tokenizer, texts, pairs, caught.positions) if pairs is not None
                 else [None] * len(texts))  # fmt: skip
+    described, values = None, [None] * len(texts)
+    if chosen is not None:
+        values = latents_mod.latent_values(model, dictionary, inputs, chosen, caught.positions, batch_size=batch_size)
+        described = latents_mod.describe(dictionary, chosen, values, dictionary_name)
     sentences = []
     for i, text in enumerate(texts):
         sentence_maps = {"attention": caught.pattern[i]} if attention else {}
         sentence_maps.update({name: arrays[i] for name, arrays in extra.items()})
         shown = text if pairs is None else f"{text} || {pairs[i]}"
-        sentences.append(SentenceData(shown, caught.tokens[i], sentence_maps, caught.q[i], caught.k[i], segments[i]))
+        sentences.append(SentenceData(shown, caught.tokens[i], sentence_maps, caught.q[i], caught.k[i], segments[i],
+                                      values[i]))
     return build(
         sentences,
         labels=labels,
         vmax={"attention": 1.0} if attention else None,
         model_name=model_label(model),  # name and weights sha256, never the local path (pages get shared)
         title=title,
+        latents=described,
     )
 
 

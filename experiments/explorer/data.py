@@ -36,7 +36,8 @@ class SentenceData:
     ``tokens``: its real tokens (no padding), ``n`` of them. ``maps``: method id -> ``[layer, head, n, n]``
     float array (``head`` is 1 for per-layer methods). ``q`` and ``k``: ``[layer, n, head, d_head]`` float
     arrays for the query-key view, or None when not embedded. ``segments``: for a sentence pair, each token's
-    segment (0 = A, 1 = B; a separator belongs to the segment it closes), else None.
+    segment (0 = A, 1 = B; a separator belongs to the segment it closes), else None. ``latents``: ``[latent,
+    n]`` activations of a dictionary's chosen latents at each token (the latent view), else None.
     """
 
     text: str
@@ -45,9 +46,14 @@ class SentenceData:
     q: np.ndarray | None = None
     k: np.ndarray | None = None
     segments: list[int] | None = None
+    latents: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
+        if self.latents is not None:
+            self.latents = np.asarray(self.latents, dtype=np.float32)
+            if self.latents.ndim != 2 or self.latents.shape[1] != n or not np.isfinite(self.latents).all():
+                raise ValueError(f"latents must be finite [latent, {n}] activations, got {self.latents.shape}")
         if self.segments is not None:
             self.segments = [int(x) for x in self.segments]
             if len(self.segments) != n or not set(self.segments) <= {0, 1}:

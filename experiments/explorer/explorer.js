@@ -464,6 +464,50 @@
     setHover(head + "q\u00b7k/\u221ad = " + fmt(r.dots[j]) + ", softmax = " + fmt(r.probs[j]) + stored);
   }
 
+  // ------------------------------------------------------------------------------------------ latent view
+  // payload.latents = {dictionary, site, site_out, kind, d_sae, ids, vmax}; each sentence's latents[j][i] is
+  // latent ids[j]'s activation at token i. A token's background is its value / vmax (the largest over the page).
+  var LATENT_RGB = "230, 97, 1";
+  function latentColour(v, vmax) {
+    var a = vmax > 0 ? Math.max(0, Math.min(1, v / vmax)) : 0;
+    return a > 0 ? "rgba(" + LATENT_RGB + ", " + a.toFixed(3) + ")" : "transparent";
+  }
+  function setupLatents() {
+    var L = payload.latents;
+    $("bs-latentview").hidden = !L;
+    if (!L) return;
+    fillSelect($("bs-latent"), L.ids.map(function (id) { return "latent " + id; }), 0);
+    $("bs-latent").disabled = L.ids.length < 2;
+    var where = L.kind === "sae" ? L.site : L.site + " \u2192 " + (L.site_out || "?") + " (" + L.kind.replace("_", " ") + ")";
+    $("bs-lt-where").textContent = "(dictionary " + L.dictionary + ", " + L.d_sae + " latents, reads " + where + ")";
+    $("bs-latent").addEventListener("change", function (e) { state.latent = Number(e.target.value); renderLatents(); });
+    $("bs-lt-tokens").addEventListener("mouseover", function (e) {
+      var i = e.target.dataset && e.target.dataset.i;
+      if (i === undefined) return;
+      i = Number(i);
+      setHover("latent " + L.ids[state.latent] + " at " + tokenLabel(i) + " (" + i + ") = " + fmt(sentence().latents[state.latent][i]));
+    });
+  }
+  function renderLatents() {
+    var L = payload.latents;
+    if (!L) return;
+    var j = state.latent, vmax = L.vmax[j], values = sentence().latents[j], box = $("bs-lt-tokens");
+    box.replaceChildren();
+    var frag = document.createDocumentFragment();
+    sentence().tokens.forEach(function (t, i) {
+      var span = el("span", "bs-lt", t);
+      span.dataset.i = String(i);
+      span.dataset.value = String(values[i]);
+      span.style.backgroundColor = latentColour(values[i], vmax);
+      span.title = t + ": " + fmt(values[i]);
+      frag.appendChild(span);
+    });
+    box.appendChild(frag);
+    $("bs-lt-bar").style.background = "linear-gradient(to right, " + latentColour(0, 1) + ", rgba(" + LATENT_RGB + ", 1))";
+    $("bs-lt-max").textContent = vmax > 0 ? fmt(vmax) : "0 (latent " + L.ids[j] + " does not fire on these sentences)";
+    api.latent = { id: L.ids[j], vmax: vmax, values: Array.from(values) };
+  }
+
   // ------------------------------------------------------------------------------------------ flow
   function redraw() {
     var t0 = performance.now();
@@ -492,6 +536,7 @@
         $("bs-segments").value = state.seg;
         renderControls();
         renderTokens();
+        renderLatents();
         t.push(performance.now());
         renderModelView();
         t.push(performance.now());
@@ -618,7 +663,7 @@
       if (payload.format !== "bertscope-explorer/1") throw new Error("unknown data format " + payload.format);
       if (typeof DecompressionStream !== "function") throw new Error("this browser has no DecompressionStream (needs Chrome 80+, Firefox 113+, Safari 16.4+)");
       methods = payload.methods;
-      state = { sentence: 0, method: methods[0].id, layer: 0, heads: [], selected: [], hover: null, focus: null, qkHead: 0, seg: "all" };
+      state = { sentence: 0, method: methods[0].id, layer: 0, heads: [], selected: [], hover: null, focus: null, qkHead: 0, seg: "all", latent: 0 };
       SEG_FILTERS.forEach(function (f) { var o = el("option", null, f[1]); o.value = f[0]; $("bs-segments").appendChild(o); });
       api.state = state;
       api.payload = payload;
@@ -630,6 +675,7 @@
       fillSelect($("bs-method"), methods.map(function (m) { return m.label; }), 0);
       $("bs-method").disabled = methods.length < 2;
       wire();
+      setupLatents();
     } catch (err) {
       fail(err);
       return;
