@@ -1,7 +1,8 @@
 """The numbers of docs/experiments/features.md: `bertscope run features` on the bundled model with UD English EWT
 train text (gold UPOS, relations, trees), then the doc's two tables printed as markdown from the saved tables.
 
-    python benchmarks/features_ewt.py [--out /tmp/features_ewt] [--tokens 200000] [--sentences 4000]
+    python benchmarks/features_ewt.py [--corpus .../en_ewt-ud-train.conllu] [--out /tmp/features_ewt]
+        [--tokens 200000] [--sentences 4000] [--n-train 2500] [--n-eval 400]
 
 Needs /work/shared/data/ud-english-ewt/ (or ../shared/...; `corpus.ewt.find_ewt`). About 20 minutes of CPU on
 2 cores at the defaults. Prints (1) per site the share of alive latents whose best single-variable label beats the
@@ -27,11 +28,13 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=4000)
     ap.add_argument("--n-train", type=int, default=2500)
     ap.add_argument("--n-eval", type=int, default=400)
+    ap.add_argument("--corpus", type=Path, default=None,
+                    help="en_ewt-ud-train.conllu (default: looked for under ../shared/data/ud-english-ewt/)")
     args = ap.parse_args()
     from bertscope.experiments.corpus.ewt import find_ewt
 
-    train = find_ewt("train")
-    if train is None:
+    train = args.corpus if args.corpus is not None else find_ewt("train")
+    if train is None or not Path(train).is_file():
         print("UD English EWT not found (see docs/experiments/features.md for where to get it)")
         return 1
     cmd = [sys.executable, "-m", "bertscope", "run", "features", "--corpus", str(train), "--out", str(args.out),

@@ -132,6 +132,15 @@ def test_features_runs_end_to_end(bundled, tmp_path: Path, monkeypatch) -> None:
     assert (p["ci_low"] <= p["accuracy"] + 1e-9).all()
     page = (out / "feature_browser.html").read_text()
     assert "http://" not in page and "https://" not in page and "<script src" not in page
+    # The trained dictionaries are saved for `bertscope explore --dictionary`, and the browser gives that command.
+    saved = out / "dictionaries" / "blocks.5.hook_resid_post"
+    assert (saved / "cfg.json").is_file() and (out / "dictionaries" / "blocks.3.hook_resid_mid" / "cfg.json").is_file()
+    assert f"--dictionary {saved}" in page
+    from bertscope.experiments.explorer import explore
+
+    view = explore(bundled, "The cat sat on the mat.", dictionary=saved, latents=[0, 1], qk=False)
+    assert view.payload["latents"]["site"] == "blocks.5.hook_resid_post"
+    assert len(view.payload["sentences"][0]["latents"]) == 2
     found = features.findings(out)
     assert found and any("alive latents" in f.text for f in found)
     assert (out / "fig_labelled_units.png").is_file()

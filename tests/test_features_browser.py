@@ -81,3 +81,22 @@ def test_write_browser_needs_every_table(tmp_path: Path, name: str) -> None:
         if n != name:
             t.to_parquet(tmp_path / f"{n}.parquet")
     assert B.write_browser(tmp_path) == []
+
+
+def test_each_latent_gives_the_explore_command_that_colours_by_it(browser, tmp_path: Path) -> None:  # noqa: F811
+    latents, contexts, tokens = tables()
+    folder = "my results/features/dictionaries/blocks.0.hook_resid_post<b>"
+    page = B.render(B.payload(latents.assign(dictionary=folder), contexts, tokens))
+    path = tmp_path / "fb.html"
+    path.write_text(page)
+    open_page(browser, path)
+    commands = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.fb-card')).map(c => "
+        "[c.getAttribute('data-latent'), c.querySelector('.fb-explore code').textContent])")
+    quoted = "'my results/features/dictionaries/blocks.0.hook_resid_post<b>'"  # shell-quoted, shown as text
+    assert commands == [[i, f'bertscope explore "YOUR TEXT" --dictionary {quoted} --latent {i}'] for i in "013"]
+    assert browser.execute_script("return document.querySelectorAll('.fb-card b').length") == 3  # headers only
+    # Without a dictionary column (older tables) no command is shown.
+    path.write_text(B.render(B.payload(*tables())))
+    open_page(browser, path)
+    assert not browser.execute_script("return document.querySelector('.fb-explore')")

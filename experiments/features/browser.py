@@ -3,8 +3,9 @@
 
 It lists the latents of every site with their label (and test MCC), density, an activation histogram, the
 top-activating test contexts (the token highlighted, with its value) and, where the model has a masked-LM head,
-the vocabulary the decoder direction promotes; a search box filters by label and another by token (a latent
-matches when the token is one of its top contexts' highlighted tokens). The explorer's standards
+the vocabulary the decoder direction promotes, and the ``bertscope explore`` command that colours a text's tokens
+by the latent (where the run saved or loaded its dictionaries); a search box filters by label and another by token
+(a latent matches when the token is one of its top contexts' highlighted tokens). The explorer's standards
 (`experiments.explorer.page`): data in a ``<script type="application/json">`` with ``<``, ``>``, ``&`` escaped,
 text set with ``textContent`` only, a Content-Security-Policy that allows only the page's own script (by hash), no
 network reference. Contexts are stored compactly: one token table for the test sentences and, per latent,
@@ -17,6 +18,7 @@ import base64
 import hashlib
 import html
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +83,11 @@ _SCRIPT = r"""
     hist.title = "histogram of non-zero test activations, 0 to " + site.max_value[i].toFixed(2);
     c.appendChild(hist);
     if (site.promoted && site.promoted[i]) c.appendChild(el("div", "fb-promoted", "promotes: " + site.promoted[i]));
+    if (site.explore) {
+      var cmd = el("div", "fb-explore", "colour your text by it: ");
+      cmd.appendChild(el("code", "", site.explore + " --latent " + i));
+      c.appendChild(cmd);
+    }
     contextsOf(site, i).forEach(function (x) {
       var row = el("div", "fb-ctx"), toks = D.tokens[x[0]] || [];
       row.appendChild(el("span", "fb-val", x[2].toFixed(2)));
@@ -117,6 +124,7 @@ body{font:14px system-ui,sans-serif;margin:1em;color:#222}.fb-muted{color:#777;m
 .fb-hist{display:flex;align-items:flex-end;height:32px;gap:1px;margin:.3em 0}.fb-bar{width:8px;background:#58a}
 .fb-ctx{font-family:monospace;font-size:12px;white-space:nowrap;overflow:hidden}.fb-val{color:#a50;margin-right:.6em}
 .fb-tok{margin-right:.25em}.fb-hi{background:#fd6;font-weight:bold}.fb-promoted{font-size:12px;color:#555}
+.fb-explore{font-size:12px;color:#555}.fb-explore code{user-select:all}
 """
 
 _PAGE = """<!DOCTYPE html>
@@ -166,8 +174,10 @@ def payload(latents: pd.DataFrame, contexts: pd.DataFrame, tokens: pd.DataFrame)
         c = contexts[contexts["site"] == site].sort_values(["latent", "rank"])
         start = np.searchsorted(c["latent"].to_numpy(), np.arange(m + 1))
         mcc = g["test_mcc"].astype(float).round(3)
+        folder = str(g["dictionary"].iloc[0]) if "dictionary" in g and pd.notna(g["dictionary"].iloc[0]) else ""
         sites.append({
             "name": str(site),
+            "explore": explore_command(folder) if folder else "",
             "density": g["density"].astype(float).round(6).tolist(),
             "label": [None if pd.isna(x) else str(x) for x in g["label"]],
             "mcc": [None if pd.isna(x) else float(x) for x in mcc],
@@ -182,6 +192,12 @@ def payload(latents: pd.DataFrame, contexts: pd.DataFrame, tokens: pd.DataFrame)
         })
     model = str(latents["model"].iloc[0]) if "model" in latents and len(latents) else ""
     return {"model": model, "sites": sites, "tokens": sents}
+
+
+def explore_command(folder: str) -> str:
+    """The ``bertscope explore`` command (less ``--latent N``) that colours a text's tokens by a latent of the
+    dictionary in ``folder`` (shell-quoted)."""
+    return f'bertscope explore "YOUR TEXT" --dictionary {shlex.quote(folder)}'
 
 
 def render(data: dict, title: str = "bertscope feature browser") -> str:

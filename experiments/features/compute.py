@@ -98,22 +98,24 @@ def _dictionaries(train: S.Collected, sites: Sequence[S.Site], settings: Any, ru
                   enc_name: str) -> dict[str, Any]:
     """Loaded from ``settings.dictionaries`` (trained model) when given, else trained on the train split."""
     if settings.dictionaries and enc_name == "trained":
-        from bertscope.probes.dictionary import is_dictionary, load_dictionary
-
-        out = {}
-        for s in sites:
-            folder = Path(settings.dictionaries) / s.name.replace("/", "_")
-            if not is_dictionary(folder):
-                raise FileNotFoundError(f"no dictionary for site {s.name} in {settings.dictionaries} ({folder})")
-            out[s.name] = load_dictionary(folder, device=next(run.model.parameters()).device).eval()
-        return out
+        try:
+            return S.load_site_dictionaries(run.model, settings.dictionaries, sites)
+        except ValueError as e:  # `check` found none of this up front only if the folder changed since
+            raise CannotRun(str(e)) from None
     from bertscope.experiments.sae import parse_width
 
     widths = {s.name: parse_width(settings.width, train.acts[s.name].shape[1]) for s in sites}
     run.log(f"training {len(sites)} dictionaries on the {enc_name} model ({settings.tokens} rows each)")
     device = next(run.model.parameters()).device
-    return {k: v.eval() for k, v in S.train_site_dictionaries(train, sites, settings, seed=run.seed, widths=widths,
-                                                              device=device).items()}
+    meta = {"model": getattr(run.model, "source", None), "weights_sha256": getattr(run.model, "weights_sha256", None),
+            "max_length": run.max_length} if enc_name == "trained" else {"model": "re-initialised"}
+    out = {k: v.eval() for k, v in S.train_site_dictionaries(train, sites, settings, seed=run.seed, widths=widths,
+                                                             device=device, metadata=meta).items()}
+    if enc_name == "trained" and run.save_dictionaries is not None:
+        S.save_site_dictionaries(out, run.save_dictionaries)
+        run.log(f"dictionaries saved to {run.save_dictionaries}/<site>/ (bertscope explore --dictionary DIR "
+                "--latent N colours tokens by one)")
+    return out
 
 
 def _results(results: list, baselines: list, settings: Any) -> pd.DataFrame:
@@ -188,6 +190,8 @@ def _browser_latents(results: list, best: dict, where: dict, density: np.ndarray
     out = pd.DataFrame({"site": site.name, "latent": np.arange(m), "density": density,
                         "max_value": test.max(0) if len(test) else 0.0, "histogram": hist,
                         "promoted": promoted if promoted else [""] * m})
+    folder = (Path(settings.dictionaries) if settings.dictionaries else run.save_dictionaries)
+    out["dictionary"] = str(folder / S.site_folder(site.name)) if folder is not None else ""
     out["label"] = out["latent"].map(lab["label"]) if len(lab) else None
     out["test_mcc"] = out["latent"].map(lab["test_mcc"]) if len(lab) else np.nan
     out["labelled"] = out["test_mcc"] >= settings.threshold

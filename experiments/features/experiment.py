@@ -27,7 +27,8 @@ labelled latents per family, the shuffled-label count, the share of labelled lat
 PCA direction for their own label), ``sparse_probing`` (per site, source, concept and k; ``concept = mean`` rows
 average a variable's concepts with a joint interval), ``baselines`` (per concept the best single unit of every
 basis), the feature browser's tables (``browser_latents``, ``browser_contexts``, ``browser_tokens``) and
-``feature_browser.html``, figures.
+``feature_browser.html``, figures, and ``dictionaries/<site>/`` (the trained model's dictionaries in SAELens's
+format, for ``bertscope explore --dictionary`` and ``--dictionaries``; not written when they were loaded).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from bertscope.experiments.registry import CannotRun
 NAME = "features"
 DIRNAME = "features"
 SUMMARY_TABLES = ["summary", "sparse_probing_summary"]
+DICTIONARIES = "dictionaries"  # OUT/features/dictionaries/<site>/: the trained model's dictionaries (SAELens format)
 INT_COLUMNS = {"layer", "unit", "latent", "k", "rank", "sentence", "position", "rule_sign"}
 
 
@@ -59,11 +61,11 @@ class Settings:
     transcoder_layer: int | None = None  # block of the MLP transcoder (default: the middle one; -1: none)
     width: str = "2x"  # latents: a multiple of the site's width or a number
     k: int = 32  # active latents per token (TopK; BatchTopK on average)
-    tokens: int = 12_000  # training rows per dictionary (--set features.tokens=N scales it up)
+    tokens: int = 12_000  # training rows per dictionary (--tokens N, = --set features.tokens=N, scales it up)
     batch_size: int = 1024
     buffer_rows: int = 16384
     lr: float = 1e-3
-    dictionaries: str = ""  # a folder of trained dictionaries (<site>/cfg.json ...) to load instead of training
+    dictionaries: str = ""  # --dictionaries DIR: trained dictionaries (DIR/<site>/cfg.json ...) to load, not train
     reinit: bool = True  # the re-initialised model's dictionaries (control)
     threshold: float = 0.5  # test MCC at or above which a unit's label counts
     ks: tuple[int, ...] = (1, 2, 5)
@@ -85,11 +87,18 @@ class Settings:
 
 
 def check(inputs: Any, settings: Settings) -> None:
-    """The corpus needs enough sentences for three splits."""
+    """The corpus needs enough sentences for three splits; ``--dictionaries DIR`` needs a dictionary of every site
+    made for this model (`steps.load_site_dictionaries`)."""
     n = len(inputs.corpus)
     if n < 12:
         raise CannotRun(f"features needs at least 12 sentences for its train/dev/test splits, the corpus has {n}; "
                         "use --corpus builtin or raise --max-sentences")
+    if settings.dictionaries:  # every site's dictionary, fitting this model, before anything is written
+        sites = steps.default_sites(inputs.model.config.n_layers, settings.layers or None, settings.transcoder_layer)
+        try:
+            steps.load_site_dictionaries(inputs.model, settings.dictionaries, sites)
+        except ValueError as e:
+            raise CannotRun(str(e)) from None
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -106,7 +115,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     key = {"sentences": [[s.id for s in v] for v in split.values()], "sites": [s.name for s in sites],
            "max_length": ctx.options.max_length}
     run_values = steps.RunValues(model=ctx.model, seed=ctx.seed, progress=ctx.progress, log=ctx.log,
-                                 max_length=ctx.options.max_length)
+                                 max_length=ctx.options.max_length, save_dictionaries=ctx.out_dir / DICTIONARIES)
     tables = ctx.step("features", lambda: compute.compute(run_values, settings, split, sites, info), **key)
     out = {name: _integers(g.drop(columns="table").dropna(axis=1, how="all").reset_index(drop=True))
            for name, g in tables.groupby("table", sort=False)}

@@ -10,11 +10,13 @@ from bertscope.experiments.findings import Finding, fmt_ci
 
 CAPTIONS = {
     "fig_labelled_units": "Units whose dev-chosen label reaches test MCC at or above the stated threshold, per "
-    "concept family and site: the dictionary's latents, the site's neurons, its PCA directions, the re-initialised "
-    "model's latents, and the latents against shuffled labels (chance).",
+    "concept family, one panel per dictionary (its layer and the hooks it reads; a transcoder also names the hook it "
+    "predicts): the dictionary's latents, the site's neurons (a transcoder's: the MLP's own), its PCA directions, "
+    "the re-initialised model's latents, and the latents against shuffled labels (chance; zero bars are expected).",
     "fig_sparse_probing": "k-sparse probing (SAEBench's protocol: top-k units by mean difference on train, logistic "
-    "probe, balanced test accuracy) averaged over a variable's concepts, per site and source. Bars: 95% bootstrap "
-    "over test sentences.",
+    "probe, balanced test accuracy) averaged over a variable's one-vs-rest concepts, one row per variable and one "
+    "column per dictionary, one line per kind of unit. Error bars: 95% bootstrap over test sentences (all concepts "
+    "resampled together; the training of the dictionary is not resampled).",
 }
 FAMILIES = ("position", "duplicate", "syntax", "special")
 

@@ -25,6 +25,36 @@ def plot(out_dir: Path) -> list[Path]:
     return written + write_browser(out_dir)
 
 
+#: Legend names of the (model, basis) groups and of the k-sparse probing sources.
+GROUP_NAMES = {("trained", "latent"): "latents", ("trained", "neuron"): "neurons",
+               ("trained", "pca"): "PCA directions", ("reinit", "latent"): "re-initialised model's latents",
+               ("trained", "latent_shuffled_labels"): "latents, shuffled labels (chance)"}
+SOURCE_NAMES = {"latent": "latents", "neuron": "neurons", "pca": "PCA directions",
+                "reinit_latent": "re-initialised model's latents"}
+VARIABLE_NAMES = {"position": "absolute position", "upos": "UPOS", "repeats_earlier": "repeats an earlier token",
+                  "relation": "dependency relation", "depth": "tree depth"}
+
+
+def site_words(site: str, kind: str, layer: int) -> str:
+    """A dictionary's place in words: ``layer 3 MLP transcoder (reads hook_resid_mid, predicts hook_mlp_out)`` or
+    ``layer 0 residual-stream SAE (hook_resid_post)``."""
+    hook = site.rsplit(".", 1)[-1]
+    if kind == "sae":
+        return f"layer {layer} residual-stream SAE ({hook})" if "resid" in hook else f"layer {layer} SAE ({hook})"
+    return f"layer {layer} MLP transcoder (reads {hook}, predicts hook_mlp_out)"
+
+
+def _site_titles(t: pd.DataFrame) -> dict[str, str]:
+    first = t.drop_duplicates("site")
+    return {r.site: site_words(r.site, r.kind, int(r.layer)) for r in first.itertuples()}
+
+
+def _wrap(text: str, width: int = 34) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
 def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Labelled units per family and site: trained latents, neurons, PCA, re-initialised latents, shuffled."""
     import matplotlib.pyplot as plt
@@ -34,7 +64,8 @@ def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
     sites = list(dict.fromkeys(s["site"]))
     groups = [("trained", "latent"), ("trained", "neuron"), ("trained", "pca"), ("reinit", "latent"),
               ("trained", "latent_shuffled_labels")]
-    fig, axes = plt.subplots(1, len(sites), figsize=(3.4 * len(sites), 3.2), sharey=True, squeeze=False)
+    titles = _site_titles(s)
+    fig, axes = plt.subplots(1, len(sites), figsize=(3.4 * len(sites), 3.6), sharey=True, squeeze=False)
     for ax, site in zip(axes[0], sites, strict=True):
         g = s[s["site"] == site]
         width = 0.8 / len(groups)
@@ -43,13 +74,16 @@ def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
             if row.empty:
                 continue
             vals = [int(row[f"n_{f}"].iloc[0]) for f in fams]
-            ax.bar([i + j * width for i in range(len(fams))], vals, width, label=f"{basis} ({enc})", color=f"C{j}")
+            ax.bar([i + j * width for i in range(len(fams))], vals, width, label=GROUP_NAMES[(enc, basis)],
+                   color=f"C{j}")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(fams))], fams, fontsize=7)
-        ax.set_title(site, fontsize=8)
-    axes[0][0].set_ylabel("units labelled (test MCC >= threshold)")
-    axes[0][-1].legend(fontsize=6)
-    fig.suptitle("How many units carry each known variable, per site")
-    fig.tight_layout()
+        ax.set_title(_wrap(titles[site]), fontsize=8)
+    threshold = float(s["threshold"].iloc[0]) if "threshold" in s and len(s) else float("nan")
+    axes[0][0].set_ylabel(f"units labelled (test MCC \u2265 {threshold:g})", fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=7, frameon=False)
+    fig.suptitle("Units whose best label (chosen on dev) holds on test, per family and dictionary")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     out = save_figure(fig, out_dir / "fig_labelled_units")
     plt.close(fig)
     return out
@@ -64,22 +98,28 @@ def _sparse(p: pd.DataFrame, out_dir: Path) -> list[Path]:
         return []
     variables = list(dict.fromkeys(p["variable"]))
     sites = list(dict.fromkeys(p["site"]))
-    fig, axes = plt.subplots(len(variables), len(sites), figsize=(3.0 * len(sites), 2.6 * len(variables)),
+    titles = _site_titles(p)
+    fig, axes = plt.subplots(len(variables), len(sites), figsize=(3.2 * len(sites), 2.8 * len(variables) + 0.5),
                              sharey=True, squeeze=False)
+    colours = {source: f"C{j}" for j, source in enumerate(SOURCE_NAMES)}
     for r, var in enumerate(variables):
         for c, site in enumerate(sites):
             ax = axes[r][c]
             g = p[(p["variable"] == var) & (p["site"] == site)]
-            for j, (source, h) in enumerate(g.groupby("source", sort=False)):
+            for source, h in g.groupby("source", sort=False):
                 h = h.sort_values("k")
                 ax.errorbar(h["k"], h["accuracy"], yerr=[h["accuracy"] - h["ci_low"], h["ci_high"] - h["accuracy"]],
-                            marker="o", ms=3, label=source, color=f"C{j}", capsize=2)
-            ax.set_title(f"{var} @ {site}", fontsize=7)
-            ax.set_xlabel("k")
-    axes[0][0].set_ylabel("balanced test accuracy")
-    axes[0][-1].legend(fontsize=6)
-    fig.suptitle("k-sparse probing: latents vs neurons vs PCA vs re-initialised latents")
-    fig.tight_layout()
+                            marker="o", ms=3, label=SOURCE_NAMES.get(source, source),
+                            color=colours.get(source, "C7"), capsize=2)
+            ax.set_xticks(sorted(set(p["k"])))
+            ax.set_title(_wrap(f"{VARIABLE_NAMES.get(var, var)}: {titles[site]}", 40), fontsize=7)
+            if r == len(variables) - 1:
+                ax.set_xlabel("k (units in the probe)", fontsize=8)
+        axes[r][0].set_ylabel("balanced test accuracy", fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=7, frameon=False)
+    fig.suptitle("k-sparse probing (SAEBench): the best k units of each kind predicting each variable")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     out = save_figure(fig, out_dir / "fig_sparse_probing")
     plt.close(fig)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ class RunValues:
     progress: Callable[..., Any]
     log: Callable[[str], None]
     max_length: int = 128
+    save_dictionaries: Path | None = None  # where the trained model's dictionaries are saved (<site>/), if anywhere
 
 
 @dataclass(frozen=True)
@@ -92,15 +94,64 @@ def collect(model: Any, sentences: Sequence[Any], hooks: Sequence[str], *, max_l
     return Collected({h: np.concatenate(v).astype(np.float32) for h, v in acts.items()}, rows)
 
 
+def site_folder(site: str) -> str:
+    """The sub-folder a site's dictionary lives in (``bertscope sae train``'s layout: the hook name)."""
+    return site.replace("/", "_")
+
+
+def load_site_dictionaries(model: Any, folder: str | Path, sites: Sequence[Site]) -> dict[str, Any]:
+    """``folder/<site>/`` for every site, loaded on the model's device and checked against the model and the site
+    (``experiments.explorer.latents.load_for_model``: a site the model has, its widths); a dictionary that records
+    the weights it was trained on (``metadata.weights_sha256``) must match this model's. ``ValueError`` (one line,
+    naming the ``bertscope sae train`` command that makes the missing one) otherwise."""
+    from bertscope.experiments.explorer.latents import load_for_model
+    from bertscope.probes.dictionary import is_dictionary
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"--dictionaries {folder} is not a folder")
+    out = {}
+    for s in sites:
+        sub = root / site_folder(s.name)
+        if not is_dictionary(sub):
+            how = (f"--site {s.name}" if s.kind == "sae"
+                   else f"--kind transcoder --arch batchtopk --site {s.name} --site-out {s.site_out}")
+            raise ValueError(f"--dictionaries {folder} has no dictionary for site {s.name} (no {sub.name}/cfg.json); "
+                             f"train it with `bertscope sae train {how} --out {folder}`")
+        d = load_for_model(sub, model)
+        cfg = d.config
+        fits = cfg.site == s.name and ((cfg.kind == "sae") if s.kind == "sae" else cfg.site_out == s.site_out)
+        if not fits:
+            made = cfg.site if cfg.kind == "sae" else f"{cfg.site} -> {cfg.site_out} ({cfg.kind})"
+            want = s.name if s.kind == "sae" else f"{s.name} -> {s.site_out} (transcoder)"
+            raise ValueError(f"--dictionaries {sub} is a dictionary of {made}; the features site needs {want}")
+        sha, mine = cfg.metadata.get("weights_sha256"), getattr(model, "weights_sha256", None)
+        if sha and mine and sha != mine:
+            raise ValueError(f"--dictionaries {sub} was trained on another model (weights sha256 {str(sha)[:12]}…, "
+                             f"this model's is {mine[:12]}…)")
+        out[s.name] = d
+    return out
+
+
+def save_site_dictionaries(dictionaries: dict[str, Any], folder: Path) -> None:
+    """Each dictionary to ``folder/<site>/`` (SAELens's format, ``probes.dictionary.save_dictionary``)."""
+    from bertscope.probes.dictionary import save_dictionary
+
+    for site, d in dictionaries.items():
+        save_dictionary(d, Path(folder) / site_folder(site))
+
+
 def hooks_of(sites: Sequence[Site]) -> list[str]:
     """Every hook the sites read, predict, or use as neurons."""
     return list(dict.fromkeys(h for s in sites for h in (s.name, s.site_out, s.neurons) if h))
 
 
 def train_site_dictionaries(train: Collected, sites: Sequence[Site], settings: Any, *, seed: int,
-                            widths: dict[str, int], device: str = "cpu") -> dict[str, Any]:
+                            widths: dict[str, int], device: str = "cpu",
+                            metadata: dict | None = None) -> dict[str, Any]:
     """One dictionary per site trained on the train split's non-special rows (`probes.dictionary`'s streaming
-    trainer, SAELens conventions): TopK SAEs, BatchTopK transcoders; ``settings.tokens`` rows in all."""
+    trainer, SAELens conventions): TopK SAEs, BatchTopK transcoders; ``settings.tokens`` rows in all.
+    ``metadata``: provenance saved with each (model, weights sha256)."""
     from bertscope.probes.dictionary import ActivationBatch, DictionaryConfig, TrainSettings, train_dictionaries
 
     special = train.rows.is_cls | train.rows.is_sep
@@ -111,7 +162,7 @@ def train_site_dictionaries(train: Collected, sites: Sequence[Site], settings: A
         configs[s.name] = DictionaryConfig(
             d_in=d_in, d_sae=widths[s.name], arch="topk" if s.kind == "sae" else "batchtopk", k=settings.k,
             kind=s.kind, d_out=train.acts[s.site_out].shape[1] if s.site_out else None, site=s.name,
-            site_out=s.site_out, metadata={"experiment": "features"})
+            site_out=s.site_out, metadata={"experiment": "features", **(metadata or {})})
     hooks = list(dict.fromkeys([s.name for s in sites] + [s.site_out for s in sites if s.site_out]))
     n = len(classes)
     step = 4096
