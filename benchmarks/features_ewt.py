@@ -39,7 +39,7 @@ def main() -> int:
         return 1
     cmd = [sys.executable, "-m", "bertscope", "run", "features", "--corpus", str(train), "--out", str(args.out),
            "--max-sentences", str(args.sentences), "--no-report",
-           "--set", f"features.tokens={args.tokens}", "--set", f"features.n_train={args.n_train}",
+           "--tokens", str(args.tokens), "--set", f"features.n_train={args.n_train}",
            "--set", f"features.n_dev={args.n_eval}", "--set", f"features.n_test={args.n_eval}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)

@@ -111,3 +111,13 @@ def test_run_features_refuses_unfit_dictionaries_in_one_line(capsys, tiny, tiny_
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert message in err
     assert not (out / "features").exists()
+
+
+def test_every_run_option_names_a_setting_of_its_experiment():
+    import dataclasses
+
+    from bertscope.experiments.registry import EXPERIMENTS, RUN_OPTIONS, load_experiment
+
+    for flag, (name, field, _, text) in RUN_OPTIONS.items():
+        assert name in EXPERIMENTS and flag.startswith("--") and text
+        assert field in {f.name for f in dataclasses.fields(load_experiment(name).Settings)}
