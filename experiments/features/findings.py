@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from bertscope.experiments.features.plots import SOURCE_NAMES, VARIABLE_NAMES, site_words
 from bertscope.experiments.findings import Finding, fmt_ci
 
 CAPTIONS = {
@@ -40,7 +41,9 @@ def findings(out_dir: Path) -> list[Finding]:
             continue
         t = lat["threshold"]
         fams = ", ".join(f"{lat[f'n_{f}']} {f}" for f in FAMILIES)
-        text = (f"At {site} ({lat['kind']}), {lat['n_labelled']} of {lat['n_units']} alive latents carry a label "
+        where = site_words(site, lat["kind"], int(lat["layer"]), short=True)
+        where += f" ({site})" if lat["kind"] == "sae" else f" ({site} -> blocks.{int(lat['layer'])}.hook_mlp_out)"
+        text = (f"At the {where}, {lat['n_labelled']} of {lat['n_units']} alive latents carry a label "
                 f"at test MCC >= {t:.2f} ({fams})")
         nums = {"n_labelled": float(lat["n_labelled"]), "n_alive": float(lat["n_units"])}
         for key, name in ((("trained", "neuron"), "neurons"), (("trained", "pca"), "PCA directions"),
@@ -91,10 +94,12 @@ def _sparse(p: pd.DataFrame) -> list[Finding]:
             h = g[g["k"] == k].set_index("source")
             if "latent" not in h.index:
                 continue
-            parts = [f"{src} {fmt_ci(h.loc[src, 'accuracy'], h.loc[src, 'ci_low'], h.loc[src, 'ci_high'])}"
+            parts = [f"{SOURCE_NAMES[src]} "
+                     f"{fmt_ci(h.loc[src, 'accuracy'], h.loc[src, 'ci_low'], h.loc[src, 'ci_high'])}"
                      for src in ("latent", "neuron", "pca", "reinit_latent") if src in h.index]
+            n = int(h.loc["latent", "n_concepts"])
             out.append(Finding(
-                f"At {site}, {k}-sparse probes for {var} ({int(h.loc['latent', 'n_concepts'])} one-vs-rest concepts, "
-                f"balanced test accuracy): " + ", ".join(parts) + ".",
+                f"At {site}, {k}-sparse probes for {VARIABLE_NAMES.get(var, var)} ({n} one-vs-rest "
+                f"concept{'s' if n != 1 else ''}, balanced test accuracy): " + ", ".join(parts) + ".",
                 numbers={f"{src}_accuracy": float(h.loc[src, "accuracy"]) for src in h.index}))
     return out

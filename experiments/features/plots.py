@@ -35,10 +35,13 @@ VARIABLE_NAMES = {"position": "absolute position", "upos": "UPOS", "repeats_earl
                   "relation": "dependency relation", "depth": "tree depth"}
 
 
-def site_words(site: str, kind: str, layer: int) -> str:
+def site_words(site: str, kind: str, layer: int, short: bool = False) -> str:
     """A dictionary's place in words: ``layer 3 MLP transcoder (reads hook_resid_mid, predicts hook_mlp_out)`` or
-    ``layer 0 residual-stream SAE (hook_resid_post)``."""
+    ``layer 0 residual-stream SAE (hook_resid_post)``; ``short``: without the parenthesis."""
     hook = site.rsplit(".", 1)[-1]
+    if short:
+        return f"layer {layer} {'residual-stream SAE' if 'resid' in hook else 'SAE'}" if kind == "sae" \
+            else f"layer {layer} MLP transcoder"
     if kind == "sae":
         return f"layer {layer} residual-stream SAE ({hook})" if "resid" in hook else f"layer {layer} SAE ({hook})"
     return f"layer {layer} MLP transcoder (reads {hook}, predicts hook_mlp_out)"
