@@ -118,6 +118,8 @@ def test_two_runs_differing_only_in_the_eval_corpus_make_the_same_selections(tin
     top_a, top_b = (pd.read_csv(o / "top_heads.csv") for o in (out_a, out_b))
     pd.testing.assert_frame_equal(top_a, top_b)  # the importance pass stays on --corpus
     assert (top_a["corpus"] == "train").all()
+    special = next(f for f in heads.findings(out_a) if f.claim == "specialisation")
+    assert "chosen on train beats the best fixed-offset baseline (offset also chosen there) on dev_a" in special.text
 
 
 def test_an_eval_corpus_without_trees_is_refused(tiny, tmp_path) -> None:
