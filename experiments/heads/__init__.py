@@ -10,6 +10,7 @@ attention statistics), ``syntax`` (head-by-relation accuracy), ``importance`` (a
 
 from bertscope.experiments.heads.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
 from bertscope.experiments.heads.experiment import activation_sites as activation_sites
+from bertscope.experiments.heads.experiment import check as check
 from bertscope.experiments.heads.findings import CAPTIONS, findings
 from bertscope.experiments.heads.plots import plot
 

@@ -109,16 +109,36 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     )
     if int(arrays["n_truncated"]):
         ctx.warn(f"{int(arrays['n_truncated'])} truncated sentences left out of the syntax scores")
-    frames = [attention_table(arrays["scalars"], arrays["offsets"], settings, ctx.seed)]
-    distances = arrays["distances"]  # [sentence, layer*head, layer*head]
+    eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
+    reported, eval_name = arrays, None  # the arrays every reported number comes from
+    if eval_corpus is not None:  # --eval-corpus: select on --corpus (above), report on these sentences
+        eval_name = str(eval_corpus.name)
+        n_eval, _ = sentences_used(None, settings.max_sentences, len(eval_corpus))
+        evaluated = eval_corpus[:n_eval]
+        ctx.log(f"reporting on {n_eval} sentences of {eval_name} (--eval-corpus); every selection uses "
+                f"{ctx.corpus_id}")
+        ctx.note("eval_corpus", {"name": eval_name, "n_sentences": n_eval})
+        eval_batches = list(ctx.encode(evaluated).batches)  # a capture holds --corpus only: run the model
+        reported = ctx.step_arrays("attention_pass_eval", lambda: passes.attention_pass(
+            model, eval_batches, evaluated, settings, progress=ctx.progress))  # fmt: skip
+        if int(reported["n_truncated"]):
+            ctx.warn(f"{int(reported['n_truncated'])} truncated --eval-corpus sentences left out of the syntax scores")
+    frames = [attention_table(reported["scalars"], reported["offsets"], settings, ctx.seed)]
+    distances = reported["distances"]  # [sentence, layer*head, layer*head]
     frames.append(_ratio_rows(distances, n_layers, n_heads, settings, ctx.seed))
 
     syntax_gains, syntax_tab = None, None
     if "head_hits" in arrays and len(arrays["head_hits"]):
-        hits = syn.ArcHits(arrays["head_hits"], arrays["offset_hits"], arrays["relations"].astype(object),
-                           arrays["arc_sentences"])  # fmt: skip
-        frames.append(_syntax_rows(syn.head_relation_accuracy(hits)))
-        syntax_tab, syntax_gains = _syntax_selection(ctx, hits, settings)
+        hits = _arc_hits(arrays)
+        eval_hits = None
+        if eval_name is not None:
+            if "head_hits" not in reported or not len(reported["head_hits"]):
+                from bertscope.experiments.registry import CannotRun
+
+                raise CannotRun(f"--eval-corpus {eval_name!r} has no scorable gold dependency arcs")
+            eval_hits = _arc_hits(reported)
+        frames.append(_syntax_rows(syn.head_relation_accuracy(hits if eval_hits is None else eval_hits)))
+        syntax_tab, syntax_gains = _syntax_selection(ctx, hits, settings, eval_hits, eval_name)
     else:
         ctx.log("corpus has no gold dependencies: syntax scores and the syntactic role are skipped")
 
@@ -139,13 +159,36 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                 "objective, a consistency check kept out of the findings (not Michel et al.'s score)")
     frames.append(_importance_rows(importance, settings, ctx.seed))
 
+    n_reported = len(frames) - 1  # attention statistics, ratios and syntax rows: from --eval-corpus when given
     results = pd.concat(frames, ignore_index=True)
     for key, value in label.items():
         results[key] = value
+    if eval_name is not None:  # the corpus column says which split each row comes from
+        results.loc[: sum(len(f) for f in frames[:n_reported]) - 1, "corpus"] = eval_name
     results = _tidy(results)
 
     _write_side_tables(ctx, results, syntax_gains, syntax_tab, distances, importance, settings)
     return results
+
+
+def check(inputs: Any, settings: Settings) -> None:
+    """With ``--eval-corpus``: refuse (`registry.CannotRun`) an evaluation corpus without gold trees when
+    ``--corpus`` has them (the syntax scores would have nothing to report on), before anything is written."""
+    from bertscope.experiments.registry import CannotRun
+
+    eval_corpus = getattr(inputs, "eval_corpus", None)
+    if eval_corpus is None:
+        return
+    if len(eval_corpus) < 2:
+        raise CannotRun(f"--eval-corpus {eval_corpus.name!r} needs at least 2 sentences")
+    if inputs.corpus.has_syntax and not eval_corpus.has_syntax:
+        raise CannotRun(f"--eval-corpus {eval_corpus.name!r} has no gold dependency trees, and --corpus "
+                        f"{inputs.corpus.name!r} has: give a .conllu evaluation corpus")
+
+
+def _arc_hits(arrays: dict[str, np.ndarray]) -> syn.ArcHits:
+    return syn.ArcHits(arrays["head_hits"], arrays["offset_hits"], arrays["relations"].astype(object),
+                       arrays["arc_sentences"])  # fmt: skip
 
 
 def _write_side_tables(
@@ -170,8 +213,12 @@ def _write_side_tables(
                     formats=("parquet",))  # fmt: skip
     coords = sim.mds_embedding(mean_distance, seed=ctx.seed)
     ctx.write_table(_mds_table(coords, n_layers, n_heads, roles), "mds", formats=("csv",))
-    ctx.write_table(_pruning_table(importance, settings, ctx.seed), "pruning", formats=("csv",))
-    ctx.write_table(_top_heads_table(importance, n_heads, settings, ctx.seed), "top_heads", formats=("csv",))
+    pruning_tab = _pruning_table(importance, settings, ctx.seed)
+    top = _top_heads_table(importance, n_heads, settings, ctx.seed)
+    if getattr(ctx.inputs, "eval_corpus", None) is not None:  # the importance pass stays on --corpus (halves)
+        pruning_tab["corpus"] = top["corpus"] = ctx.corpus_id
+    ctx.write_table(pruning_tab, "pruning", formats=("csv",))
+    ctx.write_table(top, "top_heads", formats=("csv",))
     summary = role_summary(roles)
     ctx.write_table(summary, "roles_by_head", formats=("csv",))
     ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
@@ -247,8 +294,10 @@ def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Se
     ])  # fmt: skip
 
 
-def _syntax_selection(ctx: Any, hits: syn.ArcHits, settings: Settings) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Held-out headline table and per-head held-out gains (for the syntactic role), with the warnings due."""
+def _syntax_selection(ctx: Any, hits: syn.ArcHits, settings: Settings, eval_hits: syn.ArcHits | None = None,
+                      eval_name: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Held-out headline table and per-head held-out gains (for the syntactic role), with the warnings due.
+    With ``eval_hits`` (--eval-corpus) every choice is made on ``hits`` and scored on ``eval_hits``."""
     ctx.note("n_arcs", int(len(hits.relations)))
     skipped = syn.skipped_relations(hits, settings.syntax_min_arcs)
     if skipped:
@@ -261,6 +310,12 @@ def _syntax_selection(ctx: Any, hits: syn.ArcHits, settings: Settings) -> tuple[
                  f"(< {settings.role_min_sentences}, Settings.role_min_sentences): the syntactic role's held-out "
                  "halves are small and unstable")  # fmt: skip
     boot = {"seed": ctx.seed, "n_boot": settings.n_boot, "ci": settings.ci}
+    if eval_hits is not None:
+        names = {"select_name": ctx.corpus_id, "eval_name": eval_name}
+        table = syn.syntax_table_eval(hits, eval_hits, min_arcs=settings.syntax_min_arcs, **boot, **names)
+        gains = syn.heldout_head_gains_eval(hits, eval_hits, min_arcs=settings.role_min_arcs,
+                                            threshold=SYNTAX_THRESHOLD, **boot, **names)  # fmt: skip
+        return table, gains
     table = syn.syntax_table(hits, min_arcs=settings.syntax_min_arcs, **boot)
     gains = syn.heldout_head_gains(hits, min_arcs=settings.role_min_arcs, threshold=SYNTAX_THRESHOLD, **boot)
     return table, gains

@@ -66,6 +66,14 @@ def findings(out_dir: Path) -> list[Finding]:
     return out
 
 
+def _where_chosen(syntax: pd.DataFrame) -> str:
+    """How the syntax table's heads were chosen and scored: halves of one corpus, or --corpus / --eval-corpus."""
+    if "eval_corpus" in syntax and "selection_corpus" in syntax and len(syntax):
+        return (f"{syntax['selection_corpus'].iloc[0]} beats the best fixed-offset baseline (offset also chosen "
+                f"there) on {syntax['eval_corpus'].iloc[0]}")
+    return "half the sentences beats the best fixed-offset baseline on the other half"
+
+
 def _specialisation(syntax: pd.DataFrame, roles: pd.DataFrame | None) -> Finding:
     rel = syntax[~syntax["relation"].isin(_HEADLINE_ROWS)].dropna(subset=["heldout_gain_low"])
     threshold = _syntax_threshold(roles)
@@ -103,8 +111,8 @@ def _specialisation(syntax: pd.DataFrame, roles: pd.DataFrame | None) -> Finding
     verdict = "holds in part" if (len(clear) and n_syntactic) else ("is weak" if len(beats) else "does not hold")
     text = (
         f"Specialisation {verdict} on this model and corpus: for {len(beats)} of {len(rel)} dependency relations "
-        f"(punct and root aside) a head chosen on half the sentences beats the best fixed-offset baseline on the "
-        f"other half (interval above 0), {len(clear)} by more than {threshold * 100:.0f} points; largest: "
+        f"(punct and root aside) a head chosen on {_where_chosen(syntax)} (interval above 0), {len(clear)} by more "
+        f"than {threshold * 100:.0f} points; largest: "
         f"{best['relation']} ({where}) at {fmt_ci(best['heldout_accuracy'], best['heldout_accuracy_low'], best['heldout_accuracy_high'])} "  # noqa: E501
         f"vs {best['heldout_baseline_accuracy']:.2f}. {_syntactic_heads(roles, n_syntactic, n_primary)}"
         f"{pooled_text}"

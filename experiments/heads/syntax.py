@@ -148,23 +148,74 @@ def syntax_table(
     held-out choice, arcs pooled; layer/head/direction are then empty).
     """
     folds = _sentence_folds(hits.sentences, seed)
+    table = _table(hits, folds, (0, 1), np.ones(len(folds), dtype=bool), min_arcs=min_arcs, exclude=exclude,
+                   seed=seed, n_boot=n_boot, ci=ci)  # fmt: skip
+    table["selection"] = "held-out"
+    return table
+
+
+def syntax_table_eval(
+    select: ArcHits,
+    evaluate: ArcHits,
+    *,
+    min_arcs: int = 1,
+    exclude: Sequence[str] = HEADLINE_EXCLUDED,
+    seed: int = 0,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    select_name: str = "select",
+    eval_name: str = "eval",
+) -> pd.DataFrame:
+    """`syntax_table` with a separate evaluation corpus: per relation, the best (layer, head, direction) and the
+    baseline offset are chosen on ALL arcs of ``select`` (``--corpus``) and scored on ``evaluate``
+    (``--eval-corpus``) only: ``heldout_*`` columns (sentence-bootstrap intervals over the evaluation sentences,
+    the choice held fixed), ``n`` / ``n_sentences`` the evaluation arcs and sentences. The reported relations
+    are those with at least ``min_arcs`` arcs in ``select`` (a relation absent from ``evaluate`` gets NaN
+    scores), so no choice, not even which relations are listed, depends on the evaluation sentences.
+    ``accuracy, baseline_accuracy, gain`` are the chosen candidate's in-sample scores on ``select``;
+    ``n_select`` its arcs there; ``selection`` names both corpora, ``selection_corpus`` / ``eval_corpus`` too."""
+    hits, folds = _stacked(select, evaluate)
+    table = _table(hits, folds, (0,), folds == 1, min_arcs=min_arcs, exclude=exclude, seed=seed, n_boot=n_boot,
+                   ci=ci)  # fmt: skip
+    table["selection"] = f"chosen on {select_name}, scored on {eval_name}"
+    table["selection_corpus"], table["eval_corpus"] = select_name, eval_name
+    return table
+
+
+def _stacked(select: ArcHits, evaluate: ArcHits) -> tuple[ArcHits, np.ndarray]:
+    """``select`` and ``evaluate`` as one `ArcHits` (evaluation sentence ids shifted past the selection ones) and
+    the fold of each arc: 1 = selection, 0 = evaluation (the fold a held-out choice is scored on)."""
+    shift = int(select.sentences.max(initial=-1)) + 1
+    moved = ArcHits(evaluate.head_hits, evaluate.offset_hits, evaluate.relations, evaluate.sentences + shift)
+    folds = np.concatenate([np.ones(len(select.relations), dtype=np.int64),
+                            np.zeros(len(evaluate.relations), dtype=np.int64)])  # fmt: skip
+    return ArcHits.concat([select, moved]), folds
+
+
+def _table(hits: ArcHits, folds: np.ndarray, scored_folds: tuple[int, ...], insample: np.ndarray, *,
+           min_arcs: int, exclude: Sequence[str], seed: int, n_boot: int, ci: float) -> pd.DataFrame:
+    """The headline table: each fold in ``scored_folds`` scored by the choice made on the other arcs;
+    ``insample [arc]`` marks the arcs the in-sample columns and the ``min_arcs`` filter read."""
     rows = []
     pooled: dict[str, list[np.ndarray]] = {"head": [], "base": [], "sent": []}
+    eval_mode = scored_folds != (0, 1)
     for rel, sel in _relation_groups(hits):
-        if rel == ALL_RELATIONS or rel in exclude or sel.sum() < min_arcs:
+        if rel == ALL_RELATIONS or rel in exclude or (sel & insample).sum() < min_arcs:
             continue
-        row, parts = _relation_row(rel, hits, sel, folds, n_boot=n_boot, ci=ci, seed=seed)
+        row, parts = _relation_row(rel, hits, sel, folds, n_boot=n_boot, ci=ci, seed=seed, scored_folds=scored_folds,
+                                   insample=insample)  # fmt: skip
         rows.append(row)
         for key, value in parts.items():
             pooled[key].append(value)
     if rows:
         all_sel = np.ones(len(hits.relations), dtype=bool)
-        rows.append(_relation_row(ALL_RELATIONS, hits, all_sel, folds, n_boot=n_boot, ci=ci, seed=seed)[0])
+        rows.append(_relation_row(ALL_RELATIONS, hits, all_sel, folds, n_boot=n_boot, ci=ci, seed=seed,
+                                  scored_folds=scored_folds, insample=insample)[0])  # fmt: skip
         head, base, sent = (np.concatenate(pooled[k]) for k in ("head", "base", "sent"))
         summary = _heldout_summary(head, base, sent, n_boot=n_boot, ci=ci, seed=seed)
         rows.append({"relation": PER_RELATION, "n": len(head), "n_sentences": len(np.unique(sent)), **summary})
-    table = pd.DataFrame(rows).reindex(columns=_TABLE_COLUMNS)
-    table["selection"] = "held-out"
+    columns = [*_TABLE_COLUMNS, "n_select"] if eval_mode else _TABLE_COLUMNS
+    table = pd.DataFrame(rows).reindex(columns=columns)
     for col in ("layer", "head", "baseline_offset"):
         table[col] = table[col].astype("Int64")
     return table
@@ -197,19 +248,49 @@ def heldout_head_gains(
     heldout_gain, ci_low, ci_high, se, p_value, selection``.
     """
     folds = _sentence_folds(hits.sentences, seed)
+    out = _gains(hits, folds, (0, 1), np.ones(len(folds), dtype=bool), min_arcs=min_arcs, exclude=exclude,
+                 threshold=threshold, seed=seed, n_boot=n_boot, ci=ci)  # fmt: skip
+    out["selection"] = "held-out"
+    return out
+
+
+def heldout_head_gains_eval(
+    select: ArcHits,
+    evaluate: ArcHits,
+    *,
+    min_arcs: int = 1,
+    exclude: Sequence[str] = HEADLINE_EXCLUDED,
+    threshold: float = 0.0,
+    seed: int = 0,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    select_name: str = "select",
+    eval_name: str = "eval",
+) -> pd.DataFrame:
+    """`heldout_head_gains` with a separate evaluation corpus: each head's direction and each relation's
+    baseline offset chosen on ``select``, the gain (and its p-value) scored on ``evaluate`` only; relations
+    kept when ``select`` has ``min_arcs`` arcs of them."""
+    hits, folds = _stacked(select, evaluate)
+    out = _gains(hits, folds, (0,), folds == 1, min_arcs=min_arcs, exclude=exclude, threshold=threshold, seed=seed,
+                 n_boot=n_boot, ci=ci)  # fmt: skip
+    out["selection"] = f"chosen on {select_name}, scored on {eval_name}"
+    return out
+
+
+def _gains(hits: ArcHits, folds: np.ndarray, scored_folds: tuple[int, ...], insample: np.ndarray, *, min_arcs: int,
+           exclude: Sequence[str], threshold: float, seed: int, n_boot: int, ci: float) -> pd.DataFrame:
     frames = []
     for rel, sel in _relation_groups(hits):
-        if rel == ALL_RELATIONS or rel in exclude or sel.sum() < min_arcs:
+        if rel == ALL_RELATIONS or rel in exclude or (sel & insample).sum() < min_arcs:
             continue
         frame = _relation_gains(hits.head_hits[sel], hits.offset_hits[sel], folds[sel], hits.sentences[sel],
-                                threshold=threshold, n_boot=n_boot, ci=ci, seed=seed)  # fmt: skip
+                                threshold=threshold, n_boot=n_boot, ci=ci, seed=seed,
+                                scored_folds=scored_folds)  # fmt: skip
         if frame is not None:
             frames.append(frame.assign(relation=rel))
     columns = ["layer", "head", "relation", "n", "n_sentences", "heldout_accuracy", "heldout_baseline_accuracy",
                "heldout_gain", "ci_low", "ci_high", "se", "p_value"]  # fmt: skip
-    out = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
-    out["selection"] = "held-out"
-    return out
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
 def benjamini_hochberg(p_values: np.ndarray, q: float = 0.05) -> np.ndarray:
@@ -307,6 +388,7 @@ def _relation_gains(
     n_boot: int,
     ci: float,
     seed: int,
+    scored_folds: tuple[int, ...] = (0, 1),
 ) -> pd.DataFrame | None:
     """Held-out gain of every head on one relation's arcs (``head_hits [arc, layer, head, dir]``, ``offset_hits
     [arc, offset]``, ``fold`` and ``sentences [arc]``); None when neither half can be scored."""
@@ -316,7 +398,7 @@ def _relation_gains(
     chosen = np.zeros(head_hits.shape[:3], dtype=np.float64)  # [arc, layer, head]
     base = np.zeros(len(fold), dtype=np.float64)
     scored = np.zeros(len(fold), dtype=bool)
-    for f in (0, 1):
+    for f in scored_folds:
         train, test = fold != f, fold == f
         if not (train.any() and test.any()):
             continue
@@ -344,18 +426,20 @@ def _relation_gains(
 
 
 def _relation_row(
-    rel: str, hits: ArcHits, sel: np.ndarray, folds: np.ndarray, *, n_boot: int, ci: float, seed: int
+    rel: str, hits: ArcHits, sel: np.ndarray, folds: np.ndarray, *, n_boot: int, ci: float, seed: int,
+    scored_folds: tuple[int, ...] = (0, 1), insample: np.ndarray | None = None,
 ) -> tuple[dict, dict]:
     head_hits = hits.head_hits[sel]  # [arc, layer, head, dir]
     offset_hits = hits.offset_hits[sel]  # [arc, offset]
     flat = head_hits.reshape(len(head_hits), -1)
-    best = int(np.argmax(flat.mean(0)))  # ties: first in (layer, head, direction) order
+    inside = np.ones(len(flat), dtype=bool) if insample is None else insample[sel]  # arcs the in-sample columns read
+    best = int(np.argmax(flat[inside].mean(0)))  # ties: first in (layer, head, direction) order
     layer, head, direction = np.unravel_index(best, head_hits.shape[1:])
-    best_offset = int(np.argmax(offset_hits.mean(0)))
+    best_offset = int(np.argmax(offset_hits[inside].mean(0)))
     fold = folds[sel]
     heldout_head = np.full(len(flat), np.nan)
     heldout_base = np.full(len(flat), np.nan)
-    for f in (0, 1):
+    for f in scored_folds:
         train, test = fold != f, fold == f
         if train.any() and test.any():
             heldout_head[test] = flat[test, int(np.argmax(flat[train].mean(0)))]
@@ -364,12 +448,13 @@ def _relation_row(
     sent = hits.sentences[sel]
     summary = _heldout_summary(heldout_head[scored], heldout_base[scored], sent[scored], n_boot=n_boot, ci=ci,
                                seed=seed)  # fmt: skip
-    acc = flat[:, best].mean()
-    base = offset_hits[:, best_offset].mean()
+    acc = flat[inside, best].mean()
+    base = offset_hits[inside, best_offset].mean()
+    eval_mode = scored_folds != (0, 1)
     row = {
         "relation": rel,
-        "n": int(sel.sum()),
-        "n_sentences": len(np.unique(sent)),
+        "n": int(scored.sum()) if eval_mode else int(sel.sum()),
+        "n_sentences": len(np.unique(sent[scored] if eval_mode else sent)),
         **summary,
         "layer": int(layer),
         "head": int(head),
@@ -379,6 +464,8 @@ def _relation_row(
         "baseline_accuracy": base,
         "gain": acc - base,
     }
+    if eval_mode:
+        row["n_select"] = int(inside.sum())
     parts = {"head": heldout_head[scored], "base": heldout_base[scored], "sent": sent[scored]}
     return row, parts
 
