@@ -317,6 +317,14 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
     try:
         source = CaptureSource(options.activations, inputs.model)
         for name, module in modules.items():
+            own = getattr(module, "check_capture", None)  # a capture of the experiment's own sequences
+            if own is not None:
+                why = own(source, inputs, options, experiment_settings(module, options))
+                if why is not None and alone:
+                    raise UsageError(f"--activations: {why}")
+                if why is not None:
+                    _say(options, f"bertscope: {name} runs the model itself ({why})")
+                continue
             sites = getattr(module, "activation_sites", None)
             if sites is None:
                 why = getattr(module, "NO_ACTIVATIONS", "it runs the model itself")
@@ -329,6 +337,13 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
             source.check(options.max_length, list(inputs.corpus)[:n], sites=sites(inputs.model))
     except CaptureError as e:
         raise UsageError(f"--activations: {e}") from None
+
+
+def experiment_settings(module: Any, options: RunOptions) -> Any:
+    """The experiment's ``Settings`` with this run's typed ``--set`` values (`_type_settings`)."""
+    import dataclasses
+
+    return dataclasses.replace(module.Settings(), **options.settings.get(module.NAME, {}))
 
 
 def _refused(modules: dict[str, Any], inputs: Any, alone: bool) -> dict[str, str]:
