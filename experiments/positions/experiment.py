@@ -154,11 +154,19 @@ def capture_inputs(inputs: Any, options: Any, settings: Settings, **kwargs: Any)
 
 
 def check(inputs: Any, settings: Settings) -> None:
-    """Refuse (`registry.CannotRun`) a model too short for a window or a corpus too short for the windows the
-    probes need (`plan_windows`), before anything is written."""
+    """Refuse (`registry.CannotRun`) a model too short for a window, or a corpus (``--corpus``, and
+    ``--eval-corpus`` when given) too short for the windows the probes need (`plan_windows`), before anything
+    is written."""
+    _check_corpus(inputs.model, inputs.corpus, settings, "--corpus")
+    eval_corpus = getattr(inputs, "eval_corpus", None)
+    if eval_corpus is not None:
+        _check_corpus(inputs.model, eval_corpus, settings, "--eval-corpus")
+
+
+def _check_corpus(model: Any, corpus: Any, settings: Settings, option: str) -> None:
+    """`check` for one corpus (``option`` names it in the message)."""
     from bertscope.experiments.registry import CannotRun
 
-    model, corpus = inputs.model, inputs.corpus
     if settings.window_len + 2 > model.config.max_length:
         raise CannotRun(f"windows of {settings.window_len} word pieces plus [CLS] and [SEP] exceed the model's "
                         f"{model.config.max_length} positions; use a model with at least {settings.window_len + 2}")
@@ -167,7 +175,7 @@ def check(inputs: Any, settings: Settings) -> None:
         need = _MIN_WINDOW * 4 * settings.n_folds
         raise CannotRun(f"needs at least {need} word pieces of text ({4 * settings.n_folds} windows of "
                         f"{_MIN_WINDOW}: {settings.n_folds} folds to probe and to tune on), and corpus "
-                        f"{corpus.name!r} has {n_pieces}; use a longer --corpus or a larger --max-sentences")
+                        f"{corpus.name!r} has {n_pieces}; use a longer {option} or a larger --max-sentences")
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -188,11 +196,18 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                        max_length=ctx.options.max_length, encode=lambda kept: ctx.encode(kept, sort_by_length=True))
     for warning in plan.warnings:  # a short corpus gets shorter windows
         ctx.warn(warning)
+    eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
+    reported_on = ctx.corpus_id
+    if eval_corpus is not None:  # tuning windows (every choice) from --corpus, everything reported from the other
+        plan, reported_on = _eval_plan(ctx, plan, eval_corpus), str(eval_corpus.name)
+        ctx.note("eval_corpus", reported_on)
+        ctx.log(f"alphas and the sweep's operating point chosen on {len(plan.tuning)} windows of {ctx.corpus_id}; "
+                f"every reported number from {reported_on}")  # fmt: skip
     settings, windows, tuning, sentences = plan.settings, plan.windows, plan.tuning, plan.sentences
     ctx.note("window_len", settings.window_len)
     # the probes run on CPU whatever the model's device, so they may always go to forked workers
     jobs = ctx.jobs(workers=settings.n_jobs, threads=settings.blas_threads, device="cpu")
-    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
+    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": reported_on}, sites, residual,
                          seed=ctx.seed, jobs=jobs)  # fmt: skip
     ctx.note("n_windows", len(windows))
     ctx.note("n_tune_windows", len(tuning))
@@ -236,14 +251,19 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         ctx.note(key, value)
     confusion = parts.pop("confusion")
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
+    if eval_corpus is not None:  # which corpus chose each alpha / operating point (runs without it keep their columns)
+        results["selection_corpus"] = ctx.corpus_id
 
     ctx.write_table(confusion, "confusion")
     if tables is not None:
         pca, cosine = position_table_views(tables["W_pos"])
         ctx.write_table(pca, "position_table_pca")
         ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
-    ctx.write_table(summary_absolute(results), "summary_absolute")
-    ctx.write_table(capacity_sweep(results), "capacity_sweep")
+    summaries = {"summary_absolute": summary_absolute(results), "capacity_sweep": capacity_sweep(results)}
+    for name, table in summaries.items():
+        if eval_corpus is not None:
+            table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id)
+        ctx.write_table(table, name)
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
     return results
@@ -360,6 +380,23 @@ def _stream_length(corpus: Any, tokenizer: Any) -> int:
     _STREAM_LENGTHS.clear()  # one entry: no corpus is kept alive beyond the next count
     _STREAM_LENGTHS[(id(corpus), id(tokenizer))] = (corpus, tokenizer, n)
     return n
+
+
+def _eval_plan(ctx: Any, plan: Any, eval_corpus: Any) -> Any:
+    """``--eval-corpus``: the run's plan with the probed windows and sentences (and their shuffled and
+    zeroed-position copies) cut from ``eval_corpus`` with the same window length and seed, and the tuning
+    windows (on which every alpha and the sweep's operating point are chosen) kept from ``--corpus``."""
+    from bertscope.experiments.registry import CannotRun
+
+    reported = plan_inputs(ctx.model, eval_corpus, plan.settings, seed=ctx.seed,
+                           max_sentences=ctx.options.max_sentences, max_length=ctx.options.max_length,
+                           encode=lambda kept: ctx.encode(kept, sort_by_length=True))  # fmt: skip
+    if reported.settings.window_len != plan.settings.window_len:
+        raise CannotRun(f"--eval-corpus {eval_corpus.name!r} is too short for windows of {plan.settings.window_len} "
+                        "word pieces (those of --corpus); use a longer one")  # fmt: skip
+    for warning in reported.warnings:
+        ctx.warn(f"--eval-corpus: {warning}")
+    return dataclasses.replace(reported, tuning=plan.tuning)
 
 
 def _timed(ctx: Any, name: str, fn: Any) -> pd.DataFrame:

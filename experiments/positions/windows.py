@@ -173,6 +173,9 @@ def check_capture(source: Any, inputs: Any, options: Any, settings: Any) -> str 
         return (f"capture {source.folder} holds the corpus's sentences, not positions' windows; make one with "
                 "`bertscope capture --for positions` (same --model, --corpus, --seed, --max-sentences, "
                 "--max-length, --set positions.*)")  # fmt: skip
+    if getattr(inputs, "eval_corpus", None) is not None:
+        raise CaptureError("positions reads a capture of --corpus's windows only; with --eval-corpus run it "
+                           "without --activations")  # fmt: skip
     want = (inputs.corpus_info or {}).get("sha256")
     have = (source.index.get("corpus") or {}).get("sha256")
     if want is not None and have != want:
