@@ -35,7 +35,8 @@ HELP: dict[str, str] = {
     "Writes OUT/heads/: results, roles, syntax and importance tables, figures, manifest.json.",
     "positions": "How much absolute and relative position does each layer and sublayer carry? Linear probes with "
     "control tasks and selectivity (Hewitt & Liang 2019), baselines, probe-free measures and MDL (Voita & Titov "
-    "2020). Writes OUT/positions/: results and side tables, figures, manifest.json.",
+    "2020). --eval-corpus: alphas chosen on --corpus, every number reported from the other; --activations reads "
+    "a `bertscope capture --for positions`. Writes OUT/positions/: results and side tables, figures, manifest.json.",
     "mixing": "Where does each token's representation come from? Context mixing by attention, attention norms, "
     "residual+LayerNorm norms, ALTI and value zeroing (and their rollouts): mixing ratio per layer, the share of "
     "[CLS]/[SEP]/punctuation, and faithfulness against leave-one-out. Writes OUT/mixing/: results, summary and "

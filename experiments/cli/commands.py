@@ -309,7 +309,9 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
     """``--activations DIR`` before anything is written: the capture must hold the sites each experiment reads
     (its ``activation_sites(model)``), the sentences it uses, the run's model, dtype and ``--max-length``, else
     `UsageError`. An experiment whose forward a capture cannot replace (``NO_ACTIVATIONS``: why) is refused
-    when asked for alone; in ``run all`` it runs the model itself, and a line says so."""
+    when asked for alone; in ``run all`` it runs the model itself, and a line says so. An experiment that reads
+    a capture of its own sequences (``check_capture``: positions' windows, `bertscope capture --for`) checks the
+    capture itself: a capture of sentences is then refused alone and, in ``run all``, leaves it its forward."""
     from bertscope.experiments.activations import CaptureSource
     from bertscope.experiments.capture import CaptureError
     from bertscope.experiments.options import sentences_used

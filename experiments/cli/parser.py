@@ -298,7 +298,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
         "--eval-corpus",
         default=None,
         help="report on this corpus (e.g. a .conllu dev split) while training and every selection use --corpus; "
-        "experiments that support it (erasure, structure) say which split each number comes from",
+        "experiments that support it (erasure, structure, positions) say which split each number comes from",
     )
     p.add_argument(
         "--max-sentences",
