@@ -23,7 +23,7 @@ from bertscope.experiments.positions.windows import plan_inputs
 from bertscope import models
 
 TINY = positions.Settings(
-    window_len=8, max_windows=8, tune_windows=6, max_sentences=12, n_folds=2, n_boot=10, pairs_per_window=4,
+    window_len=4, max_windows=8, tune_windows=6, max_sentences=12, n_folds=2, n_boot=10, pairs_per_window=4,
     table_pairs=100, mdl=False, alphas=(1.0, 10.0), ridge_alphas=(1.0, 100.0), sweep_alphas=(0.1, 10.0), repeats=1,
     sweep_boot=10, n_jobs=1, batch_size=8,
 )  # fmt: skip
@@ -85,7 +85,7 @@ def test_collect_from_a_capture_equals_the_forward_bit_for_bit(tiny_model_dir, w
     model = models.load(tiny_model_dir)
     corpus = load_corpus("builtin", max_sentences=60)
     index = read_index(windows_capture)
-    assert index["positions"]["window_len"] == 8 and index["positions"]["n_windows"] == 8
+    assert index["positions"]["window_len"] == 4 and index["positions"]["n_windows"] == 8
     source = CaptureSource(windows_capture, model)
     plan = plan_inputs(model, corpus, TINY, seed=0, max_sentences=60, max_length=64)
     for name, seqs, sites, hooks in plan.datasets():
@@ -93,7 +93,7 @@ def test_collect_from_a_capture_equals_the_forward_bit_for_bit(tiny_model_dir, w
         b = collect(model, seqs, sites, batch_size=8, capture=source, name=name, max_length=64)
         for key, value in a.to_arrays().items():
             np.testing.assert_array_equal(value, b.to_arrays()[key], err_msg=f"{name} {key}")
-    windows = make_windows(corpus, model.tokenizer, 8, max_windows=4, seed=5)  # not in the capture
+    windows = make_windows(corpus, model.tokenizer, 5, max_windows=4, seed=5)  # not in the capture
     with pytest.raises(ValueError, match="does not hold"):
         collect(model, shuffle_content(windows), ["embed.hook_out"], capture=source, max_length=64)
 
@@ -119,7 +119,7 @@ def test_run_positions_reads_its_windows_from_the_capture(tiny_model_dir, window
     ("change", "message"),
     [
         (["--set", "positions.max_windows=10"], "another window plan: max_windows 8 (this run: 10)"),
-        (["--set", "positions.window_len=4"], "another window plan"),
+        (["--set", "positions.window_len=6"], "another window plan"),
         (["--max-sentences", "50"], "another corpus"),
         (["--max-length", "48"], "--max-length 64"),
         (["--other-model"], "another model"),
