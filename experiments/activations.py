@@ -58,8 +58,8 @@ POOLS = ("token", "word")
 
 __all__ = [
     "CLS", "PADDING", "POOLS", "REAL", "SEP", "TOKEN_CLASSES", "ActivationBatch", "CaptureSource", "batch_activations",
-    "first_pieces", "is_attention", "iter_activations", "last_layer_needed", "open_capture", "resolve_sites",
-    "run_batch", "token_classes",
+    "encode_sequences", "first_pieces", "is_attention", "iter_activations", "last_layer_needed", "open_capture",
+    "resolve_sites", "run_batch", "token_classes",
 ]  # fmt: skip
 
 
@@ -140,6 +140,7 @@ def iter_activations(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     stop_early: bool = True,
+    fwd_hooks: Sequence[tuple[Any, Any]] = (),
 ) -> Iterator[ActivationBatch]:
     """Yield the activations at ``sites`` for every sentence, one `ActivationBatch` per encoded batch.
 
@@ -155,6 +156,8 @@ def iter_activations(
     device, dtype: where the yielded tensors go and their dtype (default: the model's device, or the CPU for
         a capture; the computed dtype).
     stop_early: stop the forward after the deepest block a site lives in (numbers are the same).
+    fwd_hooks: ``(name or filter, hook_fn)`` pairs applied during the forward (an intervention, e.g. zeroing
+        ``embed.hook_pos``); not used with ``capture``, whose sequence ids must then name the intervention.
     """
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
@@ -166,7 +169,8 @@ def iter_activations(
         source.check(encoded, sentences)
     for batch in encoded:
         yield batch_activations(model, batch, names, corpus=sentences, capture=source, pool=pool,
-                                include_special=include_special, device=device, dtype=dtype, stop_early=stop_early)
+                                include_special=include_special, device=device, dtype=dtype, stop_early=stop_early,
+                                fwd_hooks=fwd_hooks)  # fmt: skip
 
 
 def batch_activations(
@@ -181,15 +185,18 @@ def batch_activations(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     stop_early: bool = True,
+    fwd_hooks: Sequence[tuple[Any, Any]] = (),
 ) -> ActivationBatch:
     """One batch of `iter_activations` (for callers that deal batches out themselves, e.g. to worker
     processes): the activations at ``names`` (resolved hook names, see `resolve_sites` /
     `CaptureSource.resolve`) of ``batch`` (a ``corpus.encode`` batch), from a forward or from ``capture``
-    (then ``corpus``, the sentences ``batch.sentence_index`` points into, finds its rows)."""
+    (then ``corpus``, the sentences ``batch.sentence_index`` points into, finds its rows); ``fwd_hooks`` as in
+    `iter_activations`."""
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
     if capture is None:
-        cache = run_batch(model, batch, names, stop_at_layer=last_layer_needed(names) if stop_early else None)
+        cache = run_batch(model, batch, names, stop_at_layer=last_layer_needed(names) if stop_early else None,
+                          fwd_hooks=fwd_hooks)  # fmt: skip
         tensors = {name: cache[name] for name in names}
     else:
         if corpus is None:
@@ -216,13 +223,16 @@ def resolve_sites(model: Any, sites: str | Sequence[str]) -> list[str]:
 
 
 def run_batch(model: Any, batch: Batch, names: Sequence[str], *, stop_at_layer: int | None = None,
-              cache_device: str | torch.device | None = None) -> Any:  # fmt: skip
+              cache_device: str | torch.device | None = None,
+              fwd_hooks: Sequence[tuple[Any, Any]] = ()) -> Any:  # fmt: skip
     """One batch's forward caching ``names`` (the only forward of the stage and of ``bertscope capture``):
     ``input_ids``, ``attention_mask`` and ``token_type_ids`` on the model's device, no gradients, blocks after
-    ``stop_at_layer`` skipped. Returns the `ActivationCache` (tensors as the hooks give them, on
-    ``cache_device`` if given)."""
+    ``stop_at_layer`` skipped, ``fwd_hooks`` (``(name or filter, hook_fn)`` pairs) applied. Returns the
+    `ActivationCache` (tensors as the hooks give them, on ``cache_device`` if given)."""
     device = next(model.parameters()).device
-    kwargs = {"stop_at_layer": stop_at_layer} if stop_at_layer is not None else {}
+    kwargs: dict[str, Any] = {"stop_at_layer": stop_at_layer} if stop_at_layer is not None else {}
+    if fwd_hooks:
+        kwargs["fwd_hooks"] = list(fwd_hooks)
     with torch.no_grad():
         _, cache = model.run_with_cache(
             batch.input_ids.to(device),
@@ -382,6 +392,65 @@ class CaptureSource:
         while len(self._open) > self._open_files:
             self._open.popitem(last=False)
         return f
+
+
+# ------------------------------------------------------------------------------------------ token sequences
+
+
+def encode_sequences(
+    sequences: Sequence[Sequence[int] | np.ndarray],
+    *,
+    pad_token_id: int,
+    ids: Sequence[str] | None = None,
+    batch_size: int = 32,
+    order: Sequence[int] | np.ndarray | None = None,
+    max_length: int | None = None,
+) -> tuple[list[Sentence], Encoded]:
+    """Already-tokenised sequences as the stage's input: ``(sentences, encoded)`` to pass to `iter_activations`
+    (``iter_activations(model, sentences, sites, encoded=encoded)``) or to `capture.capture` (``encoded=``).
+
+    Each sequence is token ids with a special token first and last (``[CLS] .. [SEP]``, the model's own ids, as
+    the caller built them, e.g. windows cut across sentences); each piece between is its own "word" (word id
+    0, 1, ...), so `token_classes` gives ``CLS``, ``REAL`` ..., ``SEP``. ``sentences`` are stand-ins a capture
+    finds them by: id ``ids[i]`` (default ``"seq:{i}"``) and text the token ids joined by spaces.
+    ``encoded`` holds ``batch_size`` sequences per batch in ``order`` (indices into ``sequences``; default as
+    given), padded with ``pad_token_id``, token types 0; ``sentence_index`` points into ``sequences``.
+    ``max_length`` is what the encoding records (what a capture must match; default the longest sequence);
+    nothing is truncated."""
+    seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
+    if not seqs:
+        raise ValueError("no sequences to encode")
+    if any(len(s) < 2 for s in seqs):
+        raise ValueError("every sequence needs a special token first and last (at least 2 tokens)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    names = [f"seq:{i}" for i in range(len(seqs))] if ids is None else [str(i) for i in ids]
+    if len(names) != len(seqs) or len(set(names)) != len(names):
+        raise ValueError("ids must give every sequence its own id")
+    sentences = [Sentence(id=name, words=tuple(str(t) for t in s[1:-1]) or (str(s[0]),),
+                          text=" ".join(str(t) for t in s.tolist())) for name, s in zip(names, seqs, strict=True)]
+    order = np.arange(len(seqs)) if order is None else np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(len(seqs))):
+        raise ValueError("order must list every sequence exactly once")
+    batches = []
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size].tolist()
+        width = max(len(seqs[i]) for i in rows)
+        input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        word_ids = torch.full((len(rows), width), -1, dtype=torch.long)
+        for r, i in enumerate(rows):
+            n = len(seqs[i])
+            input_ids[r, :n] = torch.from_numpy(seqs[i])
+            mask[r, :n] = 1
+            word_ids[r, 1 : n - 1] = torch.arange(n - 2)
+        batches.append(Batch(input_ids=input_ids, attention_mask=mask, token_type_ids=torch.zeros_like(input_ids),
+                             word_ids=word_ids, special_mask=(word_ids < 0) & mask.bool(), sentence_index=rows,
+                             n_words=[len(seqs[i]) - 2 for i in rows], truncated=[False] * len(rows)))  # fmt: skip
+    longest = max(len(s) for s in seqs)
+    encoded = Encoded(batches=batches, n_truncated=0, n_sequences=len(seqs),
+                      max_length=longest if max_length is None else int(max_length), pair=False)  # fmt: skip
+    return sentences, encoded
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -35,7 +35,8 @@ HELP: dict[str, str] = {
     "Writes OUT/heads/: results, roles, syntax and importance tables, figures, manifest.json.",
     "positions": "How much absolute and relative position does each layer and sublayer carry? Linear probes with "
     "control tasks and selectivity (Hewitt & Liang 2019), baselines, probe-free measures and MDL (Voita & Titov "
-    "2020). Writes OUT/positions/: results and side tables, figures, manifest.json.",
+    "2020). --eval-corpus: alphas chosen on --corpus, every number reported from the other; --activations reads "
+    "a `bertscope capture --for positions`. Writes OUT/positions/: results and side tables, figures, manifest.json.",
     "mixing": "Where does each token's representation come from? Context mixing by attention, attention norms, "
     "residual+LayerNorm norms, ALTI and value zeroing (and their rollouts): mixing ratio per layer, the share of "
     "[CLS]/[SEP]/punctuation, and faithfulness against leave-one-out. Writes OUT/mixing/: results, summary and "
@@ -115,7 +116,8 @@ def _machine(path: Path) -> str:
 
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
-OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "activation_sites", "NO_ACTIVATIONS")
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "activation_sites", "NO_ACTIVATIONS",
+                                     "check_capture", "capture_inputs")
 
 
 class CannotRun(Exception):
@@ -159,6 +161,12 @@ class Experiment(Protocol):
       (checked before the run: `cli.commands.check_activations`).
     - ``NO_ACTIVATIONS: str``: for an experiment whose forward a capture cannot replace, why (``--activations``
       is then refused when it runs alone, and ignored with a note in ``run all``).
+    - ``check_capture(source, inputs, options, settings) -> str | None``: for an experiment that reads a capture
+      of its own sequences rather than the corpus's sentences (positions' windows), its own ``--activations``
+      check in place of the sentences check: ``None`` (the capture serves the run), a reason it is not such a
+      capture (refused alone; in ``run all`` the experiment runs the model and says so), or `CaptureError`.
+    - ``capture_inputs(inputs, options, settings, shard_size=, info=) -> dict``: ``bertscope capture --for NAME``,
+      the capture ``check_capture`` accepts; returns its index.
     - ``check(inputs, settings) -> None``: raises `CannotRun` (one line naming an option that fixes it) when the
       inputs (`options.Inputs`: model, corpus) cannot give this experiment a result: no gold trees, too few
       sentences or word pieces. Called before anything is written, so a refusal leaves nothing behind; it

@@ -98,6 +98,7 @@ def _capture_command(args: argparse.Namespace, options: Any, quiet_rank: bool) -
 
     if quiet_rank:
         options = replace(options, quiet=True)
+    _check_hooks_or_for(args, options)
     inputs = prepare_inputs(options)
     info = {
         "model": inputs.model_info,
@@ -106,11 +107,15 @@ def _capture_command(args: argparse.Namespace, options: Any, quiet_rank: bool) -
         "device": device_summary(inputs.device),
         "packages": package_versions(),
     }
-    index = capture(
-        inputs.model, inputs.corpus, args.hooks, options.out,
-        max_length=options.max_length, batch_size=options.batch_size, shard_size=args.shard_size,
-        force=options.force, quiet=options.quiet, info=info,
-    )  # fmt: skip
+    target = getattr(args, "for_experiment", None)
+    if target is not None:
+        index = _capture_for(target, inputs, options, args, info)
+    else:
+        index = capture(
+            inputs.model, inputs.corpus, args.hooks, options.out,
+            max_length=options.max_length, batch_size=options.batch_size, shard_size=args.shard_size,
+            force=options.force, quiet=options.quiet, info=info,
+        )  # fmt: skip
     if quiet_rank:
         return EXIT_OK
     run = index["run"]
@@ -137,6 +142,38 @@ def _capture_command(args: argparse.Namespace, options: Any, quiet_rank: bool) -
             print(f"  rank {r['rank']}: {r['shards']} shard(s), {r['rows']:,} token rows run, {rate}")
     print(f"index: {options.out / INDEX}")
     return EXIT_OK
+
+
+def _check_hooks_or_for(args: argparse.Namespace, options: Any) -> None:
+    """``--hooks`` or ``--for``, one of them; ``--set`` only for the ``--for`` experiment (`UsageError`)."""
+    from bertscope.experiments.options import UsageError
+
+    target = getattr(args, "for_experiment", None)
+    if target is None and not args.hooks:
+        raise UsageError("capture needs --hooks (names or globs, see `bertscope info`) or --for EXPERIMENT")
+    if target is not None and args.hooks:
+        raise UsageError(f"--for {target} captures the sites {target} reads; drop --hooks")
+    other = [name for name in options.settings if name != target]
+    if other:
+        raise UsageError(f"--set {other[0]}.*: capture uses settings only with --for {other[0]}")
+
+
+def _capture_for(target: str, inputs: Any, options: Any, args: argparse.Namespace,
+                 info: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """``--for TARGET``: the experiment's own capture (its registry member ``capture_inputs``) with its
+    ``Settings`` and the typed ``--set`` values; a refusal of the inputs (`registry.CannotRun`) is a
+    `UsageError`."""
+    from bertscope.experiments.options import UsageError
+    from bertscope.experiments.registry import CannotRun, load_experiment
+    from bertscope.experiments.settings import apply_overrides
+
+    module = load_experiment(target)
+    settings = apply_overrides(target, module.Settings(), options.settings.get(target, {}))
+    info = info | {"options": info["options"] | {"hooks": None, "for": target}}
+    try:
+        return module.capture_inputs(inputs, options, settings, shard_size=args.shard_size, info=info)
+    except CannotRun as e:
+        raise UsageError(f"{target}: {e}") from None
 
 
 def idle_warning(index: dict[str, Any]) -> str | None:

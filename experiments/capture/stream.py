@@ -33,6 +33,8 @@ def capture(
     force: bool = False,
     quiet: bool = False,
     info: dict[str, Any] | None = None,
+    encoded: Any = None,
+    batch_hooks: Sequence[Sequence[tuple[Any, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Capture the activations at ``hooks`` for every sentence of ``corpus`` into ``out_dir``.
 
@@ -42,6 +44,9 @@ def capture(
     processes. ``force`` discards what ``out_dir`` holds; without it a capture
     with other settings in ``out_dir`` is an error, a finished identical one is returned as is, and a
     partial identical one is resumed. ``info`` is stored in the index (model/corpus descriptions, options).
+    ``encoded``: the corpus already encoded (e.g. `activations.encode_sequences` of token windows, whose
+    stand-in sentences are then ``corpus``), batched as it is; ``batch_hooks``: per batch of it, ``fwd_hooks``
+    run during that batch's forward (an intervention; the sentence ids should say which).
 
     When ``torch.distributed`` is initialised, every rank of the default group must call this with the same
     arguments; each writes its share of the shards and rank 0 writes the index (see the package docstring).
@@ -55,7 +60,12 @@ def capture(
     group = Group.current()
     out_dir = Path(out_dir)
     names = select_hooks(model, hooks)
-    encoded, batches, caught = _encode(model, corpus, max_length, batch_size)
+    if encoded is None:
+        encoded, batches, caught = _encode(model, corpus, max_length, batch_size)
+    else:
+        batches, caught = list(encoded), []
+    if batch_hooks is not None and len(batch_hooks) != len(batches):
+        raise ValueError("batch_hooks must give one list of hooks per batch")
     key_width = max(int(b.attention_mask.shape[1]) for b in batches)
     device = next(model.parameters()).device
     specs = hook_specs(model, names, batches[0], key_width, device)
@@ -69,7 +79,8 @@ def capture(
         return existing | {"run": run}
 
     writer = ShardWriter(out_dir, plan, specs, fp, skip={s.number for s in plan} - (mine - on_disk))
-    n_rows, seconds = _forward_all(model, batches, writer, names, quiet=quiet or group.rank != 0)
+    n_rows, seconds = _forward_all(model, batches, writer, names, quiet=quiet or group.rank != 0,
+                                   batch_hooks=batch_hooks)  # fmt: skip
     ranks = group.gather(_rank_stats(group.rank, mine, on_disk, n_rows, seconds, out_dir, plan))
     shard_bytes = {n: b for r in ranks for n, b in r.pop("bytes").items()}
 
@@ -135,7 +146,8 @@ def _encode(model: Any, corpus: Any, max_length: int, batch_size: int) -> tuple[
 
 
 def _forward_all(model: Any, batches: list[Any], writer: ShardWriter, names: list[str],
-                 *, quiet: bool) -> tuple[int, float]:  # fmt: skip
+                 *, quiet: bool, batch_hooks: Sequence[Sequence[tuple[Any, Any]]] | None = None,
+                 ) -> tuple[int, float]:  # fmt: skip
     """Run every batch some unfinished shard of this rank needs, handing the rows to ``writer``; returns
     (token rows run, seconds)."""
     from tqdm.auto import tqdm
@@ -148,16 +160,16 @@ def _forward_all(model: Any, batches: list[Any], writer: ShardWriter, names: lis
     with torch.inference_mode():
         for batch_number in bar:
             batch = batches[batch_number]
-            cache = _run(model, batch, names, stop_at)
+            cache = _run(model, batch, names, stop_at, () if batch_hooks is None else batch_hooks[batch_number])
             writer.add_batch(batch_number, batch, cache)
             n_rows += int(batch.attention_mask.sum())
     writer.finish()
     return n_rows, time.perf_counter() - started
 
 
-def _run(model: Any, batch: Any, names: list[str], stop_at: int | None) -> Any:
+def _run(model: Any, batch: Any, names: list[str], stop_at: int | None, fwd_hooks: Sequence[Any] = ()) -> Any:
     """One batch's forward through the activations stage (`activations.run_batch`), cached on the CPU."""
-    return stage.run_batch(model, batch, names, stop_at_layer=stop_at, cache_device="cpu")
+    return stage.run_batch(model, batch, names, stop_at_layer=stop_at, cache_device="cpu", fwd_hooks=fwd_hooks)
 
 
 def _index(fp: str, specs: list[Any], plan: list[Shard], shard_bytes: dict[int, int], corpus: Any,

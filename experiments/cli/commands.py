@@ -335,7 +335,9 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
     """``--activations DIR`` before anything is written: the capture must hold the sites each experiment reads
     (its ``activation_sites(model)``), the sentences it uses, the run's model, dtype and ``--max-length``, else
     `UsageError`. An experiment whose forward a capture cannot replace (``NO_ACTIVATIONS``: why) is refused
-    when asked for alone; in ``run all`` it runs the model itself, and a line says so."""
+    when asked for alone; in ``run all`` it runs the model itself, and a line says so. An experiment that reads
+    a capture of its own sequences (``check_capture``: positions' windows, `bertscope capture --for`) checks the
+    capture itself: a capture of sentences is then refused alone and, in ``run all``, leaves it its forward."""
     from bertscope.experiments.activations import CaptureSource
     from bertscope.experiments.capture import CaptureError
     from bertscope.experiments.options import sentences_used
@@ -343,6 +345,14 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
     try:
         source = CaptureSource(options.activations, inputs.model)
         for name, module in modules.items():
+            own = getattr(module, "check_capture", None)  # a capture of the experiment's own sequences
+            if own is not None:
+                why = own(source, inputs, options, experiment_settings(module, options))
+                if why is not None and alone:
+                    raise UsageError(f"--activations: {why}")
+                if why is not None:
+                    _say(options, f"bertscope: {name} runs the model itself ({why})")
+                continue
             sites = getattr(module, "activation_sites", None)
             if sites is None:
                 why = getattr(module, "NO_ACTIVATIONS", "it runs the model itself")
@@ -355,6 +365,13 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
             source.check(options.max_length, list(inputs.corpus)[:n], sites=sites(inputs.model))
     except CaptureError as e:
         raise UsageError(f"--activations: {e}") from None
+
+
+def experiment_settings(module: Any, options: RunOptions) -> Any:
+    """The experiment's ``Settings`` with this run's typed ``--set`` values (`_type_settings`)."""
+    import dataclasses
+
+    return dataclasses.replace(module.Settings(), **options.settings.get(module.NAME, {}))
 
 
 def _refused(modules: dict[str, Any], inputs: Any, alone: bool) -> dict[str, str]:

@@ -77,10 +77,23 @@ def _add_capture(sub: Any) -> None:
     )
     p.add_argument(
         "--hooks",
-        required=True,
+        default=None,
         help="hook names or globs, comma-separated, e.g. 'blocks.*.hook_resid_post,blocks.0.attn.hook_pattern' "
-        "(see `bertscope info`)",
+        "(see `bertscope info`); required unless --for",
     )
+    p.add_argument(
+        "--for",
+        dest="for_experiment",
+        choices=("positions",),
+        default=None,
+        help="capture what this experiment reads instead of the corpus's sentences: positions' windows cut "
+        "across sentences, their shuffled copies and its other sequence sets at every site it probes, with the "
+        "window plan in the index (same --model, --corpus, --seed, --max-sentences, --max-length and --set as "
+        "the run; then `bertscope run positions --activations OUT`)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="NAME.FIELD=VALUE",
+                   help="with --for: one of that experiment's settings, as `bertscope run` takes it (it decides "
+                   "the windows, e.g. --set positions.window_len=16)")  # fmt: skip
     p.add_argument(
         "--shard-size",
         default=None,
@@ -305,7 +318,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
         "--eval-corpus",
         default=None,
         help="report on this corpus (e.g. a .conllu dev split) while training and every selection use --corpus; "
-        "experiments that support it (erasure, structure) say which split each number comes from",
+        "experiments that support it (erasure, structure, positions) say which split each number comes from",
     )
     p.add_argument(
         "--max-sentences",
@@ -372,6 +385,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, action.dest, None)
         if isinstance(action, argparse._StoreTrueAction):
             argv += [flag] if value else []
+        elif isinstance(value, list):
+            argv += [x for item in value for x in (flag, str(item))]
         elif value is not None:
             argv += [flag, str(value)]
     return argv

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import torch
 from bertscope.hooks.sites import BLOCK_COMPONENTS, site_layer  # noqa: F401 (one vocabulary; re-exported)
 from bertscope.hooks.sites import EMBED_COMPONENTS as _EMBED_SITES
 
@@ -186,7 +185,6 @@ class Activations:
         return self.feats[site][sel].reshape(n_seq, int(lengths[0]) - 2, -1)
 
 
-@torch.no_grad()
 def collect(
     model: Any,
     seqs: Sequences,
@@ -194,12 +192,19 @@ def collect(
     *,
     batch_size: int = 32,
     fwd_hooks: Sequence[tuple[Any, Any]] = (),
+    capture: Any = None,
+    name: str | None = None,
+    max_length: int | None = None,
 ) -> Activations:
-    """Run ``model`` over ``seqs`` once, caching every site in one ``run_with_cache`` per batch.
+    """The activations of ``seqs`` at ``sites``, through the activations stage (`experiments.activations`).
 
-    ``fwd_hooks`` are applied during the forward (e.g. zeroing ``embed.hook_pos``). Sequences are batched
-    by length (padding masked) and the result is returned in sequence order.
-    """
+    Sequences are batched by length (stable; ``batch_size`` each, padding masked), one forward per batch with
+    ``fwd_hooks`` applied (e.g. zeroing ``embed.hook_pos``), or read from ``capture`` (a `CaptureSource` made
+    by `positions.capture.capture_positions`); the result is in sequence order. ``name`` names the sequence
+    set in a capture (ids ``"{name}:{group}"``; default ``design``, ``_shuffled`` when shuffled);
+    ``max_length`` is what a capture must have been made with (default the longest sequence)."""
+    from bertscope.experiments.activations import iter_activations
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     max_len = int(seqs.lengths.max())
@@ -207,27 +212,17 @@ def collect(
         raise ValueError(
             f"a sequence has {max_len} tokens, more than the model's {model.config.max_length} positions"
         )
-    device = next(model.parameters()).device
-    order = np.argsort(seqs.lengths, kind="stable")
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    sentences, encoded = encode_windows(seqs, model.config.pad_token_id, batch_size=batch_size, name=name,
+                                        max_length=max_length)  # fmt: skip
     parts: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     seq_parts, pos_parts = [], []
-    for rows in batches:
-        width = int(seqs.lengths[rows].max())
-        ids = torch.full((len(rows), width), model.config.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, i in enumerate(rows):
-            n = len(seqs.ids[i])
-            ids[r, :n] = torch.from_numpy(seqs.ids[i])
-            mask[r, :n] = 1
-        _, cache = model.run_with_cache(
-            ids.to(device), attention_mask=mask.to(device), names_filter=list(sites), fwd_hooks=list(fwd_hooks)
-        )
-        keep = mask.bool()
+    for acts in iter_activations(model, sentences, list(sites), encoded=encoded, capture=capture,
+                                 fwd_hooks=fwd_hooks):  # fmt: skip
+        keep = acts.keep()
         for s in sites:
-            parts[s].append(cache[s][keep.to(cache[s].device)].float().cpu().numpy())
+            parts[s].append(acts.flat(s).float().cpu().numpy())
         r_idx, p_idx = keep.nonzero(as_tuple=True)
-        seq_parts.append(np.asarray(rows)[r_idx.numpy()])
+        seq_parts.append(np.asarray(acts.batch.sentence_index)[r_idx.numpy()])
         pos_parts.append(p_idx.numpy())
     seq = np.concatenate(seq_parts)
     pos = np.concatenate(pos_parts)
@@ -240,6 +235,18 @@ def collect(
     kind[pos == length - 1] = SEP
     feats = {s: np.concatenate(parts[s])[perm] for s in sites}
     return Activations(seq=seq, group=seqs.groups[seq], pos=pos, token=token, kind=kind, length=length, feats=feats)
+
+
+def encode_windows(seqs: Sequences, pad_token_id: int, *, batch_size: int = 32, name: str | None = None,
+                   max_length: int | None = None) -> tuple[list[Any], Any]:  # fmt: skip
+    """``seqs`` as the activations stage's input (`activations.encode_sequences`): sequences ordered by length
+    (stable) in batches of ``batch_size``, ids ``"{name}:{group}"`` (the names a capture holds them under)."""
+    from bertscope.experiments.activations import encode_sequences
+
+    name = name or (f"{seqs.design}_shuffled" if seqs.shuffled else seqs.design)
+    order = np.argsort(seqs.lengths, kind="stable")
+    return encode_sequences(seqs.ids, pad_token_id=pad_token_id, ids=[f"{name}:{int(g)}" for g in seqs.groups],
+                            batch_size=batch_size, order=order, max_length=max_length)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------- helpers

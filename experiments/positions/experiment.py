@@ -57,29 +57,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from bertscope.experiments.options import sentences_used
-from bertscope.experiments.positions.data import (
-    Activations,
-    main_sites,
-    make_windows,
-    position_sites,
-    sentences_from_encoded,
-    shuffle_content,
-    subset,
-)
+from bertscope.experiments.positions.data import Activations, main_sites, position_sites
 from bertscope.experiments.positions.data import collect as collect_activations
 from bertscope.experiments.positions.design import COLUMNS, ProbeDesign
 from bertscope.experiments.positions.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.positions.probing import position_table_views
+from bertscope.experiments.positions.windows import ZERO_POSITIONS, capture_source, plan_inputs
 from threadpoolctl import threadpool_limits
 
 NAME = "positions"
 DIRNAME = "positions"
 SUMMARY_TABLES = ["summary_absolute", "capacity_sweep"]
 
-#: The null model: the trained weights with the position embeddings zeroed (``embed.hook_pos`` -> 0).
-ZERO_POSITIONS = (("embed.hook_pos", lambda t, hook: t * 0),)
-
+ZERO_POSITIONS = ZERO_POSITIONS  # the null model (embed.hook_pos -> 0); it lives in `windows`
 
 @dataclass(frozen=True)
 class Settings:
@@ -142,17 +132,41 @@ class Settings:
 # ------------------------------------------------------------------------------------- public entry points
 
 
-#: why ``--activations`` cannot stand in for this experiment's forward (``bertscope run positions`` refuses it)
-NO_ACTIVATIONS = ("its probes read windows cut across sentences and their shuffled copies, which a capture of the "
-                  "corpus's sentences does not hold")
+def activation_sites(model: Any) -> list[str]:
+    """The sites the experiment reads through the activations stage (`data.position_sites`): what a capture for
+    positions (``bertscope capture --for positions``, `windows.capture_positions`) holds for every window."""
+    return position_sites(model.config.n_layers)
+
+
+def check_capture(source: Any, inputs: Any, options: Any, settings: Settings) -> str | None:
+    """``--activations DIR`` for positions (`windows.check_capture`): ``None`` when the capture serves this run,
+    a reason when it is a capture of sentences rather than positions' windows, `CaptureError` on a mismatch."""
+    from bertscope.experiments.positions.windows import check_capture as check_windows
+
+    return check_windows(source, inputs, options, settings)
+
+
+def capture_inputs(inputs: Any, options: Any, settings: Settings, **kwargs: Any) -> dict[str, Any]:
+    """``bertscope capture --for positions`` (`windows.capture_positions`): capture what this experiment reads."""
+    from bertscope.experiments.positions.windows import capture_positions
+
+    return capture_positions(inputs, options, settings, **kwargs)
 
 
 def check(inputs: Any, settings: Settings) -> None:
-    """Refuse (`registry.CannotRun`) a model too short for a window or a corpus too short for the windows the
-    probes need (`plan_windows`), before anything is written."""
+    """Refuse (`registry.CannotRun`) a model too short for a window, or a corpus (``--corpus``, and
+    ``--eval-corpus`` when given) too short for the windows the probes need (`plan_windows`), before anything
+    is written."""
+    _check_corpus(inputs.model, inputs.corpus, settings, "--corpus")
+    eval_corpus = getattr(inputs, "eval_corpus", None)
+    if eval_corpus is not None:
+        _check_corpus(inputs.model, eval_corpus, settings, "--eval-corpus")
+
+
+def _check_corpus(model: Any, corpus: Any, settings: Settings, option: str) -> None:
+    """`check` for one corpus (``option`` names it in the message)."""
     from bertscope.experiments.registry import CannotRun
 
-    model, corpus = inputs.model, inputs.corpus
     if settings.window_len + 2 > model.config.max_length:
         raise CannotRun(f"windows of {settings.window_len} word pieces plus [CLS] and [SEP] exceed the model's "
                         f"{model.config.max_length} positions; use a model with at least {settings.window_len + 2}")
@@ -161,7 +175,7 @@ def check(inputs: Any, settings: Settings) -> None:
         need = _MIN_WINDOW * 4 * settings.n_folds
         raise CannotRun(f"needs at least {need} word pieces of text ({4 * settings.n_folds} windows of "
                         f"{_MIN_WINDOW}: {settings.n_folds} folds to probe and to tune on), and corpus "
-                        f"{corpus.name!r} has {n_pieces}; use a longer --corpus or a larger --max-sentences")
+                        f"{corpus.name!r} has {n_pieces}; use a longer {option} or a larger --max-sentences")
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -178,37 +192,47 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     n_layers = model.config.n_layers
     check(ctx.inputs, settings)
     sites, residual = position_sites(n_layers), main_sites(n_layers)
-    windows, tuning, settings = _windows_and_tuning(ctx, settings)  # a short corpus gets shorter windows
+    plan = plan_inputs(model, ctx.corpus, settings, seed=ctx.seed, max_sentences=ctx.options.max_sentences,
+                       max_length=ctx.options.max_length, encode=lambda kept: ctx.encode(kept, sort_by_length=True))
+    for warning in plan.warnings:  # a short corpus gets shorter windows
+        ctx.warn(warning)
+    eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
+    reported_on = ctx.corpus_id
+    if eval_corpus is not None:  # tuning windows (every choice) from --corpus, everything reported from the other
+        plan, reported_on = _eval_plan(ctx, plan, eval_corpus), str(eval_corpus.name)
+        ctx.note("eval_corpus", reported_on)
+        ctx.log(f"alphas and the sweep's operating point chosen on {len(plan.tuning)} windows of {ctx.corpus_id}; "
+                f"every reported number from {reported_on}")  # fmt: skip
+    settings, windows, tuning, sentences = plan.settings, plan.windows, plan.tuning, plan.sentences
     ctx.note("window_len", settings.window_len)
     # the probes run on CPU whatever the model's device, so they may always go to forked workers
     jobs = ctx.jobs(workers=settings.n_jobs, threads=settings.blas_threads, device="cpu")
-    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": ctx.corpus_id}, sites, residual,
+    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": reported_on}, sites, residual,
                          seed=ctx.seed, jobs=jobs)  # fmt: skip
-    n_used, why = sentences_used(ctx.options.max_sentences, settings.max_sentences, len(ctx.corpus))
-    kept = list(ctx.corpus)[:n_used]  # a prefix, so sentence_index still points into the corpus
-    sentences = sentences_from_encoded(ctx.encode(kept, sort_by_length=True))
     ctx.note("n_windows", len(windows))
     ctx.note("n_tune_windows", len(tuning))
     ctx.note("n_sentences", len(sentences))
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
-            f"{len(sentences)} sentences ({why})")
+            f"{len(sentences)} sentences ({plan.why})")
+    source = capture_source(ctx, ctx.settings)  # --activations naming a positions capture, else None
 
-    def collect(name: str, m: Any, seqs: Any, at: list[str], hooks: tuple = ()) -> Activations:
-        arrays = ctx.step_arrays("activations", lambda: collect_activations(m, seqs, at, batch_size=settings.batch_size,
-                                 fwd_hooks=hooks).to_arrays(), data=name, sites=at)  # fmt: skip
-        return Activations.from_arrays(arrays)
+    def collect(name: str, seqs: Any, at: list[str], hooks: tuple) -> Activations:
+        def compute() -> dict[str, np.ndarray]:
+            return collect_activations(model, seqs, at, batch_size=settings.batch_size, fwd_hooks=hooks,
+                                       capture=source, name=name, max_length=ctx.options.max_length).to_arrays()
 
-    acts = {
-        ("windows", "none"): collect("windows", model, windows, sites),
-        ("windows", "shuffled"): collect("windows_shuffled", model, shuffle_content(windows, seed=ctx.seed), sites),
-        ("sentences", "none"): collect("sentences", model, sentences, residual),
-        ("sentences", "shuffled"): collect("sentences_shuffled", model, shuffle_content(sentences, seed=ctx.seed),
-                                           residual),  # fmt: skip
-    }
-    if "embed.hook_pos" in model.hook_dict:
-        acts[("windows", "zeroed_positions")] = collect("windows_zeroed_positions", model, windows, sites,
-                                                        ZERO_POSITIONS)  # fmt: skip
-    else:
+        return Activations.from_arrays(ctx.step_arrays("activations", compute, data=name, sites=at))
+
+    keys = {"windows": ("windows", "none"), "windows_shuffled": ("windows", "shuffled"),
+            "sentences": ("sentences", "none"), "sentences_shuffled": ("sentences", "shuffled"),
+            "windows_zeroed_positions": ("windows", "zeroed_positions")}  # fmt: skip
+    acts, tuning_acts = {}, None
+    for name, seqs, at, hooks in plan.datasets(design.tuning_sites):
+        if name == "tuning":
+            tuning_acts = collect(name, seqs, at, hooks)
+        else:
+            acts[keys[name]] = collect(name, seqs, at, hooks)
+    if not plan.zeroed:
         ctx.warn("the model adds no position embeddings (rotary or relative positions): the zeroed-position null "
                  "is skipped")
     # row i = the i-th token's position (RoBERTa's offset rows dropped); None without an absolute table
@@ -216,7 +240,6 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     if tables is None:
         ctx.warn("the model has no absolute position table (rotary or relative positions): the CKA with the "
                  "table and the position-table probes are skipped")
-    tuning_acts = collect("tuning", model, tuning, design.tuning_sites)
     ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
     ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
     # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
@@ -228,14 +251,19 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         ctx.note(key, value)
     confusion = parts.pop("confusion")
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
+    if eval_corpus is not None:  # which corpus chose each alpha / operating point (runs without it keep their columns)
+        results["selection_corpus"] = ctx.corpus_id
 
     ctx.write_table(confusion, "confusion")
     if tables is not None:
         pca, cosine = position_table_views(tables["W_pos"])
         ctx.write_table(pca, "position_table_pca")
         ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
-    ctx.write_table(summary_absolute(results), "summary_absolute")
-    ctx.write_table(capacity_sweep(results), "capacity_sweep")
+    summaries = {"summary_absolute": summary_absolute(results), "capacity_sweep": capacity_sweep(results)}
+    for name, table in summaries.items():
+        if eval_corpus is not None:
+            table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id)
+        ctx.write_table(table, name)
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
     return results
@@ -354,24 +382,21 @@ def _stream_length(corpus: Any, tokenizer: Any) -> int:
     return n
 
 
-def _windows_and_tuning(ctx: Any, settings: Settings) -> tuple[Any, Any, Settings]:
-    """Probe windows and disjoint tuning windows, both drawn (seeded) from the corpus stream, and the settings
-    they were cut with (`plan_windows`: a short corpus gets shorter windows, with a warning, rather than no run;
-    `check` refused a corpus too short for any)."""
-    want = settings.max_windows + settings.tune_windows
-    plan = plan_windows(_stream_length(ctx.corpus, ctx.model.tokenizer), settings)
-    assert plan is not None, "positions.check lets no corpus through that plan_windows refuses"
-    length, n_pool, n_tune = plan
-    pool = make_windows(ctx.corpus, ctx.model.tokenizer, length, max_windows=want, seed=ctx.seed)
-    if length != settings.window_len:
-        ctx.warn(f"the corpus is too short for {4 * settings.n_folds} windows of {settings.window_len} pieces; "
-                 f"using windows of {length}")  # fmt: skip
-        settings = dataclasses.replace(settings, window_len=length)
-    if len(pool) < want:
-        ctx.warn(f"the corpus gives {len(pool)} windows of {length}, fewer than the {want} asked for; "
-                 f"using {len(pool) - n_tune} for probing and {n_tune} for tuning alphas")  # fmt: skip
-    order = np.random.default_rng([ctx.seed, 7]).permutation(len(pool))
-    return subset(pool, np.sort(order[n_tune:])), subset(pool, np.sort(order[:n_tune])), settings
+def _eval_plan(ctx: Any, plan: Any, eval_corpus: Any) -> Any:
+    """``--eval-corpus``: the run's plan with the probed windows and sentences (and their shuffled and
+    zeroed-position copies) cut from ``eval_corpus`` with the same window length and seed, and the tuning
+    windows (on which every alpha and the sweep's operating point are chosen) kept from ``--corpus``."""
+    from bertscope.experiments.registry import CannotRun
+
+    reported = plan_inputs(ctx.model, eval_corpus, plan.settings, seed=ctx.seed,
+                           max_sentences=ctx.options.max_sentences, max_length=ctx.options.max_length,
+                           encode=lambda kept: ctx.encode(kept, sort_by_length=True))  # fmt: skip
+    if reported.settings.window_len != plan.settings.window_len:
+        raise CannotRun(f"--eval-corpus {eval_corpus.name!r} is too short for windows of {plan.settings.window_len} "
+                        "word pieces (those of --corpus); use a longer one")  # fmt: skip
+    for warning in reported.warnings:
+        ctx.warn(f"--eval-corpus: {warning}")
+    return dataclasses.replace(reported, tuning=plan.tuning)
 
 
 def _timed(ctx: Any, name: str, fn: Any) -> pd.DataFrame:
