@@ -318,7 +318,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
         "--eval-corpus",
         default=None,
         help="report on this corpus (e.g. a .conllu dev split) while training and every selection use --corpus; "
-        "experiments that support it (erasure, structure, positions) say which split each number comes from",
+        "experiments that support it (erasure, structure, heads, positions) say which split each number comes from",
     )
     p.add_argument(
         "--max-sentences",
