@@ -192,6 +192,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     p.add_argument("--docs", type=Path, default=None, help="rewrite the generated blocks of this markdown file")
+    p.add_argument("--ewt-block", default=EWT_BLOCK, help="name of the docs block the EWT tables go to")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     command = "benchmarks/circuits.py " + " ".join(sys.argv[1:]).replace(str(args.ewt), "EWT_DEV")
@@ -261,7 +262,7 @@ def main() -> None:
                      f"{circ['greedy_cpu_seconds']:.0f} CPU-s ({circ['n_evaluations']} circuit evaluations)."]
         text += ["", f"CPU time of the whole run: {time.process_time() - begin:.0f} CPU-s."]
         if args.docs:
-            write_docs(args.docs, "\n".join(text), EWT_BLOCK)
+            write_docs(args.docs, "\n".join(text), args.ewt_block)
     if args.bert_base:
         big, fwd_big = bert_base_cost(task, args.steps[0], args.act_steps, args.bert_base, progress)
         print(big.to_string(index=False))
