@@ -195,7 +195,13 @@ def main() -> None:
     p.add_argument("--ewt-block", default=EWT_BLOCK, help="name of the docs block the EWT tables go to")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    command = "benchmarks/circuits.py " + " ".join(sys.argv[1:]).replace(str(args.ewt), "EWT_DEV")
+    shown, skip = [], False
+    for a in sys.argv[1:]:  # the command as docs show it: without where its own outputs went
+        if skip or a in ("--json", "--docs"):
+            skip = not skip
+            continue
+        shown.append(a)
+    command = "benchmarks/circuits.py " + " ".join(shown).replace(str(args.ewt), "EWT_DEV")
     begin = time.process_time()
 
     def progress(msg: str) -> None:
