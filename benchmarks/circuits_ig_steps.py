@@ -27,8 +27,6 @@ import torch
 from benchutils import ewt_dev_path, tfc1_task
 from scipy.stats import pearsonr, spearmanr
 
-BEGIN, END = "<!-- ig-steps:begin -->", "<!-- ig-steps:end -->"
-
 
 def sweep(model, task, steps: list[int], act_steps: list[int] | None = None,
           batch_size: int = 16) -> tuple[pd.DataFrame, float]:
@@ -46,7 +44,8 @@ def sweep(model, task, steps: list[int], act_steps: list[int] | None = None,
              "seconds": time.perf_counter() - start}]
     ref = exact.mean(0)
     act_steps = steps if act_steps is None else act_steps
-    runs = [("atp", 0), ("atp*", 0)] + [("eap-ig", s) for s in steps] + [("eap-ig-act", s) for s in act_steps]
+    runs = [("atp", 0), ("atp*", 0)] + [("eap-ig", s) for s in steps] + [("eap-ig-act", s) for s in act_steps] + [
+        ("ig-act-own", s) for s in act_steps]
     for method, s in runs:
         start = time.perf_counter()
         est, _ = circuits.attribution.attribute_effects(model, task, method, "heads", steps=max(s, 1),
@@ -71,12 +70,14 @@ def to_markdown(df: pd.DataFrame, cols: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(path: Path, text: str) -> None:
-    """Replace the block between the markers in ``path`` (appended at the end when absent), atomically."""
+def write_docs(path: Path, text: str, name: str = "ig-steps") -> None:
+    """Replace the block between ``<!-- {name}:begin -->`` and ``<!-- {name}:end -->`` in ``path`` (appended at the
+    end when absent), atomically."""
     doc = path.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in doc and END in doc:
-        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc and end in doc:
+        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     else:
         doc = doc.rstrip("\n") + "\n\n" + block + "\n"
     tmp = path.with_name(f".{path.name}.partial")
@@ -118,7 +119,7 @@ def main() -> None:
     if args.bert_base:
         import circuits as bench  # benchmarks/circuits.py
 
-        big = pd.DataFrame(bench.bert_base_cost(task, args.steps[0]))
+        big, _ = bench.bert_base_cost(task, args.steps[0], (args.act_steps or args.steps)[0], 16, print)
         print(big.to_string(index=False))
         text += ["", f"bert-base shape (random 12 x 12 x 768 model, the same {task.n_pairs} pairs' token ids, a random "
                  f"linear metric on the mean-pooled state; 144 heads; EAP-IG with m = {args.steps[0]}):", "",

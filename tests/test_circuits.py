@@ -310,11 +310,59 @@ def test_eap_ig_follows_hanna_et_al_interpolation_points():
     assert np.abs(one - est).max() > 1e-6  # the midpoint matters: the check above can tell the conventions apart
 
 
-def test_eap_ig_activations_converges_to_exact_patching_of_the_node():
-    """EAP-IG over a node's own activations (Hanna et al.'s ``get_scores_ig_activations``) integrates the gradient
-    along the line from the clean to the corrupted activation, everything else clean: with one head per layer the
-    Riemann sum converges to that head's exact patching effect (error O(1/steps)), and the input-path EAP-IG does
-    not (it moves every node at once)."""
+def test_eap_ig_activations_follows_hanna_et_al_every_line_every_node():
+    """EAP-IG-activations as Hanna et al.'s ``get_scores_ig_activations`` (MIB's "EAP-IG-activations"): one line
+    per node of their graph (input, each layer's attention with all heads together, each MLP), ``alpha = k/m`` for
+    ``k = 1..m``, and on every pass the gradient is read at every node; a head's score is ``(a* - a)`` times the
+    mean of its gradient over all ``(2 n_layers + 1) m`` passes (a moved node's output is a constant there, so the
+    gradient of the nodes before it skips the paths through it, as in their hooks). Pinned by a reference built
+    here pass by pass with autograd (m = 2)."""
+    torch.manual_seed(5)
+    cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=2, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0)
+    model = Encoder(cfg).eval().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    task = _linear_task()
+    rows = list(range(task.n_pairs))
+    clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
+    lines = ["embed.hook_out"] + [f"blocks.{L}.{s}" for L in range(2) for s in ("attn.hook_z", "hook_mlp_out")]
+    z = [f"blocks.{L}.attn.hook_z" for L in range(2)]
+    with torch.no_grad():
+        _, cc = model.run_with_cache(**clean, names_filter=lines)
+        _, ck = model.run_with_cache(**corr, names_filter=lines)
+    total = [torch.zeros_like(cc[n]) for n in z]
+    for line in lines:
+        for alpha in (0.5, 1.0):
+            seen = {}
+
+            def keep(t, hook, seen=seen):
+                t.retain_grad()
+                seen[hook.name] = t
+                return t
+
+            def put(t, hook, line=line, alpha=alpha, keep=keep):
+                out = (alpha * cc[line] + (1 - alpha) * ck[line]).clone().requires_grad_(True)
+                return keep(out, hook) if hook.name in z else out
+
+            hooks = [(line, put)] + [(n, keep) for n in z if n != line]
+            with model.hooks(hooks):
+                hidden = model(**clean)
+            task.metric(hidden, clean["attention_mask"], rows).sum().backward()
+            total = [t + seen[n].grad for t, n in zip(total, z, strict=True)]
+    expected = torch.cat([((ck[n] - cc[n]) * t / (len(lines) * 2)).sum((1, 3)) for n, t in zip(z, total, strict=True)],
+                         1)
+    est, _ = circuits.attribution.attribute_effects(model, task, "eap-ig-act", "heads", steps=2)
+    np.testing.assert_allclose(est, expected.numpy(), rtol=1e-9, atol=1e-12)
+    own, _ = circuits.attribution.attribute_effects(model, task, "ig-act-own", "heads", steps=2)
+    assert np.abs(own - est).max() > 1e-6  # the two variants differ: the reference above tells them apart
+
+
+def test_ig_on_a_nodes_own_line_converges_to_exact_patching_of_the_node():
+    """``ig-act-own`` integrates a layer's gradient along its own line from the clean to the corrupted activation,
+    everything else clean: with one head per layer the Riemann sum converges to that head's exact patching effect
+    (error O(1/steps)), and the input-path EAP-IG does not (it moves every node at once)."""
     torch.manual_seed(4)
     cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=2, n_heads=1, d_mlp=8, max_positions=16,
                         type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0)
@@ -324,8 +372,8 @@ def test_eap_ig_activations_converges_to_exact_patching_of_the_node():
             p.mul_(3.0)  # not linear: AtP's first-order error is visible
     task = _linear_task()
     exact, _ = circuits.patching.patch_effects(model, task, "heads")
-    fine, _ = circuits.attribution.attribute_effects(model, task, "eap-ig-act", "heads", steps=400)
-    coarse, _ = circuits.attribution.attribute_effects(model, task, "eap-ig-act", "heads", steps=4)
+    fine, _ = circuits.attribution.attribute_effects(model, task, "ig-act-own", "heads", steps=400)
+    coarse, _ = circuits.attribution.attribute_effects(model, task, "ig-act-own", "heads", steps=4)
     atp, _ = circuits.attribution.attribute_effects(model, task, "atp", "heads")
     scale = np.abs(exact).max()
     err = {k: np.abs(v - exact).max() / scale for k, v in (("fine", fine), ("coarse", coarse), ("atp", atp))}

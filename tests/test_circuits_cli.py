@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from bertscope.experiments import cli
 from bertscope.experiments.circuits import measures
@@ -56,6 +57,8 @@ def test_small_run_writes_every_table(tiny_folder, tmp_path, capsys):
     heads = pd.read_csv(out / "heads.csv")
     assert set(heads.method) == {"exact", "atp", "atp*", "eap-ig", "eap-ig-act"}
     assert len(heads) == 5 * 2 * 4  # methods x layers x heads of the tiny model
+    agreement = pd.read_csv(out / "agreement.csv")
+    assert {"spearman", "spearman_low", "spearman_high", "n_pairs"} <= set(agreement.columns)
 
 
 def test_tfc1_pairs_repeat_a_single_occurrence_term():
@@ -124,3 +127,24 @@ def test_run_circuits_refuses_a_corpus_without_pairs(tiny_folder, tmp_path, caps
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("bertscope: error:")]
     assert code == 2 and len(err) == 1 and "0 TFC1 pairs" in err[0], err
     assert not list(out.rglob("*.csv")) and not list(out.rglob("*.parquet"))
+
+
+def test_spearman_interval_resamples_pairs():
+    """The agreement interval resamples pairs: identical pairs give a zero-width interval at the point estimate;
+    an estimate equal to exact patching gives 1 everywhere; a noisy one an interval around its point, equal to
+    Spearman recomputed by pandas on each resample's means (same weights)."""
+    import pandas as pd
+    from bertscope.experiments.circuits.measures import spearman_interval
+
+    rng = np.random.default_rng(0)
+    exact = rng.normal(size=(30, 12)) + 0.3 * np.arange(12)
+    assert spearman_interval(exact, exact, n_boot=50) == (1.0, 1.0, 1.0)
+    row, ref = rng.normal(size=12), rng.normal(size=12)
+    point, low, high = spearman_interval(np.tile(row, (30, 1)), np.tile(ref, (30, 1)), n_boot=50)
+    assert low == pytest.approx(point) and high == pytest.approx(point)
+    est = exact + rng.normal(scale=2.0, size=exact.shape)
+    point, low, high = spearman_interval(est, exact, n_boot=200, seed=1)
+    assert low < point < high
+    w = np.random.default_rng(1).multinomial(30, np.full(30, 1 / 30), size=200) / 30
+    boot = [pd.Series(wi @ est).corr(pd.Series(wi @ exact), method="spearman") for wi in w]
+    assert (low, high) == pytest.approx(tuple(np.percentile(boot, [2.5, 97.5])))

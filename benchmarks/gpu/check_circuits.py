@@ -1,6 +1,7 @@
-"""GPU check for circuits: exact patching, AtP, AtP*, EAP-IG and EAP-IG-activations for all 144 heads of a random
-bert-base-shaped model on 256 TFC1 pairs (builtin corpus), with seconds and forward-equivalents, and the
-Spearman of each estimate with exact patching (``--small``: the tiny model, 8 pairs, for a CPU smoke test)."""
+"""GPU check for circuits: exact patching, AtP, AtP*, EAP-IG, EAP-IG-activations and ig-act-own for all 144
+heads of a random bert-base-shaped model on 256 TFC1 pairs (builtin corpus), with seconds and
+forward-equivalents, and the Spearman of each estimate with exact patching (``--small``: the tiny model, 8
+pairs, for a CPU smoke test)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def main() -> None:
         circuits.metric_values(model, task, "clean", args.batch_size)
     forward = t.seconds
     rows, effects = [], {}
-    for method in ("exact", "atp", "atp*", "eap-ig", "eap-ig-act"):
+    for method in ("exact", "atp", "atp*", "eap-ig", "eap-ig-act", "ig-act-own"):
         start = time.perf_counter()
         with Timer(args.device) as t:
             if method == "exact":

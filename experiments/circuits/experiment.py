@@ -16,7 +16,8 @@ format ``bertscope circuits --task`` reads):
 
 Tables: ``results`` (long: model, corpus, method, source, node, layer, head, effect, normalised and intervals:
 95% percentile bootstrap over pairs; ``normalised`` = the head's effect / (m(corrupted) - m(clean))),
-``agreement`` (Spearman of each estimate with exact patching over heads), ``cost``, ``resid``, ``edges``,
+``agreement`` (Spearman of each estimate with exact patching over heads, with a 95% percentile bootstrap
+interval over pairs: pairs resampled, every method's mean head scores recomputed), ``cost``, ``resid``, ``edges``,
 ``edge_check`` (path patching of top and random edges beside their scores), ``circuit``, ``faithfulness``,
 ``areas``, ``random_circuits``, ``overlap``. Definitions and equations:
 ``docs/experiments/circuits.md``.
@@ -99,7 +100,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                                          batch_size=ctx.options.batch_size)
     tables = measures.analyse(model, task, analysis, positions=measures.injected_positions(task),
                               progress=ctx.log, seed=ctx.seed)
-    tables["agreement"] = agreement(tables["heads"])
+    if "agreement" not in tables:
+        tables["agreement"] = agreement(tables["heads"])
     tables["overlap"] = overlap_table(tables, ctx.out_dir.parent, ctx.corpus_id, model.config)
     for name, df in tables.items():
         if name != "heads":

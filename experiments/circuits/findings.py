@@ -33,10 +33,14 @@ def findings(out_dir: Path) -> list[Finding]:
     if results is not None:
         out += _top_heads(results, read_table(out_dir, "resid"))
     if agreement is not None and not agreement.empty:
-        parts = [f"{LABELS.get(r.method, r.method)} {r.spearman:.2f}" for r in agreement.itertuples()]
+        has_ci = "spearman_low" in agreement
+        parts = [f"{LABELS.get(r.method, r.method)} {r.spearman:.2f}"
+                 + (f" [{r.spearman_low:.2f}, {r.spearman_high:.2f}]" if has_ci else "")
+                 for r in agreement.itertuples()]
+        ci = "; 95% bootstrap intervals over pairs" if has_ci else ""
         out.append(Finding(
             f"Agreement with exact patching over the {int(agreement.n_heads.iloc[0])} heads (Spearman of the "
-            f"effects): {'; '.join(parts)}.",
+            f"mean effects{ci}): {'; '.join(parts)}.",
             numbers={f"spearman:{r.method}": float(r.spearman) for r in agreement.itertuples()}))
     check = read_table(out_dir, "edge_check")
     if check is not None and len(check) >= 3:

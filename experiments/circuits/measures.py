@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 from bertscope.hooks import circuits
+from bertscope.hooks.circuits.results import effects_table, node_labels
 
 HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
 
@@ -84,18 +85,24 @@ def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
     s = settings
     out: dict[str, pd.DataFrame] = {}
     timer = _Timer(model, task, s.batch_size)
-    heads, cost = [], []
+    heads, cost, per_pair = [], [], {}
+    labels = node_labels("heads", model.config.n_layers, model.config.n_heads)
     for method in s.methods:
         progress(f"head scores: {method}")
         if method == "exact":
-            table, secs = timer.time(lambda: circuits.patch(model, task, "heads", batch_size=s.batch_size,
-                                                            n_boot=s.n_boot, seed=seed))
+            (eff, total), secs = timer.time(lambda: circuits.patching.patch_effects(model, task, "heads",
+                                                                                    batch_size=s.batch_size))
         else:
-            table, secs = timer.time(lambda m=method: circuits.attribute(
-                model, task, m, "heads", steps=s.ig_steps, batch_size=s.batch_size, n_boot=s.n_boot, seed=seed))
+            (eff, total), secs = timer.time(lambda m=method: circuits.attribution.attribute_effects(
+                model, task, m, "heads", steps=s.ig_steps, batch_size=s.batch_size))
+        table = effects_table(eff, total, labels, method=method, n_boot=s.n_boot, seed=seed)
+        table.insert(1, "source", "corrupted")
         heads.append(table)
+        per_pair[method] = eff
         cost.append({"method": method, "seconds": secs, "forward_equivalents": secs / timer.forward_seconds})
     out["heads"] = pd.concat(heads, ignore_index=True)
+    if "exact" in per_pair:
+        out["agreement"] = agreement_table(per_pair, n_boot=s.n_boot, seed=seed)
     if positions is not None:
         progress("residual stream at the injected position")
         out["resid"] = circuits.patch(model, task, "resid", positions=positions, batch_size=s.batch_size,
@@ -127,6 +134,46 @@ def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
                                            "faithfulness": rand})
     out["circuit"] = circuit_table(circuit, scores)
     return out
+
+
+def spearman_interval(est: np.ndarray, exact: np.ndarray, *, n_boot: int = 1000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """Spearman over nodes of the mean over pairs of ``est [n_pairs, n_nodes]`` with that of ``exact`` (same
+    shape), and its percentile bootstrap interval: pairs resampled with replacement (the same resample for both),
+    both means recomputed, the Spearman recomputed. The interval covers the variance of the pair sample only."""
+    from scipy.stats import rankdata
+
+    est, exact = np.asarray(est, dtype=np.float64), np.asarray(exact, dtype=np.float64)
+    n = est.shape[0]
+    point = float(pd.Series(est.mean(0)).corr(pd.Series(exact.mean(0)), method="spearman"))
+    if n < 2 or n_boot < 1:
+        return point, float("nan"), float("nan")
+    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot) / n  # [B, n] weights
+    a = np.apply_along_axis(rankdata, 1, w @ est)
+    b = np.apply_along_axis(rankdata, 1, w @ exact)
+    a, b = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    tail = 100 * (1 - level) / 2
+    low, high = np.nanpercentile(boot, [tail, 100 - tail])
+    return point, float(low), float(high)
+
+
+def agreement_table(per_pair: dict[str, np.ndarray], *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """A row per estimate in ``per_pair`` (method -> ``[n_pairs, n_heads]``; "exact" is the reference): Spearman
+    with exact patching's mean head scores and its bootstrap interval over pairs (:func:`spearman_interval`),
+    Pearson, heads, pairs."""
+    exact = per_pair["exact"]
+    rows = []
+    for method, est in per_pair.items():
+        if method == "exact":
+            continue
+        rho, low, high = spearman_interval(est, exact, n_boot=n_boot, seed=seed)
+        rows.append({"method": method, "spearman": rho, "spearman_low": low, "spearman_high": high,
+                     "pearson": float(np.corrcoef(est.mean(0), exact.mean(0))[0, 1]), "n_heads": est.shape[1],
+                     "n_pairs": est.shape[0],
+                     "interval": "95% percentile bootstrap over pairs (pair-sampling variance only)"})
+    return pd.DataFrame(rows)
 
 
 def edge_check(model: Any, task: circuits.Task, scores: circuits.EdgeScores, n: int, *, seed: int = 0,

@@ -11,7 +11,7 @@ from bertscope.experiments import io
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG",
-          "eap-ig-act": "EAP-IG (activations)"}
+          "eap-ig-act": "EAP-IG (activations)", "ig-act-own": "IG on each layer's own line"}
 
 
 

@@ -13,11 +13,16 @@ For a node with clean activation ``a`` and corrupted ``a*`` (gradients through t
   dm/da`` over ``steps`` runs whose input embeddings (``embed.hook_out``) are ``e* + k/steps (e - e*)``,
   ``k = 0..steps-1``. The path moves every input at once, so it estimates a path-averaged effect, not the effect
   of patching one node into the clean run.
-- ``eap-ig-act`` (Hanna et al.'s ``get_scores_ig_activations``; MIB's "EAP-IG-activations"): for each layer, the
-  nodes' own activations (all heads of the layer, or its MLP output) interpolated ``alpha a + (1 - alpha) a*``,
-  ``alpha = k/steps``, ``k = 1..steps``, everything else clean; ``(a* - a) . mean_k dm/da``. As ``steps`` grows
-  this is the exact effect of patching the whole layer's nodes, split between its heads along the path: the
-  integral of the gradient along one node's own line (costs ``n_layers x steps`` forward-backward passes).
+- ``eap-ig-act`` (Hanna et al.'s ``get_scores_ig_activations``; MIB's "EAP-IG-activations"): one line per node
+  of their graph, ``input`` (``embed.hook_out``), each layer's attention (all its heads together) and each MLP:
+  that node's output set to ``alpha a + (1 - alpha) a*``, ``alpha = k/steps``, ``k = 1..steps``, everything
+  downstream recomputed from the clean text; on every one of those ``(2 n_layers + 1) x steps`` passes the
+  gradient is read at every node, and a node's score is ``(a* - a) . mean over all passes of dm/da`` (their
+  backward hooks accumulate into every node's score on every pass, divided by the total step count).
+- ``ig-act-own``: the same interpolation, but a layer's heads read the gradient only on the passes that move their
+  own layer: ``(a* - a) . mean_k dm/da`` along the layer's own line, a Riemann sum of the integral that, as
+  ``steps`` grows, is the exact effect of patching the whole layer's nodes, split between its heads along the
+  path (costs ``n_layers x steps`` passes). Before this variant had its own name it was ``eap-ig-act``.
 
 Every estimate is per pair (gradients of the sum over pairs, which are independent), so the table carries the
 same intervals as exact patching's.
@@ -30,10 +35,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.hooks.circuits.results import chunks, effects_table, node_labels
+from bertscope.hooks.circuits.results import by_length, effects_table, in_task_order, node_labels
 from bertscope.hooks.circuits.tasks import Task
 
-METHODS = ("atp", "atp*", "eap-ig", "eap-ig-act")
+METHODS = ("atp", "atp*", "eap-ig", "eap-ig-act", "ig-act-own")
 
 
 def attribute(
@@ -48,7 +53,8 @@ def attribute(
     seed: int = 0,
 ) -> pd.DataFrame:
     """Attribution-patching estimates of every node's patching effect -> the table :func:`patch` returns
-    (``method`` = "atp", "atp*" or "eap-ig"; ``nodes`` "heads" or "mlps"; ``atp*`` heads only)."""
+    (``method`` = "atp", "atp*", "eap-ig", "eap-ig-act" or "ig-act-own"; ``nodes`` "heads" or "mlps"; ``atp*``
+    heads only)."""
     effects, total = attribute_effects(model, task, method, nodes, steps=steps, batch_size=batch_size)
     labels = node_labels(nodes, model.config.n_layers, model.config.n_heads)
     table = effects_table(effects, total, labels, method=method, n_boot=n_boot, seed=seed)
@@ -64,15 +70,15 @@ def attribute_effects(
         raise ValueError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
     if nodes not in ("heads", "mlps") or (method == "atp*" and nodes != "heads"):
         raise ValueError(f"{method} attributes heads{'' if method == 'atp*' else ' or mlps'}, not {nodes!r}")
-    if method in ("eap-ig", "eap-ig-act") and steps < 1:
+    if method in ("eap-ig", "eap-ig-act", "ig-act-own") and steps < 1:
         raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
-    out, totals = [], []
-    for rows in chunks(task.n_pairs, batch_size):
+    out, totals, order = [], [], by_length(task.mask, batch_size)
+    for rows in order:
         clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
         est, total = _chunk(model, task, method, nodes, steps, clean, corr, rows)
         out.append(est)
         totals.append(total)
-    return torch.cat(out).numpy(), torch.cat(totals).numpy()
+    return in_task_order(out, order).numpy(), in_task_order(totals, order).numpy()
 
 
 def _site(nodes: str) -> str:
@@ -85,6 +91,8 @@ def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.
     site = _site(nodes)
     extra = ["blocks.*.attn.hook_q", "blocks.*.attn.hook_k", "blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern",
              "blocks.*.attn.hook_scores", "blocks.*.hook_resid_pre"] if method == "atp*" else []
+    if method == "eap-ig-act":
+        extra = ["blocks.*.attn.hook_z", "blocks.*.hook_mlp_out"]
     names = [f"blocks.*.{site}", "embed.hook_out", *extra]
     with torch.no_grad():
         out_k, ck = model.run_with_cache(**corr, names_filter=names)
@@ -103,6 +111,21 @@ def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.
             grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
         grads = [g / steps for g in grads]
     elif method == "eap-ig-act":
+        with torch.no_grad():
+            _, cc = model.run_with_cache(**clean, names_filter=names)
+        grads = [None] * n
+        lines = ["embed.hook_out"] + [f"blocks.{L}.{s}" for L in range(n) for s in ("attn.hook_z", "hook_mlp_out")]
+        for line in lines:  # Hanna et al.: every node's own line, the gradient read at every node on every pass
+            for k in range(1, steps + 1):
+                mixed = (k / steps) * cc[line] + (1 - k / steps) * ck[line]
+                hook = (line, lambda t, hook, mixed=mixed: mixed)
+                _, cg = model.run_with_cache(**clean, names_filter=names[:1], fwd_hooks=[hook], incl_bwd=True,
+                                             loss_fn=loss)
+                for L in range(n):
+                    g = cg[f"blocks.{L}.{site}_grad"]
+                    grads[L] = g if grads[L] is None else grads[L] + g
+        grads = [g / (len(lines) * steps) for g in grads]
+    elif method == "ig-act-own":
         with torch.no_grad():
             _, cc = model.run_with_cache(**clean, names_filter=names)
         grads = []

@@ -34,7 +34,7 @@ from bertscope.hooks.circuits.graph import (
     graph_of,
     receiver_slices,
 )
-from bertscope.hooks.circuits.results import chunks
+from bertscope.hooks.circuits.results import by_length, chunks
 from bertscope.hooks.circuits.tasks import Task
 from einops import einsum
 
@@ -74,7 +74,7 @@ def edges(model: Any, task: Task, method: str = "eap", *, steps: int = 5, batch_
         raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
     g = graph_of(model)
     total = torch.zeros(g.valid.shape, dtype=torch.float64)
-    for rows in chunks(task.n_pairs, batch_size):
+    for rows in by_length(task.mask, batch_size):
         total += edge_scores_per_pair(model, task, rows, method, steps).sum(0)
     return EdgeScores(g, total / task.n_pairs, method, task.n_pairs)
 

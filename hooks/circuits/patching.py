@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.hooks.circuits.results import chunks, effects_table, node_labels
+from bertscope.hooks.circuits.results import by_length, chunks, effects_table, in_task_order, node_labels
 from bertscope.hooks.circuits.tasks import Task
 from einops import rearrange, repeat
 
@@ -24,11 +24,11 @@ NODE_KINDS = ("heads", "mlps", "resid")
 @torch.no_grad()
 def metric_values(model: Any, task: Task, which: str = "clean", batch_size: int = 32) -> np.ndarray:
     """``m`` per pair of the unmodified model on the clean or corrupted texts ``[n_pairs]``."""
-    out = []
-    for rows in chunks(task.n_pairs, batch_size):
+    out, order = [], by_length(task.mask, batch_size)
+    for rows in order:
         batch = task.batch(rows, which)
         out.append(task.metric(model(**batch), batch["attention_mask"], rows).double().cpu())
-    return torch.cat(out).numpy()
+    return in_task_order(out, order).numpy()
 
 
 def patch(
@@ -76,8 +76,8 @@ def patch_effects(
         raise ValueError("resid nodes need positions [n_pairs] and source='corrupted'")
     n = model.config.n_layers
     means = _means(model, task, nodes, batch_size) if source == "mean" else None
-    effects, totals = [], []
-    for rows in chunks(task.n_pairs, batch_size):
+    effects, totals, order = [], [], by_length(task.mask, batch_size)
+    for rows in order:
         clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
         mask = clean["attention_mask"]
         names = ["blocks.*.hook_resid_pre", "blocks.*.attn.hook_z", "blocks.*.hook_mlp_out"]
@@ -106,7 +106,7 @@ def patch_effects(
                 with model.hooks([hook]):
                     per_layer.append(task.metric(model.forward_from(layer, x, mask), mask, rows)[None])
         effects.append((torch.cat(per_layer) - m_clean[None]).T.double().cpu())
-    return torch.cat(effects).numpy(), torch.cat(totals).numpy()
+    return in_task_order(effects, order).numpy(), in_task_order(totals, order).numpy()
 
 
 def _patch_heads(model, task, layer, x, mask, rows, src) -> torch.Tensor:

@@ -17,6 +17,22 @@ def chunks(n: int, batch_size: int) -> Iterator[torch.Tensor]:
         yield torch.arange(start, min(n, start + batch_size))
 
 
+def by_length(mask: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """Row indices of batches of at most ``batch_size`` pairs, the pairs taken shortest first (``mask [n, pos]``,
+    their attention mask): each batch is trimmed to its longest pair, so grouping similar lengths saves the padded
+    positions' work. Per-pair outputs are put back in task order by :func:`in_task_order`."""
+    order = torch.argsort(mask.sum(1), stable=True)
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def in_task_order(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-batch outputs ``parts`` (first dimension = the batch's pairs ``rows``) -> one tensor in task order."""
+    out, idx = torch.cat(list(parts)), torch.cat(list(rows))
+    res = torch.empty_like(out)
+    res[idx.to(out.device)] = out
+    return res
+
+
 def node_labels(kind: str, n_layers: int, n_heads: int, positions: bool = False) -> list[tuple[str, int, int]]:
     """``(node, layer, head)`` of every node of ``kind`` ("heads" | "mlps" | "resid"); head is -1 where none."""
     if kind == "heads":

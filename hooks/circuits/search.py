@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from bertscope.hooks.circuits.edges import EdgeScores
 from bertscope.hooks.circuits.graph import Capture, Graph, capture, circuit_forward, graph_of
-from bertscope.hooks.circuits.results import chunks
+from bertscope.hooks.circuits.results import by_length, in_task_order
 from bertscope.hooks.circuits.tasks import Task
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -48,7 +48,7 @@ class Evaluator:
     def __init__(self, model: Any, task: Task, *, batch_size: int = 32) -> None:
         self.model, self.task, self.graph = model, task, graph_of(model)
         self.parts: list[tuple[torch.Tensor, Capture, Capture, torch.Tensor]] = []
-        for rows in chunks(task.n_pairs, batch_size):
+        for rows in by_length(task.mask, batch_size):
             clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
             c = capture(model, clean)
             self.parts.append((rows, c, capture(model, corr, scales=c.scales), clean["attention_mask"]))
@@ -64,7 +64,7 @@ class Evaluator:
         for rows, c, k, attn in self.parts:
             hidden, _ = circuit_forward(self.model, k, c.embed, mask.to(c.embed.dtype), attn)
             out.append(self.task.metric(hidden, attn, rows).double().cpu())
-        return torch.cat(out).numpy()
+        return in_task_order(out, [p[0] for p in self.parts]).numpy()
 
     def __call__(self, mask: torch.Tensor) -> float:
         return float(self.per_pair(mask).mean())
