@@ -116,6 +116,13 @@ def test_the_parser_names_the_library_metrics():
     assert tuple(METRIC_NAMES) == tuple(METRICS)
 
 
+def test_the_parser_accepts_every_library_head_method():
+    from bertscope.experiments.cli.circuits_command import ALL_HEAD_METHODS
+    from bertscope.hooks.circuits.attribution import METHODS
+
+    assert set(ALL_HEAD_METHODS) == {"exact", *METHODS}
+
+
 def test_run_circuits_refuses_a_corpus_without_pairs(tiny_folder, tmp_path, capsys):
     """A corpus with no word that occurs once gives no TFC1 pair: `run circuits` refuses in one line (exit 2)
     and leaves no table behind."""

@@ -8,7 +8,10 @@ from typing import Any
 
 from bertscope.experiments.options import UsageError
 
+#: the default head-score methods; `ALL_HEAD_METHODS` = "exact" + `bertscope.hooks.circuits.attribution.METHODS`
+#: (named here so that building the parser imports no torch; tests/test_circuits_cli.py checks they agree)
 HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
+ALL_HEAD_METHODS = (*HEAD_METHODS, "ig-act-own")
 #: `bertscope.hooks.circuits.METRICS`, named here so that building the parser imports no torch
 #: (tests/test_circuits_cli.py checks the two agree)
 METRIC_NAMES = ("cosine", "dot", "mask-logit-diff")
@@ -31,7 +34,8 @@ def add_circuits(sub: Any) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default auto)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16 or float64")
     p.add_argument("--methods", default=",".join(HEAD_METHODS),
-                   help=f"head-score methods, comma-separated (default {','.join(HEAD_METHODS)})")
+                   help=f"head-score methods, comma-separated, from {', '.join(ALL_HEAD_METHODS)} "
+                   f"(default {','.join(HEAD_METHODS)})")
     p.add_argument("--edges", default="eap-ig", choices=("eap", "eap-ig"), help="edge method (default eap-ig)")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG steps (default 5)")
     p.add_argument("--candidates", type=int, default=30, help="top edges the greedy search starts from (default 30)")
@@ -55,9 +59,9 @@ def cmd_circuits(args: argparse.Namespace) -> int:
     from bertscope.hooks.circuits import TaskError, load_task
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    bad = [m for m in methods if m not in HEAD_METHODS]
+    bad = [m for m in methods if m not in ALL_HEAD_METHODS]
     if bad or not methods:
-        raise UsageError(f"--methods: unknown {bad or 'empty'}; choose from {', '.join(HEAD_METHODS)}")
+        raise UsageError(f"--methods: unknown {bad or 'empty'}; choose from {', '.join(ALL_HEAD_METHODS)}")
     for name in ("steps", "candidates", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
