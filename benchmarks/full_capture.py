@@ -11,13 +11,16 @@ a machine shared with other work slows both alike; the ratio plain / full is the
 fraction of a plain forward's (target >= 0.8, i.e. a capture costs at most 1.25 forwards). On CPU the ratio is
 also given in CPU seconds of this process (steadier than wall time on a loaded machine). Peak memory of one full
 capture is measured in a fresh subprocess (CPU: peak growth of resident memory; GPU: peak allocated) beside the
-bytes captured (target: peak <= 1.3 x captured).
+bytes captured (target: peak <= 1.3 x captured). On CPU it also prints each arm's minor page faults per call: a
+capture writes its bytes into fresh pages (glibc hands large freed blocks back to the system, so every capture faults
+its pages in again, kernel time that a plain forward, reusing its buffers, does not pay).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +36,22 @@ def _configs(model, batch):
         "plain forward": lambda: model(**batch),
         "full capture": lambda: model.run_with_cache(**batch)[1].nbytes(),
     }
+
+
+def _counting_faults(fns: dict, faults: dict[str, list[int]]) -> dict:
+    """``fns`` wrapped to append each call's minor page faults (this process, ``getrusage``) to ``faults[name]``."""
+    import resource
+
+    def wrap(name, fn):
+        def call():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            out = fn()
+            faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            return out
+
+        return call
+
+    return {name: wrap(name, fn) for name, fn in fns.items()}
 
 
 def _memory(args) -> dict:
@@ -101,7 +120,10 @@ def main() -> None:
     with torch.inference_mode():
         fns = _configs(model, batch)
         wall = time_interleaved(fns, device, args.repeats)
-        cpu = time_interleaved(fns, device, args.repeats, clock=time.process_time) if device.type == "cpu" else None
+        faults: dict[str, list[int]] = {}
+        cpu = None
+        if device.type == "cpu":
+            cpu = time_interleaved(_counting_faults(fns, faults), device, args.repeats, clock=time.process_time)
 
     cmd = [sys.executable, __file__, "--memory-worker", "--device", args.device, "--batch", str(args.batch),
            "--length", str(args.length), "--threads", str(args.threads)] + (["--model", args.model] if args.model
@@ -117,6 +139,9 @@ def main() -> None:
     print(f"full capture / plain forward speed (wall) = {ratio:.3f}  (target >= 0.8)")
     if cpu:
         print(f"full capture / plain forward speed (cpu)  = {cpu['plain forward'] / cpu['full capture']:.3f}")
+    if faults:
+        print("minor page faults per call (median): " + ", ".join(
+            f"{name} {statistics.median(counts):.0f}" for name, counts in faults.items()))
     print(f"peak memory {mem['peak'] / 2**20:.1f} MiB for {mem['captured'] / 2**20:.1f} MiB captured: "
           f"{mem['peak'] / mem['captured']:.3f} x  (target <= 1.3)")
     if args.profile:

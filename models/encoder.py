@@ -404,39 +404,47 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         """``x`` ``[batch, pos, d_model]``; ``keep`` ``[batch, 1, 1, key]`` bool (True = real key) or None."""
-        if self.projected:
-            q, k, v = rearrange(self.qkv(x), "b p (three h d) -> three b p h d", three=3, h=self.n_heads)
-        else:
-            q = k = v = rearrange(x, "b p (h d) -> b p h d", h=self.n_heads)
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        q, k, v = (rearrange(t, "b p h d -> b h p d") for t in (q, k, v))
-
         dropout_p = self.dropout_p if self.training else 0.0
         explicit = (
             self.impl == "explicit" or self.hook_scores.is_hooked or self.hook_pattern.is_hooked or dropout_p > 0
         )
+        if self.projected and explicit:
+            # Heads first, [three, head, batch, pos, d_head]: the batched matmuls below read q, k and v in place
+            # (q, k, v and the hooks' [batch, pos, head, d_head] are views of it), with no copy of any.
+            q, k, v = qkv_heads_first(x, self.qkv.weight, self.qkv.bias, self.n_heads)
+        elif self.projected:
+            q, k, v = rearrange(self.qkv(x), "b p (three h d) -> three b p h d", three=3, h=self.n_heads)
+        else:
+            q = k = v = rearrange(x, "b p (h d) -> b p h d", h=self.n_heads)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+
         if explicit:
-            # One copy of q, k and v together into [three, batch, head, pos, d_head] (the projection gives them
-            # interleaved per position): the batched matmuls below then read views, instead of copying each.
-            q, k, v = torch.stack((q, k, v))
-            scores = scaled_scores(q, k, self.d_head**-0.5)
+            batch = max(t.shape[0] for t in (q, k, v))  # a fork_batch hook may have made one of them copies
+            q3, k3, v3 = (heads_first(t, batch) for t in (q, k, v))  # [(head batch), pos, d_head]
+            scores3 = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0.0, alpha=self.d_head**-0.5)
+            scores = rearrange(scores3, "(h b) q k -> b h q k", h=self.n_heads)  # a view: [batch, head, query, key]
             if keep is not None:
                 scores = scores.masked_fill_(~keep, torch.finfo(scores.dtype).min)  # fresh from the matmul: in place
             scores = self.hook_scores(scores)
-            pattern = self.hook_pattern(scores.softmax(dim=-1))
-            z = torch.matmul(F.dropout(pattern, dropout_p, self.training), v)
+            pattern = self.hook_pattern(softmax_keys(scores))
+            if dropout_p > 0:  # the mask drawn in [batch, head, query, key] order, as transformers draws it
+                pattern = F.dropout(pattern.contiguous(), dropout_p, self.training)
+            batch = max(pattern.shape[0], v.shape[0])
+            z3 = torch.bmm(heads_first(pattern, batch, "b h q k -> (h b) q k"), heads_first(v, batch))
+            z = rearrange(z3, "(h b) p d -> b p h d", h=self.n_heads)  # a view of [head, batch, pos, d_head]
         else:
             # Fused kernel: nothing needs the [query, key] matrices, so never materialise them.
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-        z = self.hook_z(rearrange(z, "b h p d -> b p h d"))
+            q, k, v = (rearrange(t, "b p h d -> b h p d") for t in (q, k, v))
+            z = rearrange(F.scaled_dot_product_attention(q, k, v, attn_mask=keep), "b h p d -> b p h d")
+        z = self.hook_z(z)
 
-        flat = rearrange(z, "b p h d -> b p (h d)")
         if self.hook_result.is_hooked:
             # Per-head writes cost an extra [batch, pos, head, d_model] tensor: only when someone asks.
-            result = head_results(rearrange(flat, "b p (h d) -> b p h d", h=self.n_heads), self.W_O)
+            result = head_results(z, self.W_O)
             hooked = self.hook_result(result)
             if hooked is not result:  # a hook replaced some head's write: rebuild the sum from the heads
                 return hooked.sum(dim=2) + self.b_O
+        flat = rearrange(z, "b p h d -> b p (h d)")
         return self.out(flat) if self.projected else flat
 
     # per-head weight views ------------------------------------------------
@@ -637,24 +645,56 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
     return table.float()
 
 
-def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``(q @ k^T) * scale``: ``q`` ``[batch, head, query, d_head]``, ``k`` ``[batch, head, key, d_head]`` ->
-    ``[batch, head, query, key]``. The scale is the matmul's ``alpha`` (applied to each finished dot product, so
-    the numbers are those of a product then a multiplication) instead of a second pass over the scores."""
-    b, h, n_q, d = q.shape
-    q3, k3 = q.reshape(b * h, n_q, d), k.transpose(-1, -2).reshape(b * h, d, k.shape[2])
-    return torch.baddbmm(q3.new_zeros(()), q3, k3, beta=0.0, alpha=scale).view(b, h, n_q, k.shape[2])
+def qkv_heads_first(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused Q/K/V projection ``x @ weight^T + bias`` laid out heads first: ``x`` ``[batch, pos, d_model]``,
+    ``weight`` ``[3 * d_model, d_model]`` -> ``q, k, v`` ``[batch, pos, head, d_head]``, views of one contiguous
+    ``[three, head, batch, pos, d_head]`` tensor, so that ``heads_first`` reads them without a copy.
+
+    One batched matmul over the ``3 * head`` column blocks of the weight, each ``[batch * pos, d_model] @ [d_model,
+    d_head]`` with ``x`` broadcast (not copied): every number is the dot product ``nn.Linear`` computes (the same
+    kernel on the same rows and columns; ``test_qkv_heads_first_is_the_linear_layer`` pins it bitwise)."""
+    b, p, m = x.shape
+    w = rearrange(weight, "(three h d) m -> (three h) m d", three=3, h=n_heads)
+    rows = x.reshape(1, b * p, m).expand(w.shape[0], -1, -1)
+    if bias is None:
+        out = torch.bmm(rows, w)
+    else:
+        out = torch.baddbmm(rearrange(bias, "(n d) -> n 1 d", n=w.shape[0]), rows, w)
+    q, k, v = rearrange(out, "(three h) (b p) d -> three b p h d", three=3, b=b)
+    return q, k, v
+
+
+def heads_first(t: torch.Tensor, batch: int, pattern: str = "b p h d -> (h b) p d") -> torch.Tensor:
+    """``t`` (``[batch, pos, head, d_head]``, or with ``pattern`` another per-head layout) as ``[(head batch), ...]``
+    for a batched matmul: a view when ``t`` is laid out heads first (as ``qkv_heads_first`` and the attention's own
+    matmuls make it), else one copy. A batch of one is first broadcast to ``batch`` (a ``fork_batch`` hook upstream)."""
+    if t.shape[0] != batch:
+        t = t.expand(batch, *t.shape[1:])
+    return rearrange(t, pattern)
+
+
+def softmax_keys(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys of ``scores`` ``[batch, head, query, key]``, computed in the tensor's own memory order and
+    returned in it: the softmax kernel would otherwise first copy a heads-first (``[head, batch, query, key]`` in
+    memory) view to ``[batch, head, ...]`` order."""
+    heads_major = rearrange(scores, "b h q k -> h b q k")
+    if heads_major.is_contiguous():
+        return rearrange(heads_major.softmax(dim=-1), "h b q k -> b h q k")
+    return scores.softmax(dim=-1)
 
 
 def head_results(z: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
     """Each head's write ``z_h @ W_O[h]``: ``z`` ``[batch, pos, head, d_head]``, ``W_O`` ``[head, d_head, d_model]``
     -> ``[batch, pos, head, d_model]``, a view of a contiguous ``[head, batch, pos, d_model]`` tensor.
 
-    One matmul per head, batched, reading ``z`` in place when it is laid out ``[batch, pos, head, d_head]`` (the
-    output projection's input order, which the attention makes anyway); no copy of the result and no expanded
-    copy of ``W_O`` (``matmul`` broadcasting ``[head, d_head, d_model]`` over the batch makes one)."""
+    One matmul per head, batched, reading ``z`` in place when batch and position are adjacent in its memory (laid out
+    ``[batch, pos, head, d_head]``, the fused kernel's order, or ``[head, batch, pos, d_head]``, the explicit
+    attention's); no copy of the result and no expanded copy of ``W_O`` (``matmul`` broadcasting ``[head, d_head,
+    d_model]`` over the batch makes one)."""
     b, p, h, d = z.shape
-    rows = rearrange(z.reshape(b * p, h, d), "n h d -> h n d")  # one copy into [b, p, h, d] order, if not in it
+    rows = rearrange(z.reshape(b * p, h, d), "n h d -> h n d")  # a view, or one copy if (b, p) do not merge
     per_head = torch.bmm(rows, W_O)  # [head, batch * pos, d_model]; W_O as a view of the projection is fine
     return rearrange(per_head, "h (b p) m -> b p h m", b=b)
 

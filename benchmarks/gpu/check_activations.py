@@ -11,7 +11,8 @@ On a random-weight model of bert-base's shape (`common.random_bert`, saved offli
    entry) compared CPU vs DEVICE: the largest absolute difference of every float column, equal when within
    ``--atol`` (float32 kernels differ between devices in the last bits; probe fits amplify that a little);
 3. plain forward and full capture (every hook, per-head results) timed round-robin on DEVICE
-   (``benchutils.time_interleaved``): the speed ratio plain / full (target >= 0.8).
+   (``benchutils.time_interleaved``): the speed ratio plain / full (target >= 0.8), and on CUDA the capture's
+   peak allocation over the bytes it captured (target <= 1.3).
 
 Budget: the CPU half runs bert-base-shaped experiments too; on the lent machine (16 cores) give the check
 ``CHECK_LIMIT_S=600`` in ``benchmarks/gpu.sh`` or pass ``--experiments`` / ``--skip-cpu``. A CPU-only run
@@ -91,9 +92,27 @@ def capture_speed(model_dir: Path, device: str, batch: int, length: int, repeats
     fns = {"plain forward": lambda: model(**inputs), "full capture": lambda: model.run_with_cache(**inputs)[1].nbytes()}
     with torch.inference_mode():
         wall = time_interleaved(fns, dev, repeats)
+        memory = _capture_memory(model, inputs, dev)
     return {"batch": batch, "length": length, "repeats": repeats,
             "plain_ms": round(wall["plain forward"] * 1e3, 3), "full_ms": round(wall["full capture"] * 1e3, 3),
-            "ratio": round(wall["plain forward"] / wall["full capture"], 3)}
+            "ratio": round(wall["plain forward"] / wall["full capture"], 3), **memory}
+
+
+def _capture_memory(model: Any, inputs: dict, dev: Any) -> dict:
+    """Bytes one full capture holds and, on CUDA, its peak allocation above what was held before (target: peak <=
+    1.3 x captured); on CPU only the bytes (``benchmarks/full_capture.py`` measures the CPU peak in a fresh process)."""
+    import torch
+
+    if dev.type != "cuda":
+        return {"captured_mib": round(model.run_with_cache(**inputs)[1].nbytes() / 2**20, 1)}
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    captured = model.run_with_cache(**inputs)[1].nbytes()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before
+    return {"captured_mib": round(captured / 2**20, 1), "peak_mib": round(peak / 2**20, 1),
+            "peak_over_captured": round(peak / captured, 3)}
 
 
 def main() -> None:
@@ -145,7 +164,9 @@ def main() -> None:
     speed = capture_speed(model, device, 4 if args.small else 16, 32 if args.small else 128, 3 if args.small else 10)
     result["capture_speed"] = speed
     print(f"full capture / plain forward speed on {device} = {speed['ratio']:.3f} "
-          f"(plain {speed['plain_ms']:.1f} ms, full {speed['full_ms']:.1f} ms; {speed['batch']} x {speed['length']})")
+          f"(plain {speed['plain_ms']:.1f} ms, full {speed['full_ms']:.1f} ms; {speed['batch']} x {speed['length']}); "
+          + (f"peak memory {speed['peak_over_captured']:.3f} x the {speed['captured_mib']:.1f} MiB captured"
+             if "peak_mib" in speed else f"{speed['captured_mib']:.1f} MiB captured"))
     path = common.write_result(out, "check_activations", result)
     print(f"wrote {path}")
     failed = [k for k, e in result["experiments"].items()
