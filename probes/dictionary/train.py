@@ -28,12 +28,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .data import SPECIAL_CLASSES, RowReader, ShuffleBuffer
+from .data import SPECIAL_CLASSES, EpochBuffer, RowReader, ShuffleBuffer
 from .models import (
     UNIT_NORM_DECODER,
     Dictionary,
     DictionaryConfig,
     JumpReLUFunction,
+    SparseDecodeFunction,
     StepFunction,
     TopKEncodeFunction,
     batch_topk_activation,
@@ -47,8 +48,11 @@ CHECKPOINT_NAME = "checkpoint.pt"
 class TrainSettings:
     """How to train (not saved into the dictionary's identity; recorded in its metadata).
 
-    Sizes are in tokens (rows). ``lr`` Adam's learning rate, decayed linearly to 0 over the last
-    ``lr_decay_fraction`` of ``tokens``; gradients clipped to norm 1 (SAELens). ``l1_coefficient`` /
+    Sizes are in tokens (rows). ``buffer_rows`` bounds memory: a re-iterable source whose kept rows fit in it
+    is read once (one pass of the model, or one read of a capture) and every epoch is a fresh shuffle of it in
+    memory; a larger one streams through a shuffle buffer of that many rows. ``lr`` Adam's learning rate,
+    decayed linearly to 0 over the last ``lr_decay_fraction`` of ``tokens``; gradients clipped to norm 1
+    (SAELens). ``l1_coefficient`` /
     ``l1_warm_up_tokens``: the ``relu`` penalty and its linear warm-up from 0; ``l0_coefficient`` /
     ``l0_warm_up_tokens``, ``jumprelu_bandwidth``, ``jumprelu_init_threshold``: JumpReLU (SAELens defaults 0.05
     and 0.01); ``aux_coefficient``: AuxK (SAELens 1.0); ``topk_threshold_lr``: BatchTopK's threshold average
@@ -59,7 +63,7 @@ class TrainSettings:
 
     tokens: int = 2_000_000
     batch_size: int = 4096
-    buffer_rows: int = 65536
+    buffer_rows: int = 262_144
     lr: float = 3e-4
     lr_decay_fraction: float = 0.2
     seed: int = 0
@@ -144,7 +148,9 @@ def train_dictionaries(
     single = next(iter(sites)) if len(sites) == 1 else None
     reader = RowReader(source, sites, exclude=settings.excluded, single_site=single)
     capacity = max(2 * settings.batch_size, settings.buffer_rows - settings.buffer_rows % (2 * settings.batch_size))
-    buffer = ShuffleBuffer(reader, capacity, settings.batch_size, settings.seed)
+    whole = reader.read_whole(settings.buffer_rows)
+    buffer: ShuffleBuffer | EpochBuffer = (EpochBuffer(whole, settings.batch_size, settings.seed) if whole is not None
+                                           else ShuffleBuffer(reader, capacity, settings.batch_size, settings.seed))
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
     torch.manual_seed(settings.seed)
     states = {name: _new_state(cfg, settings, _generator(settings.seed, name), device, dtype)
@@ -186,7 +192,7 @@ def train_dictionaries(
                     raise TrainingInterrupted(f"stopped after a checkpoint at {trained} tokens")
     finally:
         bar.close()
-    return {name: _finish(state, trained, reader, settings) for name, state in states.items()}
+    return {name: _finish(state, trained, reader, buffer, settings) for name, state in states.items()}
 
 
 # ---------------------------------------------------------------------------------------------- setup
@@ -277,7 +283,16 @@ def _train_step(state: _State, acts: dict[str, torch.Tensor], step: int, total_s
     for group in state.optimizer.param_groups:
         group["lr"] = settings.lr * _lr_factor(step, total_steps, settings.lr_decay_fraction)
     dead = state.tokens_since_fired.to(device) >= settings.dead_tokens
-    loss, f, y_hat = dictionary_loss(d, x, y, settings, tokens=tokens, dead=dead)
+    if cfg.arch == "topk" and d.W_skip is None:  # the sparse form: no dense [rows, d_sae] activations
+        loss, values, indices, y_hat = topk_loss(d, x, y, settings, dead=dead)
+        active = values.detach() > 0
+        fired = torch.zeros(cfg.d_sae, dtype=torch.bool, device=values.device)
+        fired[indices[active]] = True
+        l0 = float(active.sum(-1).float().mean())
+    else:
+        loss, f, y_hat = dictionary_loss(d, x, y, settings, tokens=tokens, dead=dead)
+        fired = (f > 0).any(0)
+        l0 = float((f > 0).sum(-1).float().mean())
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if world > 1:
@@ -297,7 +312,6 @@ def _train_step(state: _State, acts: dict[str, torch.Tensor], step: int, total_s
             if positive.any():
                 lr = settings.topk_threshold_lr
                 d.batch_threshold.mul_(1 - lr).add_(lr * f[positive].min())
-        fired = (f > 0).any(0)
         if world > 1:
             fired = fired.to(torch.int32)
             torch.distributed.all_reduce(fired, op=torch.distributed.ReduceOp.MAX)
@@ -309,7 +323,7 @@ def _train_step(state: _State, acts: dict[str, torch.Tensor], step: int, total_s
             y_hat_all = _pre_step_prediction(state, x_all, y_hat, rank, world) if world > 1 else y_hat
             _resample_dead(state, x_all, y_all, y_hat_all, settings)
         resid = (y - y_hat).float()
-        state.last = {"l0": float((f > 0).sum(-1).float().mean()),
+        state.last = {"l0": l0,
                       "ev": float(1 - resid.pow(2).sum(-1).mean() / (y - y.mean(0)).float().pow(2).sum(-1).mean()),
                       "dead": float((state.tokens_since_fired >= settings.dead_tokens).float().mean())}
 
@@ -347,22 +361,9 @@ def dictionary_loss(d: Dictionary, x: torch.Tensor, y: torch.Tensor, settings: T
     """
     cfg = d.config
     if cfg.arch == "topk" and d.W_skip is None:
-        # the same numbers as topk_activation then decode, with the encoder's backward and the decoder reading
-        # only the k active latents of each row (TopKEncodeFunction, embedding_bag)
-        x_in = x.to(d.W_enc.dtype)
-        if d.is_sae:
-            x_in = x_in - d.b_dec
-        values, indices = TopKEncodeFunction.apply(x_in, d.W_enc, d.b_enc, cfg.k)
-        values = values.relu()
-        f = torch.zeros(x_in.shape[0], cfg.d_sae, dtype=values.dtype, device=values.device).scatter_(
+        loss, values, indices, y_hat = topk_loss(d, x, y, settings, dead=dead)
+        f = torch.zeros(x.shape[0], cfg.d_sae, dtype=values.dtype, device=values.device).scatter_(
             -1, indices, values.detach())
-        y_hat = torch.nn.functional.embedding_bag(indices, d.W_dec, per_sample_weights=values, mode="sum") + d.b_dec
-        loss = (y_hat - y).pow(2).sum(-1).mean()
-        if dead is not None and int(dead.sum()) > 0:
-            # AuxK reads only the dead latents' pre-activations: the same loss as auxk_loss on the full h
-            cols = dead.nonzero().squeeze(1)
-            h_dead = torch.addmm(d.b_enc[cols], x_in, d.W_enc[:, cols])
-            loss = loss + settings.aux_coefficient * _auxk_on_dead(d, h_dead, cols, y, y_hat)
         return loss, f, y_hat
     h = d.pre_activation(x)
     if cfg.arch == "relu":
@@ -384,6 +385,27 @@ def dictionary_loss(d: Dictionary, x: torch.Tensor, y: torch.Tensor, settings: T
     elif dead is not None and int(dead.sum()) > 0:
         loss = loss + settings.aux_coefficient * auxk_loss(d, h, y, y_hat, dead)
     return loss, f, y_hat
+
+
+def topk_loss(d: Dictionary, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, *,
+              dead: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`dictionary_loss` of a TopK dictionary (no skip path) on its sparse form: ``(loss, values [rows, k],
+    indices [rows, k], y_hat [rows, d_out])``, the ``k`` kept activations of each row (after ReLU) and their
+    latents. The encoder's backward and the decoder (forward and backward) touch only the ``k`` active latents
+    of each row (:class:`TopKEncodeFunction`, :class:`SparseDecodeFunction`), AuxK only the dead latents'
+    pre-activations: the same loss and gradients as the dense formulas."""
+    cfg = d.config
+    x_in = x.to(d.W_enc.dtype)
+    values, indices = TopKEncodeFunction.apply(x_in, d.b_dec if d.is_sae else None, d.W_enc, d.b_enc, cfg.k)
+    values = values.relu()
+    y_hat = SparseDecodeFunction.apply(values, indices, d.W_dec) + d.b_dec
+    loss = (y_hat - y).pow(2).sum(-1).mean()
+    if dead is not None and int(dead.sum()) > 0:
+        cols = dead.nonzero().squeeze(1)
+        shifted = x_in - d.b_dec if d.is_sae else x_in
+        h_dead = torch.addmm(d.b_enc[cols], shifted, d.W_enc[:, cols])
+        loss = loss + settings.aux_coefficient * _auxk_on_dead(d, h_dead, cols, y, y_hat)
+    return loss, values, indices, y_hat
 
 
 def auxk_loss(d: Dictionary, h: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
@@ -488,20 +510,24 @@ def _postfix(states: Mapping[str, _State]) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- end, checkpoints
-def _finish(state: _State, trained: int, reader: RowReader, settings: TrainSettings) -> Dictionary:
+def _finish(state: _State, trained: int, reader: RowReader, buffer: ShuffleBuffer | EpochBuffer,
+            settings: TrainSettings) -> Dictionary:
     d = state.dictionary
     with torch.no_grad():
         d.fold_scaling(state.scale_in, state.scale_out)
     meta = dict(d.config.metadata)
     meta.update({"tokens_trained": trained, "scale_in_folded": state.scale_in, "scale_out_folded": state.scale_out,
                  "token_classes_excluded": list(settings.excluded), "token_classes_seen": list(reader.class_names),
-                 "epochs_read": reader.epochs, "train_settings": {k: v for k, v in asdict(settings).items()
+                 "epochs_read": reader.epochs, "held_in_memory": isinstance(buffer, EpochBuffer),
+                 "unique_tokens": buffer.n_rows if isinstance(buffer, EpochBuffer) else None,
+                 "epochs": trained / buffer.n_rows if isinstance(buffer, EpochBuffer) else None,
+                 "train_settings": {k: v for k, v in asdict(settings).items()
                                                                  if k != "progress"}})
     d.config = replace(d.config, metadata=meta)
     return d.eval()
 
 
-def _save_checkpoint(path: Path, states: Mapping[str, _State], buffer: ShuffleBuffer, reader: RowReader,
+def _save_checkpoint(path: Path, states: Mapping[str, _State], buffer: ShuffleBuffer | EpochBuffer, reader: RowReader,
                      trained: int, settings: TrainSettings) -> None:
     data: dict[str, Any] = {
         "trained": trained, "rows_read": reader.rows_read, "class_names": reader.class_names,
@@ -517,7 +543,7 @@ def _save_checkpoint(path: Path, states: Mapping[str, _State], buffer: ShuffleBu
     os.replace(tmp, path)
 
 
-def _load_checkpoint(path: Path, states: Mapping[str, _State], buffer: ShuffleBuffer, reader: RowReader,
+def _load_checkpoint(path: Path, states: Mapping[str, _State], buffer: ShuffleBuffer | EpochBuffer, reader: RowReader,
                      settings: TrainSettings, configs: Mapping[str, DictionaryConfig]) -> int:
     data = torch.load(path, map_location="cpu", weights_only=False)
     if set(data["dicts"]) != set(states):
@@ -530,7 +556,12 @@ def _load_checkpoint(path: Path, states: Mapping[str, _State], buffer: ShuffleBu
         s.optimizer.load_state_dict(saved["optimizer"])
         s.scale_in, s.scale_out = saved["scale_in"], saved["scale_out"]
         s.tokens_since_fired = saved["tokens_since_fired"]
-    reader.skip(data["rows_read"])
+    whole = isinstance(buffer, EpochBuffer)
+    if bool(data["buffer"].get("whole", False)) != whole:
+        raise ValueError(f"the checkpoint in {path.parent} was made from another source (one that "
+                         f"{'did not fit' if whole else 'fitted'} in the buffer)")
+    if not whole:  # a whole corpus was read again already; a stream skips what the run had read
+        reader.skip(data["rows_read"])
     reader.class_names = list(data["class_names"])
     buffer.load_state(data["buffer"])
     torch.set_rng_state(data["rng"])
