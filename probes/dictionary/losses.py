@@ -102,8 +102,7 @@ def _auxk_on_dead(d: Dictionary, h_dead: torch.Tensor, cols: torch.Tensor, y: to
     k_aux = d.config.d_in // 2
     scale = min(n_dead / k_aux, 1.0)
     top = h_dead.topk(min(k_aux, n_dead), dim=-1, sorted=False)
-    recon = torch.nn.functional.embedding_bag(top.indices, d.W_dec[cols], per_sample_weights=top.values,
-                                              mode="sum") + d.b_dec
+    recon = SparseDecodeFunction.apply(top.values, top.indices, d.W_dec[cols]) + d.b_dec
     return scale * (recon - (y - y_hat).detach()).pow(2).sum(-1).mean()
 
 
