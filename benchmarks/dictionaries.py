@@ -82,8 +82,9 @@ def _kept(batch) -> torch.Tensor:
     return torch.from_numpy(~np.isin(np.asarray(batch.classes(), dtype=str), SPECIAL))
 
 
-def _settings(args: argparse.Namespace, arch: str, tokens: int) -> TrainSettings:
-    return TrainSettings(tokens=tokens, batch_size=args.batch, buffer_rows=args.buffer, lr=args.lr,
+def _settings(args: argparse.Namespace, arch: str, tokens: int, main: bool) -> TrainSettings:
+    return TrainSettings(tokens=tokens, batch_size=args.batch, buffer_rows=args.buffer,
+                         lr=args.lr if main else (args.arch_lr or args.lr),
                          lr_warm_up_tokens=args.lr_warm_up, aux_coefficient=args.aux, exclude_classes=SPECIAL,
                          dead_tokens=200_000, l1_coefficient=args.l1, l1_warm_up_tokens=tokens // 20,
                          l0_coefficient=args.l0, l0_warm_up_tokens=tokens // 20, jumprelu_init_threshold=0.5,
@@ -100,7 +101,8 @@ def _config(arch: str, width: int, k: int, model_name: str) -> DictionaryConfig:
 
 def run_model(args: argparse.Namespace, mname: str, model, train, dev_texts, clock: _Clock) -> list[pd.DataFrame]:
     """Train (or reload) and evaluate every dictionary of one model; returns their evaluation tables."""
-    archs = ["topk"] + ([a for a in args.archs.split(",") if a and a != "topk"] if mname == "bundled" else [])
+    archs = ([] if args.no_main else ["topk"]) + ([a for a in args.archs.split(",") if a and a != "topk"]
+                                                  if mname == "bundled" else [])
     sites = [SITE] + ([TRANSCODER_IN, TRANSCODER_OUT] if "transcoder" in archs else [])
     cached = args.cache / f"{mname}-train.pt" if args.cache is not None else None
     with clock(f"{mname}_forward"):
@@ -129,7 +131,7 @@ def run_model(args: argparse.Namespace, mname: str, model, train, dev_texts, clo
             d = load_dictionary(folder)
         else:
             with clock(f"{mname}_{arch}_train"):
-                d = train_dictionaries(source, cfg, _settings(args, cfg.arch, tokens))[cfg.site]
+                d = train_dictionaries(source, cfg, _settings(args, cfg.arch, tokens, main))[cfg.site]
             cpu = clock.times[f"{mname}_{arch}_train_cpu_s"]
             clock.times[f"{mname}_{arch}_tokens"] = d.config.metadata["tokens_trained"]
             clock.times[f"{mname}_{arch}_epochs"] = d.config.metadata["epochs"]
@@ -166,14 +168,41 @@ def markdown(summ: pd.DataFrame, table: pd.DataFrame, timing: dict, args: argpar
     lines += ["", "| dictionary | token class | tokens | explained variance |", "| --- | --- | --- | --- |"]
     lines += [f"| {r.dictionary} | {r.token_class} | {int(r.n_tokens)} | {r.explained_variance:.3f} |"
               for r in per.itertuples()]
-    unique = timing.get("bundled_train_tokens_unique")
+    flat = dict(timing)
+    for part in timing.values():
+        if isinstance(part, dict):
+            flat = {**part, **flat}
+    unique = flat.get("bundled_train_tokens_unique")
     sizes = [f"Sizes: training corpus {args.train_name} ({unique} non-special tokens on the bundled model)",
              f"TopK k = {args.k}, width {args.width}, {args.tokens} training tokens "
-             f"({timing.get('bundled_topk_epochs', float('nan')):.2f} epochs), batch {args.batch}, lr {args.lr}, "
+             f"({flat.get('bundled_topk_epochs', float('nan')):.2f} epochs), batch {args.batch}, lr {args.lr}, "
              f"lr warm-up {args.lr_warm_up} tokens, AuxK coefficient {args.aux}, seed {args.seed}",
-             f"other architectures: width {args.arch_width}, {args.arch_tokens} tokens; scored on the first "
+             f"other architectures: width {args.arch_width}, {args.arch_tokens} tokens, lr {args.arch_lr or args.lr}, "
+             f"ReLU L1 {args.l1}, JumpReLU L0 {args.l0} (both warmed up over 5% of the tokens), the transcoder a "
+             f"ReLU one from {TRANSCODER_IN} to {TRANSCODER_OUT}; scored on the first "
              f"{n_dev} EWT dev sentences; controls fitted on the first 65,536 training tokens"]
-    return "\n".join(lines) + "\n\n" + "; ".join(sizes) + ".\n"
+    return "\n".join(lines) + "\n\n" + "; ".join(sizes) + ".\n\n" + targets(summ, args.k) + "\n"
+
+
+def targets(summ: pd.DataFrame, k: int) -> str:
+    """The issue's targets for the TopK dictionary of each model, met or not, from the summary's numbers."""
+    out = ["| model | target | value | met |", "| --- | --- | --- | --- |"]
+    rows = summ.set_index("dictionary")
+    for mname in ("bundled", "reinitialised"):
+        if f"{mname}/topk" not in rows.index:
+            continue
+        r = rows.loc[f"{mname}/topk"]
+        pca = rows.loc[f"{mname}/pca-top{k}"] if f"{mname}/pca-top{k}" in rows.index else None
+        checks = [("explained variance >= 0.80", r.explained_variance, r.explained_variance >= 0.80),
+                  ("dead latents < 10%", r.dead_fraction, r.dead_fraction < 0.10),
+                  ("spliced embedding cosine >= 0.95", r.spliced_embedding_cosine, r.spliced_embedding_cosine >= 0.95)]
+        if pca is not None:
+            checks += [(f"explained variance > PCA-top{k} ({pca.explained_variance:.3f})", r.explained_variance,
+                        r.explained_variance > pca.explained_variance),
+                       (f"spliced cosine > PCA-top{k} ({pca.spliced_embedding_cosine:.3f})",
+                        r.spliced_embedding_cosine, r.spliced_embedding_cosine > pca.spliced_embedding_cosine)]
+        out += [f"| {mname} | {name} | {value:.3f} | {'yes' if ok else '**no**'} |" for name, value, ok in checks]
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -182,11 +211,12 @@ def main() -> None:
     ap.add_argument("--archs", default="topk", help="comma list: relu,batchtopk,jumprelu,transcoder (bundled model)")
     ap.add_argument("--arch-width", type=int, default=1536)
     ap.add_argument("--arch-tokens", type=_count, default=500_000)
+    ap.add_argument("--arch-lr", type=float, default=None, help="learning rate of the other architectures")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--width", type=int, default=8 * 384)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--buffer", type=_count, default=262_144)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--lr-warm-up", type=_count, default=0)
     ap.add_argument("--aux", type=float, default=1.0)
     ap.add_argument("--l1", type=float, default=1.0)
@@ -199,6 +229,9 @@ def main() -> None:
     ap.add_argument("--no-reinit", action="store_true")
     ap.add_argument("--only-reinit", action="store_true", help="just the re-initialised model")
     ap.add_argument("--no-controls", action="store_true")
+    ap.add_argument("--no-main", action="store_true", help="only the other architectures (--archs)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="OUT", help="no training: merge the tables of "
+                    "earlier runs' OUT folders (give the same sizes options for --markdown)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reuse", action="store_true", help="evaluate dictionaries already saved in OUT (no training)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/dict-bench"))
@@ -211,12 +244,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     clock = _Clock()
     model = bertscope.load()
+    if args.merge:
+        args.no_reinit, args.only_reinit = True, True
     train = list(load_corpus(args.train, tokenizer=model.tokenizer))[: args.max_train]
     dev_texts = [s.text for s in load_corpus(args.dev, tokenizer=model.tokenizer)][: args.max_dev]
     models = {} if args.only_reinit else {"bundled": model}
     if not args.no_reinit:
         models["reinitialised"] = bertscope.random_encoder(model.config, seed=0, tokenizer=model.tokenizer)
-    tables = []
+    if args.merge:  # tables of several runs (e.g. the two models and the architectures run side by side)
+        table = pd.concat([pd.read_csv(Path(d) / "evaluation.csv") for d in args.merge], ignore_index=True)
+        for d in args.merge:
+            clock.times[str(d)] = json.loads((Path(d) / "timing.json").read_text())
+        models = {}
+    tables = [table] if args.merge else []
     for mname, m in models.items():
         tables += run_model(args, mname, m, train, dev_texts, clock)
         (args.out / "timing.json").write_text(json.dumps(clock.times, indent=2))
@@ -224,7 +264,8 @@ def main() -> None:
     table.to_csv(args.out / "evaluation.csv", index=False)
     summ = summary(table)
     summ.to_csv(args.out / "summary.csv", index=False)
-    clock.times["total_cpu_s"] = round(time.process_time(), 1)
+    if not args.merge:
+        clock.times["total_cpu_s"] = round(time.process_time(), 1)
     (args.out / "timing.json").write_text(json.dumps(clock.times, indent=2))
     print(summ[[c for c in COLUMNS if c in summ]].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(json.dumps(clock.times, indent=2))
