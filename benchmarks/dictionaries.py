@@ -173,14 +173,22 @@ def markdown(summ: pd.DataFrame, table: pd.DataFrame, timing: dict, args: argpar
         if isinstance(part, dict):
             flat = {**part, **flat}
     unique = flat.get("bundled_train_tokens_unique")
+    trained = []
+    for part in [timing] + [v for v in timing.values() if isinstance(v, dict)]:
+        for key, value in part.items():
+            if key.endswith("_epochs"):
+                trained.append(f"{key[:-7].replace('_', '/', 1)} {part[key[:-7] + '_tokens']} tokens "
+                               f"({value:.2f} epochs over {part[key.split('_')[0] + '_train_tokens_unique']} "
+                               f"unique tokens, {part[key[:-7] + '_tokens_per_cpu_s']} tokens per CPU second)")
     sizes = [f"Sizes: training corpus {args.train_name} ({unique} non-special tokens on the bundled model)",
-             f"TopK k = {args.k}, width {args.width}, {args.tokens} training tokens "
-             f"({flat.get('bundled_topk_epochs', float('nan')):.2f} epochs), batch {args.batch}, lr {args.lr}, "
+             "trained: " + ", ".join(sorted(set(trained))),
+             f"TopK k = {args.k}, width {args.width}, batch {args.batch}, lr {args.lr}, "
              f"lr warm-up {args.lr_warm_up} tokens, AuxK coefficient {args.aux}, seed {args.seed}",
-             f"other architectures: width {args.arch_width}, {args.arch_tokens} tokens, lr {args.arch_lr or args.lr}, "
-             f"ReLU L1 {args.l1}, JumpReLU L0 {args.l0} (both warmed up over 5% of the tokens), the transcoder a "
-             f"ReLU one from {TRANSCODER_IN} to {TRANSCODER_OUT}; scored on the first "
-             f"{n_dev} EWT dev sentences; controls fitted on the first 65,536 training tokens"]
+             f"scored on the first {n_dev} EWT dev sentences; controls fitted on the first 65,536 training tokens"]
+    if args.archs != "topk":
+        sizes.append(f"other architectures: width {args.arch_width}, lr {args.arch_lr or args.lr}, ReLU L1 {args.l1}, "
+                     f"JumpReLU L0 {args.l0} (both warmed up over 5% of the tokens), the transcoder a ReLU one from "
+                     f"{TRANSCODER_IN} to {TRANSCODER_OUT}")
     return "\n".join(lines) + "\n\n" + "; ".join(sizes) + ".\n\n" + targets(summ, args.k) + "\n"
 
 
@@ -252,9 +260,17 @@ def main() -> None:
     if not args.no_reinit:
         models["reinitialised"] = bertscope.random_encoder(model.config, seed=0, tokenizer=model.tokenizer)
     if args.merge:  # tables of several runs (e.g. the two models and the architectures run side by side)
-        table = pd.concat([pd.read_csv(Path(d) / "evaluation.csv") for d in args.merge], ignore_index=True)
+        parts = []
         for d in args.merge:
-            clock.times[str(d)] = json.loads((Path(d) / "timing.json").read_text())
+            part, timing = pd.read_csv(Path(d) / "evaluation.csv"), json.loads((Path(d) / "timing.json").read_text())
+            seen = set().union(*(set(p.dictionary) for p in parts)) if parts else set()
+            for name in sorted(set(part.dictionary) & seen):  # the same dictionary at another size: name its tokens
+                mname, arch = name.split("/")
+                tag = timing.get(f"{mname}_{arch.split('-')[0]}_tokens", Path(d).name)
+                part.loc[part.dictionary == name, "dictionary"] = f"{name}@{tag}"
+            parts.append(part)
+            clock.times[str(d)] = timing
+        table = pd.concat(parts, ignore_index=True)
         models = {}
     tables = [table] if args.merge else []
     for mname, m in models.items():
