@@ -77,9 +77,34 @@ def run(x: torch.Tensor, x_dev: torch.Tensor, tokens: int, spec: dict) -> dict:
             "tok_per_cpu_s": round(tokens / cpu)}
 
 
+def score(folders: list[Path], cache: Path) -> None:
+    """Explained variance, L0 and dead latents of saved dictionaries (``benchmarks/dictionaries.py`` OUT folders:
+    MODEL-ARCH sub-folders) on all EWT dev tokens of their model, as a markdown table."""
+    from bertscope.probes.dictionary import is_dictionary, load_dictionary
+
+    print("| dictionary | dev tokens | L0 | explained variance | dead on dev |\n| --- | --- | --- | --- | --- |")
+    for folder in folders:
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and is_dictionary(p)):
+            d = load_dictionary(sub)
+            if d.config.site != SITE:
+                continue  # transcoders read another site
+            model_name = sub.name.split("-")[0]
+            x_dev = rows(cache, model_name, "dev")["x"]
+            with torch.no_grad():
+                f = d.encode(x_dev)
+                x_hat = d.decode(f, x_dev)
+            ev = 1 - (x_dev - x_hat).pow(2).sum() / (x_dev - x_dev.mean(0)).pow(2).sum()
+            tokens = d.config.metadata.get("tokens_trained")
+            print(f"| {folder.name}/{sub.name}{f' ({tokens} tokens)' if tokens else ''} | {len(x_dev)} | "
+                  f"{float((f > 0).sum(-1).float().mean()):.1f} | {float(ev):.3f} | "
+                  f"{float(((f > 0).sum(0) == 0).float().mean()):.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="JSON: TrainSettings fields plus arch, width, k")
+    ap.add_argument("runs", nargs="*", help="JSON: TrainSettings fields plus arch, width, k")
+    ap.add_argument("--score", nargs="+", type=Path, default=None, metavar="OUT",
+                    help="no training: score the dictionaries saved in benchmarks/dictionaries.py OUT folders")
     ap.add_argument("--tokens", type=_count, default=400_000)
     ap.add_argument("--model", default="bundled", choices=["bundled", "reinitialised"])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/saefit"))
@@ -87,6 +112,9 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.score:
+        score(args.score, args.cache)
+        return
     x, x_dev = rows(args.cache, args.model, "train")["x"], rows(args.cache, args.model, "dev")["x"]
     results = []
     for spec in args.runs:
