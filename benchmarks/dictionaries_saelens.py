@@ -8,7 +8,10 @@
     #    SAELens's evals formulas are compared; SAELens's SAETrainer trains the same TopK on the same activations
     nice /tmp/saelens/bin/python benchmarks/dictionaries_saelens.py check /tmp/vs-saelens
 
-Step 2 imports only torch, safetensors and sae_lens (not bertscope). Activations: random sparse combinations of
+Step 2 imports only torch, safetensors and sae_lens (not bertscope) and writes FOLDER/throughput.json: tokens per
+wall second and per CPU second of each trainer (both on the thread count of step 1; CPU seconds are the fairer
+measure on a shared machine) and their ratios. bertscope's time includes its setup (normalisation estimate,
+geometric median), SAELens's excludes its trainer's construction. Activations: random sparse combinations of
 unit directions at d = 384 (what a residual-stream SAE sees is not needed to compare two implementations).
 """
 
@@ -55,10 +58,12 @@ def write(folder: Path, tokens: int) -> None:
         cfg = DictionaryConfig(d_in=D, d_sae=WIDTH, arch=arch, k=K if "topk" in arch else None, site="x")
         st = TrainSettings(tokens=tokens if arch == "topk" else min(tokens, 2 * BATCH), batch_size=BATCH,
                            buffer_rows=65536, normalise=False, b_dec_init="zeros", lr=3e-4, progress=False)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         d = train_dictionaries([x[i : i + 8192] for i in range(0, len(x), 8192)], cfg, st)["x"]
         if arch == "topk":
-            timing["bertscope_topk_tokens_per_s"] = d.config.metadata["tokens_trained"] / (time.perf_counter() - t0)
+            n = d.config.metadata["tokens_trained"]
+            timing["bertscope_topk_tokens_per_s"] = n / (time.perf_counter() - t0)
+            timing["bertscope_topk_tokens_per_cpu_s"] = n / (time.process_time() - c0)
         save_dictionary(d, folder / arch)
         with torch.no_grad():
             f = d.encode(x[:4096])
@@ -86,11 +91,18 @@ def check(folder: Path) -> None:
     print(json.dumps({"sae_lens": sae_lens.__version__, "load_from_disk": worst}, indent=2))
     timing = json.loads((folder / "timing.json").read_text())
     torch.set_num_threads(timing["threads"])
-    print(json.dumps({"saelens_topk_tokens_per_s": _saelens_throughput(x, timing["tokens"]),
-                      "bertscope_topk_tokens_per_s": timing["bertscope_topk_tokens_per_s"]}, indent=2))
+    wall, cpu = _saelens_throughput(x, timing["tokens"])
+    result = {"saelens_topk_tokens_per_s": wall, "bertscope_topk_tokens_per_s": timing["bertscope_topk_tokens_per_s"],
+              "ratio_wall": timing["bertscope_topk_tokens_per_s"] / wall, "saelens_topk_tokens_per_cpu_s": cpu,
+              "bertscope_topk_tokens_per_cpu_s": timing["bertscope_topk_tokens_per_cpu_s"],
+              "ratio_cpu": timing["bertscope_topk_tokens_per_cpu_s"] / cpu, "threads": timing["threads"],
+              "tokens": timing["tokens"]}
+    (folder / "throughput.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
 
 
-def _saelens_throughput(x: torch.Tensor, tokens: int) -> float:
+def _saelens_throughput(x: torch.Tensor, tokens: int) -> tuple[float, float]:
+    """SAELens's ``SAETrainer`` on the same rows and TopK config: (tokens per wall second, per CPU second)."""
     from sae_lens.config import LoggingConfig, SAETrainerConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
     from sae_lens.training.sae_trainer import SAETrainer
@@ -109,9 +121,10 @@ def _saelens_throughput(x: torch.Tensor, tokens: int) -> float:
                            dead_feature_window=1000, feature_sampling_window=2000,
                            logger=LoggingConfig(log_to_wandb=False))
     trainer = SAETrainer(cfg, sae, provider())
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trainer.fit()
-    return (tokens // BATCH * BATCH) / (time.perf_counter() - t0)
+    n = tokens // BATCH * BATCH
+    return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ from bertscope.probes.dictionary import (
 
 #: The activations stage's special classes as the trainer names them (all left out by default).
 STAGE_SPECIAL = ("cls", "sep", "padding")
+#: Training rows the PCA and neuron-basis controls are fitted on (at most).
+CONTROL_ROWS = 65536
 
 
 class CorpusActivations:
@@ -152,7 +154,8 @@ def _folder(site: str) -> str:
 @torch.no_grad()
 def _save_controls(source: CorpusActivations, dicts: dict[str, Dictionary], settings: TrainSettings,
                    out: Path) -> None:
-    """PCA and neuron-basis controls at each dictionary's L0 on the first ``buffer_rows`` training rows."""
+    """PCA and neuron-basis controls at each dictionary's L0 on the first ``min(buffer_rows, 65536)`` training
+    rows."""
     rows: dict[str, list[torch.Tensor]] = {s: [] for s in dicts}
     n = 0
     for batch in source:
@@ -160,10 +163,10 @@ def _save_controls(source: CorpusActivations, dicts: dict[str, Dictionary], sett
         for s in dicts:
             rows[s].append(batch.acts[s][keep])
         n += int(keep.sum())
-        if n >= settings.buffer_rows:
+        if n >= min(settings.buffer_rows, CONTROL_ROWS):
             break
     for s, d in dicts.items():
-        x = torch.cat(rows[s])[: settings.buffer_rows]
+        x = torch.cat(rows[s])[: min(settings.buffer_rows, CONTROL_ROWS)]
         l0 = d.config.k if d.config.arch in ("topk", "batchtopk") else int(round(float((d.encode(x) > 0).sum(-1)
                                                                                          .float().mean())))
         l0 = max(1, min(l0, x.shape[1]))

@@ -233,6 +233,37 @@ def test_memory_is_bounded_by_the_buffer_whatever_the_source_size():
     train_dictionaries(source(), cfg, _small(buffer_rows=400, tokens=2_000))  # a one-shot generator trains too
 
 
+class _CountingSource:
+    """A re-iterable source that counts its passes (each pass would be a model forward over the corpus)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.passes = x, 0
+
+    def __iter__(self):
+        self.passes += 1
+        yield from _chunks(self.x, 300)
+
+
+def test_a_corpus_that_fits_the_buffer_is_read_once_and_reshuffled_every_epoch():
+    _, X = planted_code(3_000, d=8, m=10, seed=6)
+    cfg = DictionaryConfig(d_in=8, d_sae=16, arch="topk", k=2, site="x")
+    fits = _CountingSource(X)
+    d = train_dictionaries(fits, cfg, _small(buffer_rows=3_000, tokens=12_000))["x"]
+    assert fits.passes == 1  # four epochs from one read
+    meta = d.config.metadata
+    assert meta["held_in_memory"] and meta["unique_tokens"] == 3_000 and meta["epochs"] == 4.0
+    from bertscope.probes.dictionary import EpochBuffer
+
+    buf = EpochBuffer(({"x": X}, torch.zeros(3_000, dtype=torch.int64)), batch_size=1_000, seed=0)
+    first, second = ([a["x"] for a, _ in buf.next_round()] for _ in range(2))
+    assert not torch.equal(torch.cat(first), torch.cat(second))  # a fresh order every epoch
+    rows = {tuple(r.tolist()) for r in torch.cat(first)}
+    assert len(rows) == 3_000 and rows == {tuple(r.tolist()) for r in X}  # every row once per epoch
+    streams = _CountingSource(X)
+    train_dictionaries(streams, cfg, _small(buffer_rows=1_000, tokens=12_000))
+    assert streams.passes >= 4  # larger than the buffer: streamed again on every pass
+
+
 def test_training_is_deterministic_per_seed_and_several_sites_equal_separate_runs():
     torch.set_num_threads(1)
     _, A = planted_code(3_000, d=8, m=10, seed=2)
@@ -250,12 +281,14 @@ def test_training_is_deterministic_per_seed_and_several_sites_equal_separate_run
     assert torch.equal(both["b"].W_dec, alone.W_dec) and torch.equal(both["b"].log_threshold, alone.log_threshold)
 
 
-@pytest.mark.parametrize("arch", ["topk", "relu"])
-def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, arch):
+@pytest.mark.parametrize(("arch", "buffer_rows"), [("topk", 1_000), ("relu", 1_000), ("topk", 8_000)])
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, arch, buffer_rows):
+    """Streaming (buffer 1,000 rows < 4,000) and whole-corpus-in-memory (buffer 8,000) runs both resume."""
     torch.set_num_threads(1)
     _, X = planted_code(4_000, d=8, m=10, seed=4)
     cfg = DictionaryConfig(d_in=8, d_sae=16, arch=arch, k=2 if arch == "topk" else None, site="x")
-    st = _small(checkpoint_tokens=1_000, l1_coefficient=0.3, dead_tokens=600)  # resampling happens mid-run (relu)
+    st = _small(checkpoint_tokens=1_000, l1_coefficient=0.3, dead_tokens=600,  # resampling happens mid-run (relu)
+                buffer_rows=buffer_rows, tokens=12_000 if buffer_rows > 4_000 else 6_000)
     full = train_dictionaries(_chunks(X, 300), cfg, st)["x"]
     with pytest.raises(TrainingInterrupted):
         train_dictionaries(_chunks(X, 300), cfg, st, checkpoint_dir=tmp_path, stop_after_tokens=2_500)
@@ -263,7 +296,8 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, arch):
     resumed = train_dictionaries(_chunks(X, 300), cfg, st, checkpoint_dir=tmp_path)["x"]
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         assert torch.equal(getattr(full, name), getattr(resumed, name)), name
-    assert resumed.config.metadata["tokens_trained"] == 6_000
+    assert resumed.config.metadata["tokens_trained"] == st.tokens
+    assert resumed.config.metadata["held_in_memory"] == (buffer_rows > 4_000)
     other = DictionaryConfig(d_in=8, d_sae=32, arch=arch, k=2 if arch == "topk" else None, site="x")
     with pytest.raises(ValueError, match="another configuration"):
         train_dictionaries(_chunks(X, 300), other, st, checkpoint_dir=tmp_path)

@@ -241,7 +241,8 @@ def _add_sae(sub: Any) -> None:
                    "instead of running the model (its corpus is --corpus)")
     t.add_argument("--include-special", action="store_true", help="train on [CLS]/[SEP]-like tokens too")
     t.add_argument("--train-batch", type=_positive_int, default=4096, help="tokens per step (default 4096)")
-    t.add_argument("--buffer", type=_count, default=65536, help="shuffle-buffer rows (bounds memory)")
+    t.add_argument("--buffer", type=_count, default=262_144, help="buffer rows (bounds memory; a corpus that fits "
+                   "is computed once and reshuffled every epoch; default 262144)")
     t.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
     t.add_argument("--l1", type=float, default=5.0, help="relu: L1 coefficient")
     t.add_argument("--l0", type=float, default=1e-3, help="jumprelu: L0 coefficient")

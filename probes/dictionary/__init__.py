@@ -17,7 +17,7 @@ The one entry point for a whole run (model + corpus in, dictionaries and their e
 tensors.
 """
 
-from .data import SPECIAL_CLASSES, ActivationBatch, RowReader, ShuffleBuffer
+from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer
 from .evaluate import (
     TOKEN_CLASSES,
     basis_topk_dictionary,
@@ -54,6 +54,7 @@ __all__ = [
     "Dictionary",
     "DictionaryConfig",
     "DictionaryFormatError",
+    "EpochBuffer",
     "RowReader",
     "ShuffleBuffer",
     "TrainSettings",

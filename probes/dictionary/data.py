@@ -93,6 +93,7 @@ class RowReader:
         self._pending_rows = 0
         self._exhausted = False
         self._empty_epoch = True
+        self._stop_at_epoch_end = False
 
     def _next_item(self) -> ActivationBatch | None:
         while True:
@@ -109,14 +110,16 @@ class RowReader:
                 if not self.repeat or self._empty_epoch:
                     self._exhausted = True
                     return None
+                if self._stop_at_epoch_end:
+                    return None
 
     def _class_codes(self, classes: np.ndarray) -> torch.Tensor:
-        codes = np.empty(len(classes), dtype=np.int64)
-        for i, name in enumerate(classes):
+        names, inverse = np.unique(np.asarray(classes, dtype=str), return_inverse=True)
+        for name in names:
             if name not in self.class_names:
                 self.class_names.append(str(name))
-            codes[i] = self.class_names.index(name)
-        return torch.from_numpy(codes)
+        lookup = np.array([self.class_names.index(name) for name in names], dtype=np.int64)
+        return torch.from_numpy(lookup[inverse.reshape(-1)])
 
     def _fill(self, n: int) -> None:
         while self._pending_rows < n and not self._exhausted:
@@ -127,7 +130,7 @@ class RowReader:
             if missing:
                 raise KeyError(f"the source has no activations for site(s) {missing}; it holds {sorted(batch.acts)}")
             classes = batch.classes()
-            keep = np.array([c not in self.exclude for c in classes], dtype=bool)
+            keep = ~np.isin(np.asarray(classes, dtype=str), sorted(self.exclude))
             if not keep.any():
                 continue
             idx = torch.from_numpy(np.flatnonzero(keep))
@@ -148,6 +151,21 @@ class RowReader:
         self._pending_rows = int(codes.shape[0]) - n
         self.rows_read += n
         return {s: t[:n] for s, t in acts.items()}, codes[:n]
+
+    def read_whole(self, limit: int) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+        """The whole source in memory, when it is re-iterable and its first pass holds at most ``limit`` kept
+        rows: (site -> ``[rows, d]``, class codes ``[rows]``), read once (one pass of the model, one read of a
+        capture). None otherwise; then what was read stays pending, so streaming goes on from the same rows."""
+        if not self.repeat or self.rows_read or self.epochs:
+            return None
+        self._stop_at_epoch_end = True
+        try:
+            self._fill(limit + 1)
+        finally:
+            self._stop_at_epoch_end = False
+        if self.epochs != 1 or self._pending_rows > limit or self._pending_rows == 0:
+            return None
+        return self.take(self._pending_rows)
 
     def skip(self, n: int) -> None:
         """Drop ``n`` kept rows (the rows a checkpointed run had already read)."""
@@ -216,3 +234,44 @@ class ShuffleBuffer:
         """Restore ``state()``."""
         self.round = state["round"]
         self.kept = state["kept"]
+
+
+class EpochBuffer:
+    """The whole corpus held in memory (it fits the buffer): each round is one epoch, every row once in a fresh
+    order drawn from a generator seeded by ``(seed, round)``, in whole batches (the last ``rows % batch_size``
+    rows of each order wait for another epoch). The same interface as :class:`ShuffleBuffer`; the source is read
+    once, however many epochs training takes."""
+
+    def __init__(self, rows: tuple[dict[str, torch.Tensor], torch.Tensor], batch_size: int, seed: int) -> None:
+        self.rows = rows
+        self.batch_size = batch_size
+        self.seed = seed
+        self.round = 0
+        self.max_rows = int(rows[1].shape[0])
+
+    @property
+    def n_rows(self) -> int:
+        """Unique rows held (the corpus's kept tokens)."""
+        return self.max_rows
+
+    def fill(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Every row, in source order (what normalisation and ``b_dec`` are estimated from)."""
+        return self.rows
+
+    def next_round(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        """One epoch: batches of ``batch_size`` rows in a fresh shuffled order."""
+        acts, codes = self.rows
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.round)
+        perm = torch.randperm(self.n_rows, generator=gen)
+        self.round += 1
+        for start in range(0, self.n_rows - self.batch_size + 1, self.batch_size):
+            idx = perm[start : start + self.batch_size]
+            yield {s: t[idx] for s, t in acts.items()}, codes[idx]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: the epoch counter (the rows are read again from the source on resume)."""
+        return {"round": self.round, "kept": None, "whole": True}
+
+    def load_state(self, state: dict) -> None:
+        """Restore ``state()``."""
+        self.round = state["round"]

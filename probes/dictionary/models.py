@@ -25,7 +25,6 @@ its L1 penalty by them instead (SAELens ``standard``: ``sum_i f_i * ||W_dec[i]||
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -244,15 +243,17 @@ def batch_topk_activation(h: torch.Tensor, k: float) -> torch.Tensor:
 
 class TopKEncodeFunction(torch.autograd.Function):
     """The ``k`` largest pre-activations per row, ``(values [rows, k], indices [rows, k])`` of
-    ``h = x_in @ W_enc + b_enc``, with a sparse backward: only the ``rows * k`` selected entries carry gradient
-    (as in the dense ``topk`` backward), so ``d/dW_enc = G^T x_in`` and ``d/dx_in = G W_enc^T`` are computed
-    from the sparse ``G [rows, d_sae]`` (``k`` entries a row) instead of two dense ``[rows, d_sae]`` matmuls.
-    The same numbers as ``torch.topk(x_in @ W_enc + b_enc, k)`` and its autograd, to float summation order
-    (``tests/test_dictionary.py``)."""
+    ``h = (x - shift) @ W_enc + b_enc`` (an SAE: ``shift = b_dec``; a transcoder: ``shift = None``), with a sparse
+    backward: only the ``rows * k`` selected entries carry gradient (as in the dense ``topk`` backward), so
+    ``d/dW_enc = G^T (x - shift)`` comes from the sparse ``G [rows, d_sae]`` (``k`` entries a row) instead of a
+    dense ``[rows, d_sae]`` matmul, and ``d/dshift = -(sum_rows G) W_enc^T`` (one vector-matrix product; the input
+    ``x`` itself gets no gradient: it is data). The same numbers as ``torch.topk(h, k)`` and its autograd, to
+    float summation order (``tests/test_dictionary.py``)."""
 
     @staticmethod
-    def forward(ctx: Any, x_in: torch.Tensor, W_enc: torch.Tensor, b_enc: torch.Tensor,
+    def forward(ctx: Any, x: torch.Tensor, shift: torch.Tensor | None, W_enc: torch.Tensor, b_enc: torch.Tensor,
                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x_in = x if shift is None else x - shift
         h = torch.addmm(b_enc, x_in, W_enc)
         values, indices = torch.topk(h, k, dim=-1, sorted=False)
         ctx.save_for_backward(x_in, W_enc, indices)
@@ -260,26 +261,68 @@ class TopKEncodeFunction(torch.autograd.Function):
         return values, indices
 
     @staticmethod
-    def backward(ctx: Any, grad_values: torch.Tensor, _grad_indices: Any) -> tuple[Any, Any, Any, None]:
+    def backward(ctx: Any, grad_values: torch.Tensor, _grad_indices: Any) -> tuple[Any, Any, Any, Any, None]:
         x_in, W_enc, indices = ctx.saved_tensors
-        rows, k = indices.shape
         d_sae = W_enc.shape[1]
         flat_idx, flat_grad = indices.reshape(-1), grad_values.reshape(-1).contiguous()
-        grad_x = grad_W = grad_b = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-            if ctx.needs_input_grad[0]:
-                crow = torch.arange(0, rows * k + 1, k, device=indices.device)
-                G = torch.sparse_csr_tensor(crow, flat_idx, flat_grad, (rows, d_sae))
-                grad_x = G @ W_enc.T
-            if ctx.needs_input_grad[1]:
-                row_ids = torch.arange(rows, device=indices.device).repeat_interleave(k)
-                Gt = torch.sparse_coo_tensor(torch.stack([flat_idx, row_ids]), flat_grad, (d_sae, rows))
-                grad_W = torch.sparse.mm(Gt, x_in).T
+        grad_W = grad_shift = None
+        grad_b = torch.zeros(d_sae, dtype=grad_values.dtype, device=grad_values.device).index_add_(
+            0, flat_idx, flat_grad)
         if ctx.needs_input_grad[2]:
-            grad_b = torch.zeros(d_sae, dtype=grad_values.dtype, device=grad_values.device).index_add_(
-                0, flat_idx, flat_grad)
-        return grad_x, grad_W, grad_b, None
+            grad_W = _sparse_rows_t_mm(indices, grad_values, x_in, d_sae).T
+        if ctx.needs_input_grad[1]:
+            grad_shift = -(W_enc @ grad_b)
+        return None, grad_shift, grad_W, grad_b if ctx.needs_input_grad[3] else None, None
+
+
+class SparseDecodeFunction(torch.autograd.Function):
+    """``y = sum_j values[r, j] * W_dec[indices[r, j]]`` per row (``values, indices [rows, k]`` -> ``[rows, d_out]``;
+    ``embedding_bag`` in sum mode) with a sparse decoder gradient ``d/dW_dec = G^T grad_y`` (``G [rows, d_sae]``,
+    ``k`` entries a row) and ``d/dvalues[r, j] = <W_dec[indices[r, j]], grad_y[r]>``: the same numbers as
+    ``embedding_bag``'s autograd, without its dense backward."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, indices: torch.Tensor, W_dec: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(values, indices, W_dec)
+        return torch.nn.functional.embedding_bag(indices, W_dec, per_sample_weights=values, mode="sum")
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[Any, None, Any]:
+        values, indices, W_dec = ctx.saved_tensors
+        grad_y = grad_y.contiguous()
+        grad_values = grad_W = None
+        if ctx.needs_input_grad[0]:
+            rows, k = indices.shape
+            grad_values = _gathered_dot(grad_y, W_dec, indices).reshape(rows, k)
+        if ctx.needs_input_grad[2]:
+            grad_W = _sparse_rows_t_mm(indices, values, grad_y, W_dec.shape[0])
+        return grad_values, None, grad_W
+
+
+def _sparse_rows_t_mm(indices: torch.Tensor, values: torch.Tensor, dense: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """``G^T @ dense`` for the sparse ``G [rows, n_cols]`` holding ``values [rows, k]`` at ``indices [rows, k]``:
+    ``[n_cols, d]``."""
+    rows, k = indices.shape
+    row_ids = torch.arange(rows, device=indices.device).repeat_interleave(k)
+    Gt = torch.sparse_coo_tensor(torch.stack([indices.reshape(-1), row_ids]), values.reshape(-1).to(dense.dtype),
+                                 (n_cols, rows), check_invariants=False)
+    return torch.sparse.mm(Gt, dense)
+
+
+def _gathered_dot(grad_y: torch.Tensor, W: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``<W[indices[r, j]], grad_y[r]>`` flattened ``[rows * k]``: ``embedding_bag``'s own per-sample-weight
+    backward kernel where torch has it, a gather otherwise."""
+    rows, k = indices.shape
+    flat = indices.reshape(-1)
+    op = getattr(torch.ops.aten, "_embedding_bag_per_sample_weights_backward", None)
+    if op is not None:
+        try:
+            offsets = torch.arange(0, rows * k, k, device=indices.device)
+            bag = torch.arange(rows, device=indices.device).repeat_interleave(k)
+            return op(grad_y, W, flat, offsets, bag, 0, -1)
+        except (RuntimeError, TypeError):  # pragma: no cover - another torch's signature
+            pass
+    return torch.einsum("rkd,rd->rk", W[indices], grad_y).reshape(-1)  # pragma: no cover
 
 
 def _rectangle(x: torch.Tensor) -> torch.Tensor:
