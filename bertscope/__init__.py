@@ -82,17 +82,20 @@ def load_capture(out_dir, hooks=None, *, as_frame=False, order="corpus"):
 
 
 def explore(model, texts, *, maps=None, labels=None, mixing=None, qk="auto", attention=True,
-            title="bertscope explorer", batch_size=8, pairs=None, sentence_b_start=None):  # fmt: skip
+            title="bertscope explorer", batch_size=8, pairs=None, sentence_b_start=None, dictionary=None,
+            latents=None):  # fmt: skip
     """Interactive attention explorer for a few texts (an object Jupyter shows and ``.save(path)`` writes as one
     offline HTML page). ``maps``: extra views ``{name: [batch, layer, query, key]}``; ``mixing``: context-mixing
     methods to compute for the menu (e.g. ``"alti,attention_norm"``); ``qk``: which sentences get the query-key
     view; ``pairs``: a second segment per text (sentence-pair view). bertviz-style:
-    ``explore(outputs.attentions, tokens, sentence_b_start=...)`` takes transformers' ``output_attentions``.
+    ``explore(outputs.attentions, tokens, sentence_b_start=...)`` takes transformers' ``output_attentions``;
+    ``dictionary`` (a saved dictionary folder) with ``latents`` colours each token by those latents' activations.
     Full description: ``bertscope.experiments.explorer.explore`` (imported on first call)."""
     from bertscope.experiments.explorer import explore as _explore
 
     return _explore(model, texts, maps=maps, labels=labels, mixing=mixing, qk=qk, attention=attention, title=title,
-                    batch_size=batch_size, pairs=pairs, sentence_b_start=sentence_b_start)
+                    batch_size=batch_size, pairs=pairs, sentence_b_start=sentence_b_start, dictionary=dictionary,
+                    latents=latents)
 
 
 __all__ = [
