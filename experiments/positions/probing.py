@@ -196,6 +196,45 @@ def probe_scores(
     return res.drop(columns=["labels"])
 
 
+def probe_split_scores(
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    groups_train: np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    *,
+    task: str,
+    alpha: Any,
+    n_boot: int = 500,
+    seed: int = 0,
+    control: tuple[np.ndarray, np.ndarray] | None = None,
+    control_name: str = "none",
+    metrics: tuple[str, ...] | None = None,
+    backend: str = "sklearn",
+) -> pd.DataFrame:
+    """`probe_scores` for a probe fit on one corpus's rows and scored on another's (`probes.evaluate_split`):
+    fit on all of X_train ``[m, d]`` / y_train ``[m]`` at ``alpha`` (a number, or a list chosen by an inner
+    grouped CV on the training rows, ``groups_train``), scored on every row of X ``[n, d]`` / y ``[n]`` with
+    a bootstrap over ``groups`` (the scored windows/sentences). ``control``: (training, scored) Hewitt-Liang
+    labels. Same rows and columns as `probe_scores` (``n_folds`` 0: no folds)."""
+    from bertscope.probes import evaluate_split
+
+    if metrics is None:
+        metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
+    within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
+    c_train, c_test = control if control is not None else (None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = evaluate_split(X_train, y_train, X, y, groups, groups_train=groups_train, task=task, alphas=alpha,
+                             n_boot=n_boot, seed=seed, control_train=c_train, control_test=c_test,
+                             metrics=list(metrics), within_k=within, backend=backend)  # fmt: skip
+    res["probe"] = "logistic" if task == "classification" else "ridge"
+    res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
+                                        "selectivity": "selectivity"})  # fmt: skip
+    return res.drop(columns=["labels"])
+
+
 def select_alpha(
     feats: list[np.ndarray],
     y: np.ndarray,
