@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from bertscope.experiments import cli, positions
 from bertscope.experiments.corpus import load_corpus, write_conllu
-from bertscope.experiments.positions import experiment
+from bertscope.experiments.positions import experiment, probing
 
 from tests.test_positions_activations import TINY, common
 
@@ -68,8 +68,16 @@ def test_eval_corpus_probes_are_fit_on_corpus_and_scored_on_every_eval_row(tiny_
         win = split[(split["data"] == "windows") & (split["target"] == "abs_class") & (split["control"] == "none")]
         assert win["n_test"].nunique() == 1 and (win["n_test"] == TINY.max_windows * TINY.window_len).all()
         assert (win["ci_covers"] == "groups").all()
+        ceiling = table[table["control"] == "memorisation_ceiling"]
+        assert len(ceiling) and set(ceiling["trained_on"]) == {"train"} and (ceiling["n_folds"] == 0).all()
         sweep = table[table["probe"] == "sweep"]
         assert len(sweep) and set(sweep["trained_on"]) == {path.stem}  # still cross-validated in the eval corpus
     a, b = (t[t["trained_on"] == "train"].reset_index(drop=True) for t in results)
     np.testing.assert_array_equal(a["n_train"], b["n_train"])
     assert not np.allclose(a["value"], b["value"], equal_nan=True)  # each scored on its own corpus
+
+
+def test_memorisation_ceiling_split_counts_eval_tokens_whose_type_was_trained_on() -> None:
+    out = probing.memorisation_ceiling_split(np.array([1, 2, 3]), np.array([1, 1, 4, 5, 2, 9]),
+                                             np.array([0, 0, 1, 1, 2, 2]), n_boot=50)  # fmt: skip
+    assert out["value"] == pytest.approx(3 / 6) and 0 <= out["low"] <= 0.5 <= out["high"] <= 1

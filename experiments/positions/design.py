@@ -102,14 +102,21 @@ class ProbeDesign(MoreSteps):
                                            site=site, target="abs_reg", control_name=condition,
                                            train=tr_reg))  # fmt: skip
         parts = self.run(jobs, "absolute position (windows)")
-        ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
-                                               repeats=s.repeats)  # fmt: skip
+        if self.train_acts is None:
+            ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
+                                                   repeats=s.repeats)  # fmt: skip
+            how = {"n_folds": s.n_folds, "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}
+        else:  # --eval-corpus: the types of --corpus's windows the probes were fit on
+            t = self.train_acts[("windows", "none")]
+            ceiling = probing.memorisation_ceiling_split(t.token[t.kind == CONTENT], types, groups, n_boot=s.n_boot,
+                                                         seed=self.seed)  # fmt: skip
+            how = {"n_folds": 0, "repeats": 1, "ci_covers": "groups", "n_train": int(np.sum(t.kind == CONTENT))}
         parts.insert(n_real, self._frame(pd.DataFrame([
             {"data": "windows", "token": "content", "site": site, "target": "abs_class", "features": "h",
              "probe": "memorisation",
              "control": "memorisation_ceiling", "metric": "accuracy", "value": ceiling["value"],
-             "ci_low": ceiling["low"], "ci_high": ceiling["high"], "n_test": len(y), "n_folds": s.n_folds,
-             "n_groups": len(np.unique(groups)), "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}
+             "ci_low": ceiling["low"], "ci_high": ceiling["high"], "n_test": len(y),
+             "n_groups": len(np.unique(groups)), **how}
             for site in self.residual
         ])))  # fmt: skip
         return pd.concat(parts, ignore_index=True)

@@ -266,7 +266,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         ctx.write_table(pca, "position_table_pca")
         ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     summaries = {"summary_absolute": summary_absolute(results), "capacity_sweep": capacity_sweep(results)}
-    # summary_absolute's probes are fit on --corpus (its memorisation ceiling stays a CV within the eval corpus);
+    # summary_absolute's probes (and the memorisation ceiling beside them) are fit on --corpus;
     # the capacity sweep is cross-validated within the eval corpus
     fit_on = {"summary_absolute": ctx.corpus_id, "capacity_sweep": reported_on}
     for name, table in summaries.items():

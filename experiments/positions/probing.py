@@ -155,6 +155,23 @@ def memorisation_ceiling(
     return {"value": float(np.mean(pooled)), "low": float(min(per_fold)), "high": float(max(per_fold))}
 
 
+def memorisation_ceiling_split(
+    types_train: np.ndarray, types: np.ndarray, groups: np.ndarray, *, n_boot: int, seed: int = 0,
+) -> dict[str, float]:
+    """`memorisation_ceiling` for a probe fit on one corpus and scored on another (``--eval-corpus``): the
+    share of the scored tokens (``types``, ``groups``: ``[n]``) whose type occurs among the training tokens
+    ``types_train`` ``[m]``, with a percentile interval over bootstrap resamples of the scored groups
+    (`probes.ratio_of_sums`). Returns ``{"value", "low", "high"}``."""
+    from bertscope.probes import check_groups, ratio_of_sums
+
+    seen = np.isin(np.asarray(types), np.unique(np.asarray(types_train))).astype(np.float64)
+    group_idx, n_groups = check_groups(groups, len(seen))
+    hits = np.bincount(group_idx, weights=seen, minlength=n_groups)
+    sizes = np.bincount(group_idx, minlength=n_groups).astype(np.float64)
+    out = ratio_of_sums(hits, sizes, n_boot=n_boot, seed=seed)
+    return {"value": float(out.value), "low": float(out.low), "high": float(out.high)}
+
+
 def probe_scores(
     X: np.ndarray,
     y: np.ndarray,
