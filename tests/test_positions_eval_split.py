@@ -71,7 +71,10 @@ def test_eval_corpus_probes_are_fit_on_corpus_and_scored_on_every_eval_row(tiny_
         ceiling = table[table["control"] == "memorisation_ceiling"]
         assert len(ceiling) and set(ceiling["trained_on"]) == {"train"} and (ceiling["n_folds"] == 0).all()
         sweep = table[table["probe"] == "sweep"]
-        assert len(sweep) and set(sweep["trained_on"]) == {path.stem}  # still cross-validated in the eval corpus
+        assert len(sweep) and set(sweep["trained_on"]) == {"train"} and (sweep["n_folds"] == 0).all()
+        assert (sweep["n_test"] == TINY.max_windows * TINY.window_len).all()
+        summary = pd.read_parquet(tmp_path / path.stem / "positions" / "summary_absolute.parquet")
+        assert set(summary["trained_on"]) == {"train"} and set(summary["corpus"]) == {path.stem}
     a, b = (t[t["trained_on"] == "train"].reset_index(drop=True) for t in results)
     np.testing.assert_array_equal(a["n_train"], b["n_train"])
     assert not np.allclose(a["value"], b["value"], equal_nan=True)  # each scored on its own corpus

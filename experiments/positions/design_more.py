@@ -151,11 +151,18 @@ class MoreSteps:
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
         control = self._control_labels(types, y)
         sites = list(self.s.sweep_sites or (self.residual[1], self.residual[-1]))
-        jobs = [Job("capacity_sweep", dict(site=site, alphas=tuple(self.s.sweep_alphas), n_boot=self.s.sweep_boot),
-                    partial(capacity.sweep_scores, real.feats[site][sel], y, groups, control,
-                            alphas=self.s.sweep_alphas, n_folds=self.s.n_folds, seed=self.seed,
-                            n_boot=self.s.sweep_boot),
-                    partial(self._sweep_frame, site=site)) for site in sites]  # fmt: skip
+        jobs = []
+        for site in sites:
+            key, train = dict(site=site, alphas=tuple(self.s.sweep_alphas), n_boot=self.s.sweep_boot), None
+            tr = self._train(("windows", "none"), site, lambda a: a.kind == CONTENT, lambda a: a.pos - 1)
+            if tr is not None:  # --eval-corpus: the sweep's probes fit on --corpus's windows
+                c_tr, control = self._split_control(tr, types, y)
+                key["trained_on"], train = "train_corpus", (tr[0], tr[1], c_tr)
+            jobs.append(Job("capacity_sweep", key,
+                            partial(capacity.sweep_scores, real.feats[site][sel], y, groups, control,
+                                    alphas=self.s.sweep_alphas, n_folds=self.s.n_folds, seed=self.seed,
+                                    n_boot=self.s.sweep_boot, train=train),
+                            partial(self._sweep_frame, site=site)))  # fmt: skip
         parts = self.run(jobs, "capacity sweep")
         return pd.concat([res.assign(chosen=np.where(res["alpha"] == self._capacity, "tuning_selectivity", "sweep"))
                           for res in parts], ignore_index=True)  # fmt: skip

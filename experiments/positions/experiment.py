@@ -266,12 +266,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         ctx.write_table(pca, "position_table_pca")
         ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     summaries = {"summary_absolute": summary_absolute(results), "capacity_sweep": capacity_sweep(results)}
-    # summary_absolute's probes (and the memorisation ceiling beside them) are fit on --corpus;
-    # the capacity sweep is cross-validated within the eval corpus
-    fit_on = {"summary_absolute": ctx.corpus_id, "capacity_sweep": reported_on}
-    for name, table in summaries.items():
+    for name, table in summaries.items():  # both tables' probes (and memorisation ceilings) are fit on --corpus
         if eval_corpus is not None:
-            table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id, trained_on=fit_on[name])
+            table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id, trained_on=ctx.corpus_id)
         ctx.write_table(table, name)
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
