@@ -73,6 +73,10 @@ def test_eval_corpus_probes_are_fit_on_corpus_and_scored_on_every_eval_row(tiny_
         sweep = table[table["probe"] == "sweep"]
         assert len(sweep) and set(sweep["trained_on"]) == {"train"} and (sweep["n_folds"] == 0).all()
         assert (sweep["n_test"] == TINY.max_windows * TINY.window_len).all()
+        confusion = pd.read_parquet(tmp_path / path.stem / "positions" / "confusion.parquet")
+        assert set(confusion["trained_on"]) == {"train"} and set(confusion["corpus"]) == {path.stem}
+        # every eval window token predicted once per heatmap site (a tiny model lists one site twice)
+        assert (confusion.groupby("site")["count"].sum() % (TINY.max_windows * TINY.window_len) == 0).all()
         summary = pd.read_parquet(tmp_path / path.stem / "positions" / "summary_absolute.parquet")
         assert set(summary["trained_on"]) == {"train"} and set(summary["corpus"]) == {path.stem}
     a, b = (t[t["trained_on"] == "train"].reset_index(drop=True) for t in results)

@@ -113,6 +113,12 @@ class MoreSteps:
         fns = [partial(probing.grouped_oof_predict, real.feats[site][sel], y, groups, task="classification",
                        alpha=alpha, n_folds=self.s.n_folds, seed=self.seed, backend=self.s.backend)
                for site in chosen]  # fmt: skip
+        if self.train_acts is not None:  # --eval-corpus: fit on --corpus's windows, predict every eval window
+            train = [self._train(("windows", "none"), site, lambda a: a.kind == CONTENT, lambda a: a.pos - 1)
+                     for site in chosen]  # fmt: skip
+            fns = [partial(probing.split_predict, tr[0], tr[1], real.feats[site][sel], task="classification",
+                           alpha=alpha, seed=self.seed, backend=self.s.backend)
+                   for tr, site in zip(train, chosen, strict=True)]  # fmt: skip
         preds = self.jobs.map(fns)
         parts = []
         for i, site in enumerate(chosen):

@@ -260,6 +260,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         results["selection_corpus"] = ctx.corpus_id
         results["trained_on"] = trained_on(results, ctx.corpus_id, reported_on)
 
+    if eval_corpus is not None:  # its probes are fit on --corpus's windows, every eval window predicted
+        confusion = confusion.assign(selection_corpus=ctx.corpus_id, trained_on=ctx.corpus_id)
     ctx.write_table(confusion, "confusion")
     if tables is not None:
         pca, cosine = position_table_views(tables["W_pos"])

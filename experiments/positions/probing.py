@@ -335,3 +335,18 @@ def grouped_oof_predict(
 
     return grouped_cross_val_predict(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, seed=seed,
                                      backend=backend).y_pred  # fmt: skip
+
+
+def split_predict(
+    X_train: np.ndarray, y_train: np.ndarray, X: np.ndarray, *, task: str, alpha: float, seed: int = 0,
+    backend: str = "sklearn",
+) -> np.ndarray:
+    """`grouped_oof_predict` for ``--eval-corpus``: predictions ``[n]`` for every row of X ``[n, d]`` of the
+    probe fit at ``alpha`` on all of X_train ``[m, d]`` / y_train ``[m]`` (the fit `probes.evaluate_split`
+    makes)."""
+    from bertscope.probes import LinearProbe
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = LinearProbe(task=task, seed=seed, backend=backend, warm_start=True).set_params(alpha=alpha)
+        return probe.fit(X_train, y_train).predict(X)
