@@ -23,7 +23,8 @@ def split_run(monkeypatch):
     steps = experiment._steps
 
     def fewer(design, acts, tables, settings):
-        keep = ("absolute_windows", "absolute_sentences", "specials", "capacity_sweep", "confusion")
+        keep = ("absolute_windows", "absolute_sentences", "specials", "capacity_sweep", "relative_pairs",
+                "confusion")
         return {k: v for k, v in steps(design, acts, tables, settings).items() if k in keep}
 
     monkeypatch.setattr(experiment, "_steps", fewer)
@@ -70,6 +71,9 @@ def test_eval_corpus_probes_are_fit_on_corpus_and_scored_on_every_eval_row(tiny_
         assert (win["ci_covers"] == "groups").all()
         ceiling = table[table["control"] == "memorisation_ceiling"]
         assert len(ceiling) and set(ceiling["trained_on"]) == {"train"} and (ceiling["n_folds"] == 0).all()
+        pairs = table[table["token"] == "pair"]
+        assert len(pairs) and set(pairs["trained_on"]) == {"train"} and (pairs["n_folds"] == 0).all()
+        assert {"none", "control_task", "selectivity"} <= set(pairs["control"])
         sweep = table[table["probe"] == "sweep"]
         assert len(sweep) and set(sweep["trained_on"]) == {"train"} and (sweep["n_folds"] == 0).all()
         assert (sweep["n_test"] == TINY.max_windows * TINY.window_len).all()

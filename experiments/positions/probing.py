@@ -234,13 +234,15 @@ def probe_split_scores(
     fit on all of X_train ``[m, d]`` / y_train ``[m]`` at ``alpha`` (a number, or a list chosen by an inner
     grouped CV on the training rows, ``groups_train``), scored on every row of X ``[n, d]`` / y ``[n]`` with
     a bootstrap over ``groups`` (the scored windows/sentences). ``control``: (training, scored) Hewitt-Liang
-    labels. Same rows and columns as `probe_scores` (``n_folds`` 0: no folds)."""
+    labels. X_train and X may be callables making the features. Same rows and columns as `probe_scores`
+    (``n_folds`` 0: no folds)."""
     from bertscope.probes import evaluate_split
 
     if metrics is None:
         metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
     within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
     c_train, c_test = control if control is not None else (None, None)
+    X_train, X = (a() if callable(a) else a for a in (X_train, X))  # pair features are made in the worker
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = evaluate_split(X_train, y_train, X, y, groups, groups_train=groups_train, task=task, alphas=alpha,
