@@ -3,7 +3,8 @@
 - `LinearProbe`: scikit-learn-style L2 logistic / ridge probe, scikit-learn or torch (CPU/GPU) backend.
 - `evaluate`: grouped K-fold scores with nested alpha selection, group-bootstrap intervals, majority and
   chance baselines, and optional control-task / selectivity rows, as a long pandas table; `fold_rng` and
-  `repeat_seed` say which folds and seeds a (repeated) run used.
+  `repeat_seed` say which folds and seeds a (repeated) run used; `evaluate_split`: the same scores for a probe
+  trained on one split and scored on another (e.g. another corpus).
 - `control_labels`, `selectivity`: Hewitt & Liang (2019) control tasks.
 - `group_bootstrap`, `ratio_of_sums`, `mean_of_groups`: the group bootstrap with percentile intervals
   (`probes/bootstrap.py`), used by every experiment.
@@ -24,6 +25,7 @@ from .evaluate import (
     DEFAULT_ALPHAS,
     CrossValPredictions,
     evaluate,
+    evaluate_split,
     fold_rng,
     grouped_cross_val_predict,
     grouped_folds,
@@ -45,6 +47,7 @@ __all__ = [
     "LinearProbe",
     "control_labels",
     "evaluate",
+    "evaluate_split",
     "fold_rng",
     "grouped_cross_val_predict",
     "group_bootstrap",

@@ -168,6 +168,115 @@ def evaluate(
             device=device, seed=seed_r, inner_folds=inner_folds, standardize=standardize, max_iter=max_iter,
             tol=tol, n_threads=n_threads, n_boot=n_boot,
         ))  # fmt: skip
+    return _pooled_rows(runs, names, n_boot=n_boot, ci=ci, task=task, backend=backend)
+
+
+def evaluate_split(
+    X_train: Any,
+    y_train: Any,
+    X_test: Any,
+    y_test: Any,
+    groups_test: Any,
+    *,
+    groups_train: Any = None,
+    task: str | None = None,
+    alphas: float | Sequence[float] | None = None,
+    backend: str = "sklearn",
+    device: str | torch.device | None = None,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+    within_k: int | Sequence[int] | None = None,
+    control_train: Any = None,
+    control_test: Any = None,
+    ordinal: bool | None = None,
+    metrics: Sequence[str] | None = None,
+    inner_folds: int = 3,
+    standardize: bool = True,
+    max_iter: int = 1000,
+    tol: float = 1e-4,
+    n_threads: int | None = None,
+) -> pd.DataFrame:
+    """Train on one split, score on another: `evaluate`'s table for a probe fit on ALL of
+    (X_train [n_train, d], y_train [n_train]) and scored on every row of (X_test [n_test, d], y_test [n_test]),
+    one prediction per test row (e.g. train on one corpus, report on another).
+
+    The fit, metrics, baselines (majority = the training split's majority class / mean) and the group bootstrap
+    are `evaluate`'s own code: the interval resamples whole ``groups_test`` (test sentences/windows) with the
+    fitted probe held fixed (``ci_covers="groups"``: test-sample variance only, not training variance).
+    ``alphas``: a number = that alpha; a list = chosen by a grouped inner CV on the TRAINING rows only (needs
+    ``groups_train``); None = that CV over `DEFAULT_ALPHAS`. ``control_train`` / ``control_test``: Hewitt &
+    Liang control labels of the two splits (both or neither; draw them together, e.g. `control_labels` on the
+    concatenated word types, so a type keeps its label across splits): the same probe at the same alpha is fit
+    to the training control labels and scored on the test ones; adds control and selectivity rows (paired
+    bootstrap). Other arguments as in `evaluate`.
+
+    Returns `evaluate`'s columns; ``n_train`` / ``n_test`` are the two splits' row counts, ``n_groups`` the
+    test groups, ``n_folds`` 0 (no folds), ``repeats`` 1.
+    """
+    task = infer_task(y_train, task)
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must be a level in (0, 1), got {ci}")
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    if (control_train is None) != (control_test is None):
+        raise ValueError("pass control_train and control_test together (control labels of both splits), or neither")
+    names, numeric = _checked_metrics(task, y_test, control_test, within_k, ordinal, metrics)
+    check_backend(backend)
+    X_train, X_test = check_features(X_train, name="X_train"), check_features(X_test, name="X_test", min_rows=1)
+    if X_train.shape[1] != X_test.shape[1]:
+        raise ValueError(f"X_train has {X_train.shape[1]} features and X_test {X_test.shape[1]}; they must match")
+    n_train, n_test = X_train.shape[0], X_test.shape[0]
+    y_tr, y_te = check_target(y_train, n_train, task, name="y_train"), check_target(y_test, n_test, task, name="y_test")
+    group_idx, n_groups = check_groups(groups_test, n_test)
+    if task == "classification":
+        check_classes(y_tr, name="y_train")
+    elif np.ptp(y_tr) == 0:
+        raise ValueError("the regression target y_train is constant; check the target")
+    grid = _alpha_grid(alphas)
+    if backend == "torch":
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        X_train, X_test = _to_tensor(X_train, dev), _to_tensor(X_test, dev)
+
+    def new_probe() -> LinearProbe:
+        return LinearProbe(task=task, standardize=standardize, backend=backend, device=device,
+                           max_iter=max_iter, seed=seed, tol=tol, warm_start=True, n_threads=n_threads)  # fmt: skip
+
+    if len(grid) == 1:
+        alpha = grid[0]
+    else:
+        if groups_train is None:
+            raise ValueError(f"choosing among {len(grid)} alphas needs groups_train (an inner grouped CV on the "
+                             "training rows); pass it, or a single alpha")  # fmt: skip
+        train_idx, _ = check_groups(groups_train, n_train)
+        alpha = _choose_alpha(X_train, y_tr, train_idx, grid, inner_folds, fold_rng(seed), new_probe, task,
+                              " (training split)")  # fmt: skip
+    y_pred, majority, ok = _fit_predict(new_probe(), alpha, X_train, y_tr, X_test, task)
+    cv = CrossValPredictions(
+        y_pred=np.asarray(y_pred), majority_pred=np.full(n_test, majority, dtype=_pred_dtype(y_tr, task)),
+        fold=np.zeros(n_test, dtype=np.int64), group_idx=group_idx, n_groups=n_groups, alpha_by_fold=[alpha],
+        n_train_by_fold=[n_train], converged=[ok],
+    )  # fmt: skip
+    if control_train is not None:
+        c_tr = check_target(control_train, n_train, task, name="control_train")
+        check_target(control_test, n_test, task, name="control_test")
+        if task == "classification":
+            check_classes(c_tr, name="control_train")
+        c_pred, c_majority, c_ok = _fit_predict(new_probe(), alpha, X_train, c_tr, X_test, task)
+        cv.control_pred = np.asarray(c_pred)
+        cv.control_majority_pred = np.full(n_test, c_majority, dtype=_pred_dtype(c_tr, task))
+        cv.control_converged = [c_ok]
+    run = _score_run(cv, y_te, control_test, names, numeric, task=task, n_boot=n_boot, seed=seed,
+                     n_threads=n_threads)  # fmt: skip
+    out = _pooled_rows([run], names, n_boot=n_boot, ci=ci, task=task, backend=backend)
+    out["n_folds"] = 0
+    return out
+
+
+def _pooled_rows(runs: list[dict[str, Any]], names: list[str], *, n_boot: int, ci: float, task: str,
+                 backend: str) -> pd.DataFrame:  # fmt: skip
+    """`evaluate`'s long table from its runs (one per repeat, `_score_run`): mean points, pooled intervals."""
+    repeats = len(runs)
     labels_all = list(runs[0]["points"])
     common = {
         "n_train": int(round(np.mean([np.mean(run["cv"].n_train_by_fold) for run in runs]))),
@@ -216,6 +325,15 @@ def _one_repeat(
     """Points, bootstrap replicates, baselines and convergence of one cross-validation run (one seed)."""
     cv = grouped_cross_val_predict(X, y, groups, task=task, seed=seed, control=control, n_threads=n_threads,
                                    **cv_kwargs)  # fmt: skip
+    return _score_run(cv, y, control, names, numeric, task=task, n_boot=n_boot, seed=seed, n_threads=n_threads)
+
+
+def _score_run(
+    cv: CrossValPredictions, y: Any, control: Any, names: list[str], numeric: bool, *, task: str, n_boot: int,
+    seed: int, n_threads: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Points, group-bootstrap replicates, baselines and convergence of the predictions ``cv`` of the rows
+    whose truth is ``y`` (and ``control``): one CV run of `evaluate`, or the test rows of `evaluate_split`."""
     n = len(cv.y_pred)
     y = check_target(y, n, task)
     label_sets = {"task": (y, cv.y_pred, cv.majority_pred)}

@@ -53,19 +53,43 @@ def oof_path(
     probe, n_train = LinearProbe(task=task, backend=backend, seed=seed), []
     for f in range(n_folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a rare early stop at the weakest L2 should not flood the log
-            for name, y in labels.items():
-                for i, fitted in enumerate(probe.fit_path(X[train], y[train], grid)):
-                    pred[name][i, test] = fitted.predict(X[test])
-        for name, y in labels.items():  # the intercept-only probe of this training split
-            if task == "classification":
-                values, counts = np.unique(y[train], return_counts=True)
-                majority[name][test] = values[np.argmax(counts)]
-            else:
-                majority[name][test] = y[train].mean()
+        for name, y in labels.items():
+            pred[name][:, test], majority[name][test] = _path_predict(probe, X[train], y[train], X[test], grid, task)
         n_train.append(len(train))
     return {"pred": pred, "majority": majority, "group_idx": group_idx, "n_train": float(np.mean(n_train))}
+
+
+def split_path(
+    X_train: np.ndarray, labels_train: dict[str, np.ndarray], X: np.ndarray, groups: np.ndarray, *,
+    task: str = "classification", alphas: Sequence[float], seed: int = 0, backend: str = "sklearn",
+) -> dict:
+    """`oof_path` for a probe fit on one corpus and scored on another (``--eval-corpus``): one warm-started
+    alpha path per label set on all of X_train ``[m, d]`` (labels ``[m]``), predicting every row of X
+    ``[n, d]`` (groups ``[n]``: the scored windows). Returns `oof_path`'s dict (``n_train`` = m)."""
+    from bertscope.probes import LinearProbe, check_groups
+
+    group_idx, _ = check_groups(groups, len(X))
+    grid = [float(a) for a in alphas]
+    probe = LinearProbe(task=task, backend=backend, seed=seed)
+    X_train, X = np.asarray(X_train, dtype=np.float32), np.asarray(X, dtype=np.float32)
+    pred, majority = {}, {}
+    for name, y in labels_train.items():
+        path, base = _path_predict(probe, X_train, np.asarray(y), X, grid, task)
+        pred[name], majority[name] = path, np.full(len(X), base)
+    return {"pred": pred, "majority": majority, "group_idx": group_idx, "n_train": float(len(X_train))}
+
+
+def _path_predict(probe: object, Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, grid: list[float],
+                  task: str) -> tuple[np.ndarray, object]:  # fmt: skip
+    """Predictions ``[A, n_test]`` of one warm-started alpha path fit on (Xtr, ytr), and the training split's
+    intercept-only prediction (majority class, or mean)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a rare early stop at the weakest L2 should not flood the log
+        pred = np.stack([fitted.predict(Xte) for fitted in probe.fit_path(Xtr, ytr, grid)])
+    if task == "classification":
+        values, counts = np.unique(ytr, return_counts=True)
+        return pred, values[np.argmax(counts)]
+    return pred, ytr.mean()
 
 
 def sweep_scores(
@@ -80,16 +104,24 @@ def sweep_scores(
     n_boot: int = 200,
     ci: float = 0.95,
     backend: str = "sklearn",
+    train: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """Accuracy of the task (``control="none"``), of the control task (``"control_task"``) and selectivity
     (``"selectivity"``, task - control) at every alpha, with paired group-bootstrap intervals (``n_boot`` 0: no
     interval). Arguments as in `oof_path`. One row per (alpha, control), metric ``accuracy``, with
-    the columns of a positions long-table probe row (``probe="sweep"``, ``ci_covers="groups"``)."""
+    the columns of a positions long-table probe row (``probe="sweep"``, ``ci_covers="groups"``). ``train``:
+    ``(X, y, control)`` of another corpus's rows to fit the probes on (`split_path`; ``n_folds`` 0), scoring
+    every row of X."""
     from bertscope.probes import group_bootstrap
     from bertscope.probes.metrics import chance_baseline
 
-    path = oof_path(X, {"task": y, "control": control}, groups, alphas=alphas, n_folds=n_folds, seed=seed,
-                    backend=backend)  # fmt: skip
+    if train is None:
+        path = oof_path(X, {"task": y, "control": control}, groups, alphas=alphas, n_folds=n_folds, seed=seed,
+                        backend=backend)  # fmt: skip
+    else:
+        path = split_path(train[0], {"task": train[1], "control": train[2]}, X, groups, alphas=alphas, seed=seed,
+                          backend=backend)  # fmt: skip
+        n_folds = 0
     pred = {**path["pred"], "n_train": path["n_train"]}
     g = path["group_idx"]
     n_groups = int(g.max()) + 1

@@ -42,9 +42,12 @@ class ProbeDesign(MoreSteps):
 
     def __init__(
         self, settings: Any, labels: dict[str, str], sites: list[str], residual: list[str], *, seed: int,
-        jobs: JobService,
+        jobs: JobService, train_acts: dict | None = None,
     ) -> None:  # fmt: skip
         self.s, self.labels, self.seed, self.jobs = settings, labels, seed, jobs
+        # --eval-corpus: the --corpus activation sets the windows / sentences / [CLS]/[SEP] probes are fit on
+        # (keyed like ``acts``); None = every probe cross-validated within ``acts``
+        self.train_acts = train_acts
         self.notes: dict[str, Any] = {}
         self.sites, self.residual = sites, residual
         self.reference = residual[1 + len(residual) // 2] if len(residual) > 2 else residual[-1]
@@ -61,8 +64,19 @@ class ProbeDesign(MoreSteps):
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
         control = self._control_fn(types, y)
         a_cls, a_reg = self.alpha("abs_class"), self.alpha("abs_reg")
+        content, position = (lambda a: a.kind == CONTENT), (lambda a: a.pos - 1)
         for site in self.sites:
             X = real.feats[site][sel]
+            tr = self._train(("windows", "none"), site, content, position)
+            if tr is not None:  # --eval-corpus: fit on --corpus's windows, score every eval window
+                c_tr, c_te = self._split_control(tr, types, y)
+                kw = dict(data="windows", site=site, target="abs_class")
+                jobs.append(self.score_job(X, y, groups, "classification", a_cls, control=(c_tr, c_te),
+                                           train=tr[:3], **kw))  # fmt: skip
+                jobs.append(self.score_job(X, y.astype(float), groups, "regression", a_reg,
+                                           control=(c_tr.astype(float), c_te.astype(float)),
+                                           train=(tr[0], tr[1].astype(float), tr[2]), **{**kw, "target": "abs_reg"}))
+                continue
             headline = s.repeats if site in self.residual else 1  # the summary rows get repeated CV
             jobs.append(self.score_job(X, y, groups, "classification", a_cls, control=control, repeats=headline,
                                        data="windows", site=site, target="abs_class"))  # fmt: skip
@@ -79,19 +93,30 @@ class ProbeDesign(MoreSteps):
             yo, go = other.pos[osel] - 1, other.group[osel]
             for site in control_sites:
                 X = other.feats[site][osel]
+                tr = self._train(("windows", condition), site, content, position)
+                tr_reg = None if tr is None else (tr[0], tr[1].astype(float), tr[2])
                 jobs.append(self.score_job(X, yo, go, "classification", a_cls, data="windows", site=site,
-                                           target="abs_class", control_name=condition))  # fmt: skip
+                                           target="abs_class", control_name=condition,
+                                           train=None if tr is None else tr[:3]))  # fmt: skip
                 jobs.append(self.score_job(X, yo.astype(float), go, "regression", a_reg, data="windows",
-                                           site=site, target="abs_reg", control_name=condition))  # fmt: skip
+                                           site=site, target="abs_reg", control_name=condition,
+                                           train=tr_reg))  # fmt: skip
         parts = self.run(jobs, "absolute position (windows)")
-        ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
-                                               repeats=s.repeats)  # fmt: skip
+        if self.train_acts is None:
+            ceiling = probing.memorisation_ceiling(types, y, groups, n_folds=s.n_folds, seed=self.seed,
+                                                   repeats=s.repeats)  # fmt: skip
+            how = {"n_folds": s.n_folds, "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}
+        else:  # --eval-corpus: the types of --corpus's windows the probes were fit on
+            t = self.train_acts[("windows", "none")]
+            ceiling = probing.memorisation_ceiling_split(t.token[t.kind == CONTENT], types, groups, n_boot=s.n_boot,
+                                                         seed=self.seed)  # fmt: skip
+            how = {"n_folds": 0, "repeats": 1, "ci_covers": "groups", "n_train": int(np.sum(t.kind == CONTENT))}
         parts.insert(n_real, self._frame(pd.DataFrame([
             {"data": "windows", "token": "content", "site": site, "target": "abs_class", "features": "h",
              "probe": "memorisation",
              "control": "memorisation_ceiling", "metric": "accuracy", "value": ceiling["value"],
-             "ci_low": ceiling["low"], "ci_high": ceiling["high"], "n_test": len(y), "n_folds": s.n_folds,
-             "n_groups": len(np.unique(groups)), "repeats": s.repeats, "ci_covers": "folds+repeats (range)"}
+             "ci_low": ceiling["low"], "ci_high": ceiling["high"], "n_test": len(y),
+             "n_groups": len(np.unique(groups)), **how}
             for site in self.residual
         ])))  # fmt: skip
         return pd.concat(parts, ignore_index=True)
@@ -111,6 +136,9 @@ class ProbeDesign(MoreSteps):
             for site in self.residual:
                 X = a.feats[site]
                 kw = dict(data="sentences", site=site, control_name=condition)
+                if self.train_acts is not None:  # --eval-corpus: fit on --corpus's sentences
+                    jobs += self._sentence_split_jobs(a, site, condition, in_range, content, kw)
+                    continue
                 jobs.append(self.score_job(X[in_range], y_all[in_range], a.group[in_range], "classification",
                                            a_cls, control=control if condition == "none" else None,
                                            target="abs_class", **kw))  # fmt: skip
@@ -118,6 +146,26 @@ class ProbeDesign(MoreSteps):
                                            "regression", a_reg, control=control_reg if condition == "none" else None,
                                            target="abs_reg", **kw))  # fmt: skip
         return pd.concat(self.run(jobs, "absolute position (sentences)"), ignore_index=True)
+
+    def _sentence_split_jobs(self, a: Activations, site: str, condition: str, in_range: np.ndarray,
+                             content: np.ndarray, kw: dict) -> list[Job]:  # fmt: skip
+        """`absolute_sentences`' two probes of one site with ``--eval-corpus``: fit on the ``--corpus``
+        sentences of the same condition, scored on every eval sentence (control task on the real ones)."""
+        n = self.s.window_len
+        key = ("sentences", condition)
+        y_all = a.pos - 1
+        tr_cls = self._train(key, site, lambda t: (t.kind == CONTENT) & (t.pos - 1 < n), lambda t: t.pos - 1)
+        tr_reg = self._train(key, site, lambda t: t.kind == CONTENT, lambda t: (t.pos - 1).astype(float))
+        c_cls = c_reg = None
+        if condition == "none":
+            c_cls = self._split_control(tr_cls, a.token[in_range], y_all[in_range])
+            c_reg = tuple(c.astype(float) for c in self._split_control(tr_reg, a.token[content], y_all[content]))
+        X = a.feats[site]
+        return [self.score_job(X[in_range], y_all[in_range], a.group[in_range], "classification",
+                               self.alpha("abs_class"), control=c_cls, target="abs_class", train=tr_cls[:3], **kw),
+                self.score_job(X[content], y_all[content].astype(float), a.group[content], "regression",
+                               self.alpha("abs_reg"), control=c_reg, target="abs_reg", train=tr_reg[:3],
+                               **kw)]  # fmt: skip
 
     def specials(self, acts: dict) -> pd.DataFrame:
         """[CLS] and the final [SEP], reported apart: in natural sentences, the [SEP]'s own position and the
@@ -134,9 +182,12 @@ class ProbeDesign(MoreSteps):
                 sel = a.kind == kind
                 y, groups = label[sel].astype(float), a.group[sel]
                 for site in self.residual:
+                    tr = self._train(("sentences", condition), site, lambda t, k=kind: t.kind == k,
+                                     partial(_special_target, target))
                     jobs.append(self.score_job(a.feats[site][sel], y, groups, "regression", grid,
                                                data="sentences", site=site, target=target, control_name=condition,
-                                               token="sep" if kind == SEP else "cls"))  # fmt: skip
+                                               token="sep" if kind == SEP else "cls",
+                                               train=None if tr is None else tr[:3]))  # fmt: skip
         return pd.concat(self.run(jobs, "[CLS]/[SEP]"), ignore_index=True)
 
     # -- helpers
@@ -219,6 +270,7 @@ class ProbeDesign(MoreSteps):
         repeats: int = 1,
         n_boot: int | None = None,
         chosen: str | None = None,
+        train: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> Job:
         """One probe's scores (`probing.probe_scores`) as a job cached as its own step: a rerun after Ctrl-C
         keeps every probe that finished. The key names the probe (data, site, target, features, token,
@@ -227,16 +279,24 @@ class ProbeDesign(MoreSteps):
 
         ``X``: ``[n, d]`` features, or a picklable callable making them (in the worker); ``alpha``: a number
         (chosen on the tuning windows) or a tuple (nested CV per outer fold); ``control``: labels, or a
-        function seed -> labels so that each repeat redraws the control task."""
+        function seed -> labels so that each repeat redraws the control task. ``train``: ``(X, y, groups)`` of
+        another corpus's rows to fit the probe on (`probing.probe_split_scores`; ``control`` is then a pair of
+        (training, scored) labels and ``repeats`` 1): the probe is scored on every row of ``X``."""
         n_boot = self.s.n_boot if n_boot is None else n_boot
         if chosen is None:
             chosen = "nested" if isinstance(alpha, tuple) else "tuning_accuracy"
         key = dict(data=data, site=site, target=target, features=features, token=token, control=control_name,
                    task=task, alpha=alpha, metrics=metrics, with_control=control is not None, repeats=repeats,
                    n_boot=n_boot, backend=self.backend(pair=token == "pair"))  # fmt: skip
-        fn = partial(_probe_scores, X, y, groups, task=task, alpha=list(alpha) if isinstance(alpha, tuple)
-                     else alpha, n_folds=self.s.n_folds, n_boot=n_boot, seed=self.seed, control=control,
-                     control_name=control_name, metrics=metrics, repeats=repeats, backend=key["backend"])  # fmt: skip
+        if train is not None:
+            key["trained_on"] = "train_corpus"
+            fn = partial(probing.probe_split_scores, *train, X, y, groups, task=task,
+                         alpha=list(alpha) if isinstance(alpha, tuple) else alpha, n_boot=n_boot, seed=self.seed,
+                         control=control, control_name=control_name, metrics=metrics, backend=key["backend"])
+        else:
+                fn = partial(_probe_scores, X, y, groups, task=task, alpha=list(alpha) if isinstance(alpha, tuple)
+                         else alpha, n_folds=self.s.n_folds, n_boot=n_boot, seed=self.seed, control=control,
+                         control_name=control_name, metrics=metrics, repeats=repeats, backend=key["backend"])
 
         def post(res: pd.DataFrame) -> pd.DataFrame:
             return self._frame(res.assign(data=data, site=site, token=token, target=target, features=features,
@@ -244,6 +304,22 @@ class ProbeDesign(MoreSteps):
 
         fits = repeats * (2 if control is not None else 1) * (len(alpha) + 1 if isinstance(alpha, tuple) else 1)
         return Job("probe", key, fn, post, cost=_size(X) * fits * (1.0 if task == "classification" else 0.05))
+
+    def _train(self, key: tuple[str, str], site: str, select: Callable[[Activations], np.ndarray],
+               label: Callable[[Activations], np.ndarray]) -> tuple | None:  # fmt: skip
+        """``(X, y, groups, types)`` of the ``--corpus`` rows a probe is fit on with ``--eval-corpus`` (the set
+        ``key`` of `train_acts`, rows ``select(a)``, labels ``label(a)``); None without an eval corpus."""
+        if self.train_acts is None:
+            return None
+        a = self.train_acts[key]
+        m = select(a)
+        return a.feats[site][m], label(a)[m], a.group[m], a.token[m]
+
+    def _split_control(self, train: tuple, types: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Hewitt-Liang control labels of the training rows ``train`` (`_train`) and the scored rows (types,
+        y), drawn once over both so that a word type keeps its control label across the two corpora."""
+        both = self._control_labels(np.concatenate([train[3], types]), np.concatenate([train[1], y]))
+        return both[: len(train[1])], both[len(train[1]) :]
 
     def _control_labels(self, types: np.ndarray, y: np.ndarray) -> np.ndarray:
         from bertscope.probes import control_labels
@@ -272,6 +348,12 @@ class ProbeDesign(MoreSteps):
 def _probe_scores(X: Any, *args: Any, **kwargs: Any) -> pd.DataFrame:
     """`probing.probe_scores` on X, or on ``X()`` when X is a callable making the features (in the worker)."""
     return probing.probe_scores(X() if callable(X) else X, *args, **kwargs)
+
+
+def _special_target(target: str, a: Activations) -> np.ndarray:
+    """The [CLS]/[SEP] regression target of every row of ``a``: the row's position (``sep_position``) or the
+    sentence's content length (``cls_length``), as floats."""
+    return (a.pos if target == "sep_position" else a.length - 2).astype(float)
 
 
 def _as_float(control: Callable[[int], np.ndarray], seed: int) -> np.ndarray:

@@ -41,8 +41,11 @@ class MoreSteps:
         # Hewitt-Liang control for pairs: a fixed random label per (type_i, type_j)
         pair_types = tokens[pairs.seq, pairs.i] * (int(tokens.max()) + 1) + tokens[pairs.seq, pairs.j]
         grids: dict[tuple[str, str], np.ndarray] = {}  # one grid per (condition, site), shared by its jobs
+        train = self._train_pairs() if self.train_acts is not None else None
         for target, labels in (("order", pairs.before), ("distance_bucket", pairs.bucket)):
             control = self._control_fn(pair_types, labels)
+            if train is not None:  # --eval-corpus: control labels per (type_i, type_j) over both corpora's pairs
+                control = self._pair_split_control(train, target, tokens, pairs)
             for features in ("concat", "diff"):
                 alpha = self.alpha(f"{target}_{features}")
                 # shuffled / zeroed-position pair probes for the order target only (budget)
@@ -54,12 +57,39 @@ class MoreSteps:
                         if (condition, site) not in grids:
                             grids[condition, site] = acts[("windows", condition)].content_grid(site)
                         X = partial(pair_features, grids[condition, site], pairs, features)  # made in the worker
+                        fit_on = None
+                        if train is not None:  # fit on --corpus's window pairs of the same condition and site
+                            t_pairs, t_groups = train["pairs"], train["groups"]
+                            grid = self.train_acts[("windows", condition)].content_grid(site)
+                            fit_on = (partial(pair_features, grid, t_pairs, features), getattr(t_pairs, _LABEL[target]),
+                                      t_groups)  # fmt: skip
                         jobs.append(self.score_job(X, labels, groups, "classification", alpha,
                                                    control=control if condition == "none" else None,
                                                    data="windows", site=site, target=target, features=features,
                                                    token="pair", control_name=condition,
-                                                   metrics=("accuracy", "macro_f1")))  # fmt: skip
+                                                   metrics=("accuracy", "macro_f1"), train=fit_on))  # fmt: skip
         return pd.concat(self.run(jobs, "relative order (pairs)"), ignore_index=True)
+
+    def _train_pairs(self) -> dict[str, Any]:
+        """``--eval-corpus``: the pairs sampled from ``--corpus``'s probed windows (as from the eval windows),
+        their window groups and their tokens ``[window, pos]``."""
+        t = self.train_acts[("windows", "none")]
+        n_win = len(np.unique(t.seq))
+        content = t.kind == CONTENT
+        pairs = sample_pairs(n_win, self.s.window_len, self.s.pairs_per_window, seed=self.seed)
+        return {"pairs": pairs, "groups": t.group[content].reshape(n_win, -1)[:, 0][pairs.seq],
+                "tokens": t.token[content].reshape(n_win, -1)}  # fmt: skip
+
+    def _pair_split_control(self, train: dict, target: str, tokens: np.ndarray, pairs: Any) -> tuple:
+        """Hewitt-Liang pair control labels (one per (type_i, type_j)) of the training and the scored pairs,
+        drawn once over both so that a type pair keeps its label across the corpora."""
+        t_pairs, t_tokens = train["pairs"], train["tokens"]
+        base = int(max(tokens.max(), t_tokens.max())) + 1
+        types = np.concatenate([t_tokens[t_pairs.seq, t_pairs.i] * base + t_tokens[t_pairs.seq, t_pairs.j],
+                                tokens[pairs.seq, pairs.i] * base + tokens[pairs.seq, pairs.j]])  # fmt: skip
+        label = _LABEL[target]
+        both = self._control_labels(types, np.concatenate([getattr(t_pairs, label), getattr(pairs, label)]))
+        return both[: len(t_pairs.i)], both[len(t_pairs.i) :]
 
     # -- probe-free
     def probe_free(self, acts: dict, tables: dict[str, np.ndarray] | None) -> pd.DataFrame:
@@ -113,6 +143,12 @@ class MoreSteps:
         fns = [partial(probing.grouped_oof_predict, real.feats[site][sel], y, groups, task="classification",
                        alpha=alpha, n_folds=self.s.n_folds, seed=self.seed, backend=self.s.backend)
                for site in chosen]  # fmt: skip
+        if self.train_acts is not None:  # --eval-corpus: fit on --corpus's windows, predict every eval window
+            train = [self._train(("windows", "none"), site, lambda a: a.kind == CONTENT, lambda a: a.pos - 1)
+                     for site in chosen]  # fmt: skip
+            fns = [partial(probing.split_predict, tr[0], tr[1], real.feats[site][sel], task="classification",
+                           alpha=alpha, seed=self.seed, backend=self.s.backend)
+                   for tr, site in zip(train, chosen, strict=True)]  # fmt: skip
         preds = self.jobs.map(fns)
         parts = []
         for i, site in enumerate(chosen):
@@ -151,17 +187,27 @@ class MoreSteps:
         y, groups, types = real.pos[sel] - 1, real.group[sel], real.token[sel]
         control = self._control_labels(types, y)
         sites = list(self.s.sweep_sites or (self.residual[1], self.residual[-1]))
-        jobs = [Job("capacity_sweep", dict(site=site, alphas=tuple(self.s.sweep_alphas), n_boot=self.s.sweep_boot),
-                    partial(capacity.sweep_scores, real.feats[site][sel], y, groups, control,
-                            alphas=self.s.sweep_alphas, n_folds=self.s.n_folds, seed=self.seed,
-                            n_boot=self.s.sweep_boot),
-                    partial(self._sweep_frame, site=site)) for site in sites]  # fmt: skip
+        jobs = []
+        for site in sites:
+            key, train = dict(site=site, alphas=tuple(self.s.sweep_alphas), n_boot=self.s.sweep_boot), None
+            tr = self._train(("windows", "none"), site, lambda a: a.kind == CONTENT, lambda a: a.pos - 1)
+            if tr is not None:  # --eval-corpus: the sweep's probes fit on --corpus's windows
+                c_tr, control = self._split_control(tr, types, y)
+                key["trained_on"], train = "train_corpus", (tr[0], tr[1], c_tr)
+            jobs.append(Job("capacity_sweep", key,
+                            partial(capacity.sweep_scores, real.feats[site][sel], y, groups, control,
+                                    alphas=self.s.sweep_alphas, n_folds=self.s.n_folds, seed=self.seed,
+                                    n_boot=self.s.sweep_boot, train=train),
+                            partial(self._sweep_frame, site=site)))  # fmt: skip
         parts = self.run(jobs, "capacity sweep")
         return pd.concat([res.assign(chosen=np.where(res["alpha"] == self._capacity, "tuning_selectivity", "sweep"))
                           for res in parts], ignore_index=True)  # fmt: skip
 
     def _sweep_frame(self, res: pd.DataFrame, site: str) -> pd.DataFrame:
         return self._frame(res.assign(data="windows", site=site, token="content", target="abs_class", features="h"))
+
+
+_LABEL = {"order": "before", "distance_bucket": "bucket"}  # the `measures.Pairs` field of each pair target
 
 
 def _probe_free_rows(grid: np.ndarray, table: np.ndarray | None, *, site: str, condition: str, n_boot: int,

@@ -197,12 +197,14 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     for warning in plan.warnings:  # a short corpus gets shorter windows
         ctx.warn(warning)
     eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
-    reported_on = ctx.corpus_id
+    reported_on, train_plan = ctx.corpus_id, None
     if eval_corpus is not None:  # tuning windows (every choice) from --corpus, everything reported from the other
+        train_plan = plan  # its probed windows and sentences are what the probes are fit on
         plan, reported_on = _eval_plan(ctx, plan, eval_corpus), str(eval_corpus.name)
         ctx.note("eval_corpus", reported_on)
         ctx.log(f"alphas and the sweep's operating point chosen on {len(plan.tuning)} windows of {ctx.corpus_id}; "
-                f"every reported number from {reported_on}")  # fmt: skip
+                f"window, sentence and [CLS]/[SEP] probes fit on {ctx.corpus_id}'s {len(train_plan.windows)} "
+                f"windows and {len(train_plan.sentences)} sentences; every reported number from {reported_on}")
     settings, windows, tuning, sentences = plan.settings, plan.windows, plan.tuning, plan.sentences
     ctx.note("window_len", settings.window_len)
     # the probes run on CPU whatever the model's device, so they may always go to forked workers
@@ -232,6 +234,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
             tuning_acts = collect(name, seqs, at, hooks)
         else:
             acts[keys[name]] = collect(name, seqs, at, hooks)
+    if train_plan is not None:  # --eval-corpus: the --corpus sets the probes are fit on
+        design.train_acts = {keys[name]: collect(f"train_{name}", seqs, at, hooks)
+                             for name, seqs, at, hooks in train_plan.datasets(design.tuning_sites) if name != "tuning"}
     if not plan.zeroed:
         ctx.warn("the model adds no position embeddings (rotary or relative positions): the zeroed-position null "
                  "is skipped")
@@ -253,16 +258,19 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
     if eval_corpus is not None:  # which corpus chose each alpha / operating point (runs without it keep their columns)
         results["selection_corpus"] = ctx.corpus_id
+        results["trained_on"] = trained_on(results, ctx.corpus_id, reported_on)
 
+    if eval_corpus is not None:  # its probes are fit on --corpus's windows, every eval window predicted
+        confusion = confusion.assign(selection_corpus=ctx.corpus_id, trained_on=ctx.corpus_id)
     ctx.write_table(confusion, "confusion")
     if tables is not None:
         pca, cosine = position_table_views(tables["W_pos"])
         ctx.write_table(pca, "position_table_pca")
         ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     summaries = {"summary_absolute": summary_absolute(results), "capacity_sweep": capacity_sweep(results)}
-    for name, table in summaries.items():
+    for name, table in summaries.items():  # both tables' probes (and memorisation ceilings) are fit on --corpus
         if eval_corpus is not None:
-            table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id)
+            table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id, trained_on=ctx.corpus_id)
         ctx.write_table(table, name)
     ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
     ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
@@ -285,6 +293,17 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict | None, settings: Setti
     steps["confusion"] = lambda: design.confusion(acts)
     return steps
 
+
+
+def trained_on(results: pd.DataFrame, train_corpus: str, eval_corpus: str) -> pd.Series:
+    """``--eval-corpus``'s ``trained_on`` column of ``results``: ``train_corpus`` for the probes fit on its
+    windows/sentences and scored on every row of the eval corpus (``n_folds`` 0), ``"none"`` for rows with no
+    corpus-trained probe (probe-free measures, the position-table probes), else ``eval_corpus`` (probes still
+    cross-validated, or MDL-coded, within the eval corpus)."""
+    out = np.where(results["n_folds"] == 0, train_corpus, eval_corpus).astype(object)
+    untrained = results["probe"].isin(["none"]) | (results["site"] == "position_table")
+    out[untrained.to_numpy()] = "none"
+    return pd.Series(out, index=results.index, name="trained_on")
 
 
 def summary_absolute(results: pd.DataFrame) -> pd.DataFrame:

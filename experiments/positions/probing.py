@@ -155,6 +155,23 @@ def memorisation_ceiling(
     return {"value": float(np.mean(pooled)), "low": float(min(per_fold)), "high": float(max(per_fold))}
 
 
+def memorisation_ceiling_split(
+    types_train: np.ndarray, types: np.ndarray, groups: np.ndarray, *, n_boot: int, seed: int = 0,
+) -> dict[str, float]:
+    """`memorisation_ceiling` for a probe fit on one corpus and scored on another (``--eval-corpus``): the
+    share of the scored tokens (``types``, ``groups``: ``[n]``) whose type occurs among the training tokens
+    ``types_train`` ``[m]``, with a percentile interval over bootstrap resamples of the scored groups
+    (`probes.ratio_of_sums`). Returns ``{"value", "low", "high"}``."""
+    from bertscope.probes import check_groups, ratio_of_sums
+
+    seen = np.isin(np.asarray(types), np.unique(np.asarray(types_train))).astype(np.float64)
+    group_idx, n_groups = check_groups(groups, len(seen))
+    hits = np.bincount(group_idx, weights=seen, minlength=n_groups)
+    sizes = np.bincount(group_idx, minlength=n_groups).astype(np.float64)
+    out = ratio_of_sums(hits, sizes, n_boot=n_boot, seed=seed)
+    return {"value": float(out.value), "low": float(out.low), "high": float(out.high)}
+
+
 def probe_scores(
     X: np.ndarray,
     y: np.ndarray,
@@ -190,6 +207,47 @@ def probe_scores(
         res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=n_boot, seed=seed,
                        control=control, metrics=list(metrics), within_k=within, repeats=repeats,
                        backend=backend)  # fmt: skip
+    res["probe"] = "logistic" if task == "classification" else "ridge"
+    res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
+                                        "selectivity": "selectivity"})  # fmt: skip
+    return res.drop(columns=["labels"])
+
+
+def probe_split_scores(
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    groups_train: np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    *,
+    task: str,
+    alpha: Any,
+    n_boot: int = 500,
+    seed: int = 0,
+    control: tuple[np.ndarray, np.ndarray] | None = None,
+    control_name: str = "none",
+    metrics: tuple[str, ...] | None = None,
+    backend: str = "sklearn",
+) -> pd.DataFrame:
+    """`probe_scores` for a probe fit on one corpus's rows and scored on another's (`probes.evaluate_split`):
+    fit on all of X_train ``[m, d]`` / y_train ``[m]`` at ``alpha`` (a number, or a list chosen by an inner
+    grouped CV on the training rows, ``groups_train``), scored on every row of X ``[n, d]`` / y ``[n]`` with
+    a bootstrap over ``groups`` (the scored windows/sentences). ``control``: (training, scored) Hewitt-Liang
+    labels. X_train and X may be callables making the features. Same rows and columns as `probe_scores`
+    (``n_folds`` 0: no folds)."""
+    from bertscope.probes import evaluate_split
+
+    if metrics is None:
+        metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
+    within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
+    c_train, c_test = control if control is not None else (None, None)
+    X_train, X = (a() if callable(a) else a for a in (X_train, X))  # pair features are made in the worker
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = evaluate_split(X_train, y_train, X, y, groups, groups_train=groups_train, task=task, alphas=alpha,
+                             n_boot=n_boot, seed=seed, control_train=c_train, control_test=c_test,
+                             metrics=list(metrics), within_k=within, backend=backend)  # fmt: skip
     res["probe"] = "logistic" if task == "classification" else "ridge"
     res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
                                         "selectivity": "selectivity"})  # fmt: skip
@@ -279,3 +337,18 @@ def grouped_oof_predict(
 
     return grouped_cross_val_predict(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, seed=seed,
                                      backend=backend).y_pred  # fmt: skip
+
+
+def split_predict(
+    X_train: np.ndarray, y_train: np.ndarray, X: np.ndarray, *, task: str, alpha: float, seed: int = 0,
+    backend: str = "sklearn",
+) -> np.ndarray:
+    """`grouped_oof_predict` for ``--eval-corpus``: predictions ``[n]`` for every row of X ``[n, d]`` of the
+    probe fit at ``alpha`` on all of X_train ``[m, d]`` / y_train ``[m]`` (the fit `probes.evaluate_split`
+    makes)."""
+    from bertscope.probes import LinearProbe
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = LinearProbe(task=task, seed=seed, backend=backend, warm_start=True).set_params(alpha=alpha)
+        return probe.fit(X_train, y_train).predict(X)
