@@ -53,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,9 @@ from bertscope.experiments.positions.data import collect as collect_activations
 from bertscope.experiments.positions.design import COLUMNS, ProbeDesign
 from bertscope.experiments.positions.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.positions.probing import position_table_views
-from bertscope.experiments.positions.windows import ZERO_POSITIONS, capture_source, plan_inputs
+from bertscope.experiments.positions.windows import ZERO_POSITIONS, capture_positions, check, plan_inputs
+from bertscope.experiments.positions.windows import check_capture as check_windows
+from bertscope.experiments.positions.windows import plan_windows as plan_windows  # its home before `windows`
 from threadpoolctl import threadpool_limits
 
 NAME = "positions"
@@ -141,41 +144,12 @@ def activation_sites(model: Any) -> list[str]:
 def check_capture(source: Any, inputs: Any, options: Any, settings: Settings) -> str | None:
     """``--activations DIR`` for positions (`windows.check_capture`): ``None`` when the capture serves this run,
     a reason when it is a capture of sentences rather than positions' windows, `CaptureError` on a mismatch."""
-    from bertscope.experiments.positions.windows import check_capture as check_windows
-
     return check_windows(source, inputs, options, settings)
 
 
 def capture_inputs(inputs: Any, options: Any, settings: Settings, **kwargs: Any) -> dict[str, Any]:
     """``bertscope capture --for positions`` (`windows.capture_positions`): capture what this experiment reads."""
-    from bertscope.experiments.positions.windows import capture_positions
-
     return capture_positions(inputs, options, settings, **kwargs)
-
-
-def check(inputs: Any, settings: Settings) -> None:
-    """Refuse (`registry.CannotRun`) a model too short for a window, or a corpus (``--corpus``, and
-    ``--eval-corpus`` when given) too short for the windows the probes need (`plan_windows`), before anything
-    is written."""
-    _check_corpus(inputs.model, inputs.corpus, settings, "--corpus")
-    eval_corpus = getattr(inputs, "eval_corpus", None)
-    if eval_corpus is not None:
-        _check_corpus(inputs.model, eval_corpus, settings, "--eval-corpus")
-
-
-def _check_corpus(model: Any, corpus: Any, settings: Settings, option: str) -> None:
-    """`check` for one corpus (``option`` names it in the message)."""
-    from bertscope.experiments.registry import CannotRun
-
-    if settings.window_len + 2 > model.config.max_length:
-        raise CannotRun(f"windows of {settings.window_len} word pieces plus [CLS] and [SEP] exceed the model's "
-                        f"{model.config.max_length} positions; use a model with at least {settings.window_len + 2}")
-    n_pieces = _stream_length(corpus, model.tokenizer)
-    if plan_windows(n_pieces, settings) is None:
-        need = _MIN_WINDOW * 4 * settings.n_folds
-        raise CannotRun(f"needs at least {need} word pieces of text ({4 * settings.n_folds} windows of "
-                        f"{_MIN_WINDOW}: {settings.n_folds} folds to probe and to tune on), and corpus "
-                        f"{corpus.name!r} has {n_pieces}; use a longer {option} or a larger --max-sentences")
 
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
@@ -216,7 +190,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("n_sentences", len(sentences))
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
             f"{len(sentences)} sentences ({plan.why})")
-    source = capture_source(ctx, ctx.settings)  # --activations naming a positions capture, else None
+    source = _capture_source(ctx, ctx.settings)  # --activations naming a positions capture, else None
 
     def collect(name: str, seqs: Any, at: list[str], hooks: tuple) -> Activations:
         def compute() -> dict[str, np.ndarray]:
@@ -363,44 +337,6 @@ def capacity_sweep(results: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-_MIN_WINDOW = 4  # the shortest window a short corpus is cut into (`plan_windows`)
-
-
-def plan_windows(n_pieces: int, settings: Settings) -> tuple[int, int, int] | None:
-    """``(window length, windows cut, of which tuning windows)`` for a corpus stream of ``n_pieces`` word pieces,
-    or None when even windows of 4 pieces are too few. A corpus too short for ``4 * n_folds`` windows of
-    ``window_len`` pieces gets shorter windows (halved, down to 4); with fewer windows than the
-    ``max_windows + tune_windows`` asked for, the tuning windows shrink in proportion (at least ``2 * n_folds``);
-    at least ``2 * n_folds`` windows must remain to probe."""
-    want = settings.max_windows + settings.tune_windows
-    length = settings.window_len
-    while n_pieces // length < 4 * settings.n_folds and length // 2 >= _MIN_WINDOW:
-        length //= 2
-    n_pool = min(n_pieces // length, want)
-    n_tune = settings.tune_windows
-    if n_pool < want:
-        n_tune = max(2 * settings.n_folds, n_pool * settings.tune_windows // want)
-    if n_pool < 2 or n_pool - n_tune < 2 * settings.n_folds:
-        return None
-    return length, n_pool, n_tune
-
-
-_STREAM_LENGTHS: dict[tuple[int, int], tuple[Any, Any, int]] = {}  # the check, the runner and run ask alike
-
-
-def _stream_length(corpus: Any, tokenizer: Any) -> int:
-    """Word pieces in the corpus's stream (its sentences tokenized without special tokens, as windows are cut);
-    counted once per corpus and tokenizer object (about 1 s for the builtin corpus)."""
-    hit = _STREAM_LENGTHS.get((id(corpus), id(tokenizer)))
-    if hit is not None and hit[0] is corpus and hit[1] is tokenizer:
-        return hit[2]
-    texts = [s.text for s in corpus]
-    n = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
-    _STREAM_LENGTHS.clear()  # one entry: no corpus is kept alive beyond the next count
-    _STREAM_LENGTHS[(id(corpus), id(tokenizer))] = (corpus, tokenizer, n)
-    return n
-
-
 def _eval_plan(ctx: Any, plan: Any, eval_corpus: Any) -> Any:
     """``--eval-corpus``: the run's plan with the probed windows and sentences (and their shuffled and
     zeroed-position copies) cut from ``eval_corpus`` with the same window length and seed, and the tuning
@@ -430,3 +366,21 @@ def _timed(ctx: Any, name: str, fn: Any) -> pd.DataFrame:
 
 def _numpy(t: Any) -> np.ndarray:
     return t.detach().float().cpu().numpy()
+
+
+def _capture_source(ctx: Any, settings: Settings) -> Any:
+    """The `activations.CaptureSource` the run reads (``--activations`` naming a positions capture), or ``None``
+    (run the forward; a log line says so when ``--activations`` names a capture of sentences, as in ``run all``)."""
+    from bertscope.experiments.activations import CaptureSource
+
+    folder = getattr(ctx.options, "activations", None)
+    if folder is None:
+        return None
+    source = CaptureSource(Path(folder), ctx.model)
+    why = check_capture(source, ctx.inputs, ctx.options, settings)
+    if why is not None:
+        ctx.log(f"--activations not used: {why}")
+        return None
+    ctx.note("activations", str(folder))
+    ctx.log(f"reading the windows' activations from the capture {folder}")
+    return source

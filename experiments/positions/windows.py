@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,7 +92,6 @@ def plan_inputs(model: Any, corpus: Any, settings: Any, *, seed: int, max_senten
     first sentences (``encode(sentences)``: the run context's ``ctx.encode``; default `corpus.encode` at
     ``max_length``). The corpus must pass `experiment.check`."""
     from bertscope.experiments.options import sentences_used
-    from bertscope.experiments.positions.experiment import _stream_length, plan_windows
 
     warnings = []
     want = settings.max_windows + settings.tune_windows
@@ -134,7 +132,6 @@ def capture_positions(inputs: Any, options: Any, settings: Any, *, shard_size: i
     ``options.out``; returns the index (`capture.capture`'s, with ``positions``: `Plan.describe`)."""
     from bertscope.experiments.capture import stream
     from bertscope.experiments.corpus import Corpus, Encoded
-    from bertscope.experiments.positions.experiment import check
 
     check(inputs, settings)
     model = inputs.model
@@ -166,7 +163,6 @@ def check_capture(source: Any, inputs: Any, options: Any, settings: Any) -> str 
     `CaptureError` (one line) when it is one made by another model or corpus, with another dtype,
     --max-length or window plan, or lacking a site."""
     from bertscope.experiments.capture import CaptureError
-    from bertscope.experiments.positions.experiment import check
 
     stored = source.index.get(PLAN_KEY)
     if stored is None:
@@ -194,19 +190,67 @@ def check_capture(source: Any, inputs: Any, options: Any, settings: Any) -> str 
     return None
 
 
-def capture_source(ctx: Any, settings: Any) -> Any:
-    """The `activations.CaptureSource` the run reads (``--activations`` naming a positions capture), or ``None``
-    (run the forward; a log line says so when ``--activations`` names a capture of sentences, as in ``run all``)."""
-    from bertscope.experiments.activations import CaptureSource
+# ------------------------------------------------------------------------------------------------ window plan
 
-    folder = getattr(ctx.options, "activations", None)
-    if folder is None:
+
+def check(inputs: Any, settings: Any) -> None:
+    """Refuse (`registry.CannotRun`) a model too short for a window, or a corpus (``--corpus``, and
+    ``--eval-corpus`` when given) too short for the windows the probes need (`plan_windows`), before anything
+    is written."""
+    _check_corpus(inputs.model, inputs.corpus, settings, "--corpus")
+    eval_corpus = getattr(inputs, "eval_corpus", None)
+    if eval_corpus is not None:
+        _check_corpus(inputs.model, eval_corpus, settings, "--eval-corpus")
+
+
+def _check_corpus(model: Any, corpus: Any, settings: Any, option: str) -> None:
+    """`check` for one corpus (``option`` names it in the message)."""
+    from bertscope.experiments.registry import CannotRun
+
+    if settings.window_len + 2 > model.config.max_length:
+        raise CannotRun(f"windows of {settings.window_len} word pieces plus [CLS] and [SEP] exceed the model's "
+                        f"{model.config.max_length} positions; use a model with at least {settings.window_len + 2}")
+    n_pieces = _stream_length(corpus, model.tokenizer)
+    if plan_windows(n_pieces, settings) is None:
+        need = _MIN_WINDOW * 4 * settings.n_folds
+        raise CannotRun(f"needs at least {need} word pieces of text ({4 * settings.n_folds} windows of "
+                        f"{_MIN_WINDOW}: {settings.n_folds} folds to probe and to tune on), and corpus "
+                        f"{corpus.name!r} has {n_pieces}; use a longer {option} or a larger --max-sentences")
+
+
+_MIN_WINDOW = 4  # the shortest window a short corpus is cut into (`plan_windows`)
+
+
+def plan_windows(n_pieces: int, settings: Any) -> tuple[int, int, int] | None:
+    """``(window length, windows cut, of which tuning windows)`` for a corpus stream of ``n_pieces`` word pieces,
+    or None when even windows of 4 pieces are too few. A corpus too short for ``4 * n_folds`` windows of
+    ``window_len`` pieces gets shorter windows (halved, down to 4); with fewer windows than the
+    ``max_windows + tune_windows`` asked for, the tuning windows shrink in proportion (at least ``2 * n_folds``);
+    at least ``2 * n_folds`` windows must remain to probe."""
+    want = settings.max_windows + settings.tune_windows
+    length = settings.window_len
+    while n_pieces // length < 4 * settings.n_folds and length // 2 >= _MIN_WINDOW:
+        length //= 2
+    n_pool = min(n_pieces // length, want)
+    n_tune = settings.tune_windows
+    if n_pool < want:
+        n_tune = max(2 * settings.n_folds, n_pool * settings.tune_windows // want)
+    if n_pool < 2 or n_pool - n_tune < 2 * settings.n_folds:
         return None
-    source = CaptureSource(Path(folder), ctx.model)
-    why = check_capture(source, ctx.inputs, ctx.options, settings)
-    if why is not None:
-        ctx.log(f"--activations not used: {why}")
-        return None
-    ctx.note("activations", str(folder))
-    ctx.log(f"reading the windows' activations from the capture {folder}")
-    return source
+    return length, n_pool, n_tune
+
+
+_STREAM_LENGTHS: dict[tuple[int, int], tuple[Any, Any, int]] = {}  # the check, the runner and run ask alike
+
+
+def _stream_length(corpus: Any, tokenizer: Any) -> int:
+    """Word pieces in the corpus's stream (its sentences tokenized without special tokens, as windows are cut);
+    counted once per corpus and tokenizer object (about 1 s for the builtin corpus)."""
+    hit = _STREAM_LENGTHS.get((id(corpus), id(tokenizer)))
+    if hit is not None and hit[0] is corpus and hit[1] is tokenizer:
+        return hit[2]
+    texts = [s.text for s in corpus]
+    n = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
+    _STREAM_LENGTHS.clear()  # one entry: no corpus is kept alive beyond the next count
+    _STREAM_LENGTHS[(id(corpus), id(tokenizer))] = (corpus, tokenizer, n)
+    return n
