@@ -168,7 +168,8 @@ def train_site_dictionaries(train: Collected, sites: Sequence[Site], settings: A
     step = 4096
     source = [ActivationBatch({h: torch.from_numpy(train.acts[h][i:i + step]) for h in hooks}, classes[i:i + step],
                               train.rows.sentence[i:i + step]) for i in range(0, n, step)]
-    batch = min(settings.batch_size, max(64, int((~special).sum())))
+    # a batch never larger than the training tokens (a corpus that fits the buffer is read once, not cycled)
+    batch = max(1, min(settings.batch_size, int((~special).sum())))
     ts = TrainSettings(tokens=max(settings.tokens, batch), batch_size=batch, buffer_rows=settings.buffer_rows,
                        lr=settings.lr, seed=seed, dead_tokens=max(batch, settings.tokens // 4), progress=False,
                        device=str(device))
