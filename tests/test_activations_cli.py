@@ -75,6 +75,7 @@ def test_heads_attention_pass_reads_a_capture(tiny_model_dir, captures, tmp_path
         ("same-token", {"max_sentences": "8"}, "does not hold sentence"),
         ("same-token", {"capture": "missing"}, "not a folder"),
         ("positions", {}, "holds the corpus's sentences, not positions' windows"),
+        ("circuits", {}, "circuits cannot read its activations from a capture: it patches"),
     ],
 )
 def test_refused_in_one_line_with_nothing_written(tiny_model_dir, captures, tmp_path, capsys, name, change,

@@ -38,6 +38,11 @@ from bertscope.hooks import circuits
 
 NAME = "circuits"
 DIRNAME = "circuits"
+
+#: why ``--activations`` cannot stand in for this experiment's forward (``bertscope run circuits`` refuses it;
+#: ``run all`` runs circuits' own forwards and says so)
+NO_ACTIVATIONS = ("it patches activations between clean and corrupted runs and takes gradients, which needs the "
+                  "model, not stored activations")
 SUMMARY_TABLES = ["agreement", "areas"]
 
 
