@@ -199,18 +199,13 @@ def probe_scores(
     """
     from bertscope.probes import evaluate
 
-    if metrics is None:
-        metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
-    within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
+    metrics, within = _metric_args(task, metrics)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a rare non-converged fit should not flood the log
         res = evaluate(X, y, groups, task=task, n_folds=n_folds, alphas=alpha, n_boot=n_boot, seed=seed,
-                       control=control, metrics=list(metrics), within_k=within, repeats=repeats,
+                       control=control, metrics=metrics, within_k=within, repeats=repeats,
                        backend=backend)  # fmt: skip
-    res["probe"] = "logistic" if task == "classification" else "ridge"
-    res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
-                                        "selectivity": "selectivity"})  # fmt: skip
-    return res.drop(columns=["labels"])
+    return _tagged(res, task, control_name)
 
 
 def probe_split_scores(
@@ -238,16 +233,28 @@ def probe_split_scores(
     (``n_folds`` 0: no folds)."""
     from bertscope.probes import evaluate_split
 
-    if metrics is None:
-        metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
-    within = 1 if task == "classification" and "accuracy_within_1" in metrics else None
+    metrics, within = _metric_args(task, metrics)
     c_train, c_test = control if control is not None else (None, None)
     X_train, X = (a() if callable(a) else a for a in (X_train, X))  # pair features are made in the worker
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = evaluate_split(X_train, y_train, X, y, groups, groups_train=groups_train, task=task, alphas=alpha,
                              n_boot=n_boot, seed=seed, control_train=c_train, control_test=c_test,
-                             metrics=list(metrics), within_k=within, backend=backend)  # fmt: skip
+                             metrics=metrics, within_k=within, backend=backend)  # fmt: skip
+    return _tagged(res, task, control_name)
+
+
+def _metric_args(task: str, metrics: tuple[str, ...] | None) -> tuple[list[str], int | None]:
+    """The metric names (the task's defaults when None) and ``within_k`` (1 when accuracy within one class is
+    asked of a classifier) that `probe_scores` and `probe_split_scores` hand to the probes."""
+    if metrics is None:
+        metrics = CLASS_METRICS if task == "classification" else REGRESSION_METRICS
+    return list(metrics), 1 if task == "classification" and "accuracy_within_1" in metrics else None
+
+
+def _tagged(res: pd.DataFrame, task: str, control_name: str) -> pd.DataFrame:
+    """Evaluate's rows with ``probe`` ("logistic" | "ridge") and ``control`` (``control_name`` for the task rows,
+    ``"control_task"``, ``"selectivity"``) in place of its ``labels`` column."""
     res["probe"] = "logistic" if task == "classification" else "ridge"
     res["control"] = res["labels"].map({"task": control_name, "control": "control_task",
                                         "selectivity": "selectivity"})  # fmt: skip
