@@ -52,12 +52,14 @@ def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORM
     grids = {m: results[results.method == m].pivot_table(index="layer", columns="head", values="normalised")
              .reindex(index=range(n_layers), columns=range(n_heads)).to_numpy() for m in methods}
     vmax = max(float(np.nanmax(np.abs(g))) for g in grids.values()) or 1.0
-    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 2.8), squeeze=False)
+    # constrained layout and one shared "layer" axis: the title and each panel's labels never overlap a neighbour
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.0), squeeze=False, sharey=True,
+                             layout="constrained")  # fmt: skip
     for ax, m in zip(axes[0], methods, strict=True):
         im = ax.imshow(grids[m], cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
         ax.set_title(LABELS[m], fontsize=9)
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+    axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of the clean-to-corrupted change")
     fig.suptitle("Head effects on the term-frequency signal (TFC1)", fontsize=10)
     return io.save_figure(fig, out_dir / "fig_head_maps", formats)
