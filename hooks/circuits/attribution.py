@@ -35,7 +35,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.hooks.circuits.results import by_length, effects_table, in_task_order, node_labels
+from bertscope.hooks.circuits.results import (
+    HEAD_PARTS,
+    NODE_SITES,
+    by_length,
+    effects_table,
+    in_task_order,
+    node_labels,
+)
 from bertscope.hooks.circuits.tasks import Task
 
 METHODS = ("atp", "atp*", "eap-ig", "eap-ig-act", "ig-act-own")
@@ -53,8 +60,9 @@ def attribute(
     seed: int = 0,
 ) -> pd.DataFrame:
     """Attribution-patching estimates of every node's patching effect -> the table :func:`patch` returns
-    (``method`` = "atp", "atp*", "eap-ig", "eap-ig-act" or "ig-act-own"; ``nodes`` "heads" or "mlps"; ``atp*``
-    heads only)."""
+    (``method`` = "atp", "atp*", "eap-ig", "eap-ig-act" or "ig-act-own"; ``nodes`` "heads", "queries", "keys",
+    "values" or "mlps"; ``atp*`` attention nodes only: on "queries", "keys" and "values" it is the paper's per-node
+    estimate, on "heads" their sum)."""
     effects, total = attribute_effects(model, task, method, nodes, steps=steps, batch_size=batch_size)
     labels = node_labels(nodes, model.config.n_layers, model.config.n_heads)
     table = effects_table(effects, total, labels, method=method, n_boot=n_boot, seed=seed)
@@ -68,8 +76,9 @@ def attribute_effects(
     """``(estimates [n_pairs, n_nodes], total [n_pairs])`` for :func:`attribute`."""
     if method not in METHODS:
         raise ValueError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
-    if nodes not in ("heads", "mlps") or (method == "atp*" and nodes != "heads"):
-        raise ValueError(f"{method} attributes heads{'' if method == 'atp*' else ' or mlps'}, not {nodes!r}")
+    kinds = ("heads", *HEAD_PARTS) if method == "atp*" else ("heads", *HEAD_PARTS, "mlps")
+    if nodes not in kinds:
+        raise ValueError(f"{method} attributes {', '.join(kinds)}, not {nodes!r}")
     if method in ("eap-ig", "eap-ig-act", "ig-act-own") and steps < 1:
         raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
     out, totals, order = [], [], by_length(task.mask, batch_size)
@@ -82,7 +91,7 @@ def attribute_effects(
 
 
 def _site(nodes: str) -> str:
-    return "attn.hook_z" if nodes == "heads" else "hook_mlp_out"
+    return NODE_SITES[nodes]
 
 
 def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,12 +159,16 @@ def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.
         for L in range(n):
             delta = ck[f"blocks.{L}.{site}"] - cc[f"blocks.{L}.{site}"]
             if method == "atp*":
-                per_layer.append(sum(atp_star_parts(model, L, cc, ck, mask).values()))
-            elif nodes == "heads":
+                parts = atp_star_parts(model, L, cc, ck, mask)
+                per_layer.append(sum(parts.values()) if nodes == "heads" else parts[_PART[nodes]])
+            elif nodes != "mlps":
                 per_layer.append((delta * grads[L]).sum((1, 3)))  # [b, h]
             else:
                 per_layer.append((delta * grads[L]).sum((1, 2))[:, None])
     return torch.cat(per_layer, dim=1).double().cpu(), total
+
+
+_PART = {"queries": "query", "keys": "key", "values": "value"}
 
 
 def atp_star_parts(model: Any, layer: int, cc: Any, ck: Any, mask: torch.Tensor) -> dict[str, torch.Tensor]:

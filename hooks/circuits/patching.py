@@ -1,4 +1,5 @@
-"""Exact activation patching of nodes: a head's output, an MLP's output, the residual stream at one position.
+"""Exact activation patching of nodes: a head's output, its queries, keys or values, an MLP's output, the residual
+stream at one position.
 
 Each node's effect is ``m(clean run with the node set to its source value) - m(clean)`` per pair, source =
 the corrupted run (activation patching), zero, or the mean over the task's clean runs (mean ablation). Heads of
@@ -13,12 +14,20 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.hooks.circuits.results import by_length, chunks, effects_table, in_task_order, node_labels
+from bertscope.hooks.circuits.results import (
+    HEAD_PARTS,
+    NODE_SITES,
+    by_length,
+    chunks,
+    effects_table,
+    in_task_order,
+    node_labels,
+)
 from bertscope.hooks.circuits.tasks import Task
 from einops import rearrange, repeat
 
 Source = Literal["corrupted", "zero", "mean"]
-NODE_KINDS = ("heads", "mlps", "resid")
+NODE_KINDS = ("heads", *HEAD_PARTS, "mlps", "resid")
 
 
 @torch.no_grad()
@@ -42,7 +51,9 @@ def patch(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Exact patching of every node of kind ``nodes`` ("heads" | "mlps" | "resid") -> a tidy table.
+    """Exact patching of every node of kind ``nodes`` ("heads" | "queries" | "keys" | "values" | "mlps" | "resid")
+    -> a tidy table. A head's ``queries`` (``keys``, ``values``) node is that head's ``hook_q`` (``hook_k``,
+    ``hook_v``) at every position, the rest of the layer recomputed from it: the nodes AtP* estimates one by one.
 
     ``source``: "corrupted" (the corrupted run's value), "zero", or "mean" (its mean over real tokens of the
     task's clean runs). ``resid`` nodes (``resid{L}``: block L's input, ``resid{n_layers}``: the final hidden state)
@@ -80,7 +91,7 @@ def patch_effects(
     for rows in order:
         clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
         mask = clean["attention_mask"]
-        names = ["blocks.*.hook_resid_pre", "blocks.*.attn.hook_z", "blocks.*.hook_mlp_out"]
+        names = ["blocks.*.hook_resid_pre", *([f"blocks.*.{NODE_SITES[nodes]}"] if nodes in NODE_SITES else [])]
         out_c, cc = model.run_with_cache(**clean, names_filter=names)
         out_k, ck = model.run_with_cache(**corr, names_filter=names)
         m_clean = task.metric(out_c, mask, rows)
@@ -97,9 +108,10 @@ def patch_effects(
                 per_layer.append(task.metric(hidden, mask, rows)[None])
         for layer in range(n if nodes != "resid" else 0):
             x = cc[f"blocks.{layer}.hook_resid_pre"]
-            if nodes == "heads":
-                src = _head_source(source, ck[f"blocks.{layer}.attn.hook_z"], means, layer)
-                per_layer.append(_patch_heads(model, task, layer, x, mask, rows, src))
+            if nodes == "heads" or nodes in HEAD_PARTS:
+                site = f"blocks.{layer}.{NODE_SITES[nodes]}"
+                src = _head_source(source, ck[site], means, layer)
+                per_layer.append(_patch_heads(model, task, layer, x, mask, rows, src, site))
             else:
                 src = _mlp_source(source, ck[f"blocks.{layer}.hook_mlp_out"], means, layer)
                 hook = (f"blocks.{layer}.hook_mlp_out", lambda t, hook, src=src: src.expand_as(t))
@@ -109,8 +121,9 @@ def patch_effects(
     return in_task_order(effects, order).numpy(), in_task_order(totals, order).numpy()
 
 
-def _patch_heads(model, task, layer, x, mask, rows, src) -> torch.Tensor:
-    """``[n_heads, b]`` metric with head h of ``layer`` set to ``src[..., h, :]`` in copy h."""
+def _patch_heads(model, task, layer, x, mask, rows, src, site) -> torch.Tensor:
+    """``[n_heads, b]`` metric with head h of ``layer`` set to ``src[..., h, :]`` in copy h, at the per-head hook
+    ``site`` (``[batch, pos, head, d_head]``: ``attn.hook_z``, ``hook_q``, ``hook_k`` or ``hook_v``)."""
     h = model.config.n_heads
     eye = torch.eye(h, dtype=torch.bool, device=x.device)
 
@@ -119,7 +132,7 @@ def _patch_heads(model, task, layer, x, mask, rows, src) -> torch.Tensor:
         z = torch.where(eye[:, None, None, :, None], src.expand_as(z[0])[None], z)
         return rearrange(z, "c b p h d -> (c b) p h d")
 
-    with model.hooks([(f"blocks.{layer}.attn.hook_z", put)]):
+    with model.hooks([(site, put)]):
         hidden = model.forward_from(layer, repeat(x, "b p m -> (c b) p m", c=h), repeat(mask, "b p -> (c b) p", c=h))
     values = task.metric(hidden, repeat(mask, "b p -> (c b) p", c=h), repeat(rows, "b -> (c b)", c=h))
     return rearrange(values, "(c b) -> c b", c=h)
@@ -151,8 +164,9 @@ def _mlp_source(source, out_corr, means, layer) -> torch.Tensor:
 
 @torch.no_grad()
 def _means(model, task, nodes, batch_size) -> list[torch.Tensor]:
-    """Mean over real tokens of the task's clean runs: ``hook_z`` ``[h, d]`` per layer, or ``hook_mlp_out`` ``[m]``."""
-    site = "attn.hook_z" if nodes == "heads" else "hook_mlp_out"
+    """Mean over real tokens of the task's clean runs, per layer: ``[h, d]`` at a per-head site (``hook_z``,
+    ``hook_q`` ...), ``[m]`` at ``hook_mlp_out``."""
+    site = NODE_SITES[nodes]
     sums, count = None, 0
     for rows in chunks(task.n_pairs, batch_size):
         batch = task.batch(rows)

@@ -33,10 +33,21 @@ def in_task_order(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -
     return res
 
 
+HEAD_PARTS = ("queries", "keys", "values")
+"""Per-head node kinds inside attention: all positions of one head's queries, keys or values (``attn.hook_q`` ...)."""
+
+NODE_SITES = {"heads": "attn.hook_z", "queries": "attn.hook_q", "keys": "attn.hook_k", "values": "attn.hook_v",
+              "mlps": "hook_mlp_out"}
+"""The hook (within block L) each patchable node kind lives at; ``resid`` nodes are ``hook_resid_pre``."""
+
+
 def node_labels(kind: str, n_layers: int, n_heads: int, positions: bool = False) -> list[tuple[str, int, int]]:
-    """``(node, layer, head)`` of every node of ``kind`` ("heads" | "mlps" | "resid"); head is -1 where none."""
+    """``(node, layer, head)`` of every node of ``kind`` ("heads" | "queries" | "keys" | "values" | "mlps" |
+    "resid"); head is -1 where none. A head's query, key and value nodes are ``a{L}.h{h}.q`` (``.k``, ``.v``)."""
     if kind == "heads":
         return [(f"a{L}.h{h}", L, h) for L in range(n_layers) for h in range(n_heads)]
+    if kind in HEAD_PARTS:
+        return [(f"a{L}.h{h}.{kind[0]}", L, h) for L in range(n_layers) for h in range(n_heads)]
     if kind == "mlps":
         return [(f"m{L}", L, -1) for L in range(n_layers)]
     return [(f"resid{L}", L, -1) for L in range(n_layers + 1)]
