@@ -3,11 +3,14 @@
 For a node with clean activation ``a`` and corrupted ``a*`` (gradients through the model's real LayerNorms):
 
 - ``atp`` (Nanda 2023; Syed et al. 2023): ``(a* - a) . dm/da`` at the clean run.
-- ``atp*`` (Kramár et al. 2024, the QK fix): a head's output is a function of its queries, keys and values; its
-  effect is the sum of its query, key and value nodes' effects, where a value node is linear (``(v* - v) .
-  dm/dv``) but a query or key node's change goes through the softmax exactly: the attention row with the
-  corrupted query (each key's column with the corrupted key, all queries) is recomputed and the pattern change
-  multiplied by ``dm/dA``. This removes the error AtP makes when attention is saturated. (The paper's second fix,
+- ``atp*`` (Kramár et al. 2024, the QK fix): the paper's nodes are a head's queries, keys and values
+  (``nodes`` = "queries", "keys", "values": each head's ``hook_q`` / ``hook_k`` / ``hook_v`` at every position). A
+  value node is linear given the pattern (``(v* - v) . dm/dv``), but a query or key node's change goes through
+  the softmax exactly: the attention row with the corrupted query (each key's column with the corrupted key, all
+  queries) is recomputed and the pattern change multiplied by ``dm/dA``. This removes the error AtP makes when
+  attention is saturated. On ``nodes="heads"`` a head's score is the sum of its three nodes' estimates; exact
+  patching of the head's output moves all three together, so that sum leaves out their interaction (compare
+  :func:`~bertscope.hooks.circuits.patching.patch` with the same node kinds). (The paper's second fix,
   GradDrop, is not applied: its absolute values lose the effect's sign.)
 - ``eap-ig`` (Hanna et al. 2024, as in their ``get_scores_eap_ig``; MIB's "EAP-IG-inputs"): ``(a* - a) . mean_k
   dm/da`` over ``steps`` runs whose input embeddings (``embed.hook_out``) are ``e* + k/steps (e - e*)``,
