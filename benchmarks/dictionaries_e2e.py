@@ -109,7 +109,7 @@ def choose(sweep: pd.DataFrame) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--start", type=Path, required=True, help="benchmarks/dictionaries.py OUT of the bundled model")
+    ap.add_argument("--start", type=Path, default=None, help="benchmarks/dictionaries.py OUT of the bundled model")
     ap.add_argument("--reinit-start", type=Path, default=None, help="the same for the re-initialised model")
     ap.add_argument("--lambdas", default="0.03,0.1,0.3,1")
     ap.add_argument("--steps", type=int, default=300)
@@ -128,6 +128,8 @@ def main() -> None:
     if args.from_results:
         write_doc(args.doc, json.loads((args.out / "results.json").read_text()))
         return
+    if args.start is None:
+        ap.error("--start is required (unless --from-results)")
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     clock = Clock()
