@@ -232,17 +232,23 @@ def block(r: dict) -> str:
               "| lambda | held-out spliced cosine | held-out explained variance |", "| --- | --- | --- |"]
     lines += [f"| {_lam(s['lambda'])} | {s['heldout_embedding_cosine']:.3f} | "
               f"{s['heldout_explained_variance']:.3f} |" for s in r["sweep"]]
+    grid = [s for s in r["sweep"] if s["lambda"] == s["lambda"]]
+    spread = max(s["heldout_embedding_cosine"] for s in grid) - min(s["heldout_embedding_cosine"] for s in grid)
+    lines += ["", f"Across the grid the held-out cosines span {spread:.4f}, so at this length of fine-tune the "
+              "choice of lambda matters little."]
     cpu = r["cpu_s"]
     ft_cpu = [v for k, v in cpu.items() if k.startswith("finetune_lambda_")]
     dcos = best["spliced_embedding_cosine"] - start["spliced_embedding_cosine"]
     dev_ = best["explained_variance"] - start["explained_variance"]
     met = best["spliced_embedding_cosine"] >= 0.95 and best["explained_variance"] >= EV_FLOOR
     lines += ["", f"Chosen lambda = {r['chosen_lambda']:g}. Fine-tuning: {r['steps']} Adam steps of "
-              f"{r['batch_sentences']} sentences (lr {r['lr']:g}, decayed over the last 20%, seed {r['seed']}) on "
-              f"{r['fit_sentences']} EWT train sentences (the first; the last {r['heldout_sentences']} only choose "
-              f"lambda); site variance (the FVU's denominator) {r['site_variance']:.3f}. Dev: the first "
+              f"{r['batch_sentences']} sentences (lr {r['lr']:g}, decayed over the last 20%, seed {r['seed']}), "
+              f"{r['steps'] * r['batch_sentences']} sentences drawn from the first {r['fit_sentences']} EWT train "
+              f"sentences ({r['steps'] * r['batch_sentences'] / r['fit_sentences']:.2f} passes; the last "
+              f"{r['heldout_sentences']} only choose lambda); site variance (the FVU's denominator) {r['site_variance']:.3f}. Dev: the first "
               f"{r['dev_sentences']} sentences for the splice and per-token numbers, all {r['dev_all_sentences']} "
-              f"sentences ({int(best['dev_all_tokens'])} non-special tokens) for `dev_all_*`. CPU seconds (one "
+              f"sentences ({int(best['dev_all_tokens'])} non-special tokens, tokenised from each sentence's text as the "
+              f"splice is) for `dev_all_*`. CPU seconds (one "
               f"thread): {', '.join(f'{v:.0f}' for v in ft_cpu)} per fine-tune (lambda grid "
               f"{', '.join(f'{v:g}' for v in r['lambdas'])}), "
               f"{cpu.get('dev_eval', 0):.0f} for the dev evaluation"
@@ -256,7 +262,17 @@ def block(r: dict) -> str:
               f"{start['dev_all_dead_fraction']:.3f} to {best['dev_all_dead_fraction']:.3f}. The target (cosine >= "
               f"0.95 with explained variance >= {EV_FLOOR}) is " + ("**met**" if met else "**not met**") +
               f" by the fine-tuned dictionary; PCA-top{r['k']} at the same L0: explained variance "
-              f"{pca['explained_variance']:.3f}, cosine {pca['spliced_embedding_cosine']:.3f}.", "", END]
+              f"{pca['explained_variance']:.3f}, cosine {pca['spliced_embedding_cosine']:.3f}."]
+    rstart = next((s for n, s in rows.items() if n.startswith("reinitialised/topk (MSE)")), None)
+    rbest = next((s for n, s in rows.items() if n.startswith("reinitialised/topk + e2e")), None)
+    if rstart is not None and rbest is not None:
+        lines += ["", f"The re-initialised-model control, fine-tuned the same way (same lambda, steps and sentences): "
+                  f"spliced cosine {rstart['spliced_embedding_cosine']:.3f} to "
+                  f"{rbest['spliced_embedding_cosine']:.3f}, "
+                  f"explained variance {rstart['explained_variance']:.3f} to {rbest['explained_variance']:.3f}."]
+    else:
+        lines += ["", "The re-initialised-model control was not fine-tuned in this run."]
+    lines += ["", END]
     return "\n".join(lines)
 
 

@@ -252,7 +252,7 @@ def _add_sae(sub: Any) -> None:
                    help="then fine-tune each SAE end to end for N steps against the model's own objective (sentence "
                    "embedding, or MLM KL with a masked-LM head) on the same training sentences (docs/dictionaries.md)")
     t.add_argument("--e2e-lambda", type=float, default=None, metavar="X",
-                   help="weight of the site's normalised MSE (FVU) in the end-to-end loss (default 0.1)")
+                   help="weight of the site's normalised MSE (FVU) in the end-to-end loss (default 0.01)")
     t.add_argument("--e2e-lr", type=float, default=None, help="Adam learning rate of the fine-tune (default 1e-4)")
     _add_shared_options(t, out_default=Path("results/sae"))
     t.set_defaults(handler=cmd_sae)

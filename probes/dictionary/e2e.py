@@ -61,7 +61,7 @@ from .models import UNIT_NORM_DECODER, Dictionary
 
 #: The default weight of the site's FVU (chosen on a held-out slice of EWT train, never on dev:
 #: benchmarks/dictionaries_e2e.py, docs/dictionaries.md "End-to-end fine-tuning").
-DEFAULT_MSE_COEFFICIENT = 0.1
+DEFAULT_MSE_COEFFICIENT = 0.01
 PAPER = "Braun et al. 2024, arXiv:2405.12241 (ApolloResearch/e2e_sae, e2e_sae/losses.py @ cddef939)"
 
 
