@@ -176,3 +176,18 @@ def test_cli_bad_e2e_options_are_one_line_and_write_nothing(tiny_mlm_folder, tmp
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_fine_tuning_lowers_the_held_out_mlm_kl(tmp_path, texts):
+    # weights drawn wider than BERT's 0.02, so the random MLM head's distribution is not nearly uniform (KL ~ 1e-2)
+    save_tiny_bert(tmp_path, transformers.BertForMaskedLM, initializer_range=0.2)
+    mlm = bertscope.load(tmp_path)
+    rows = [b.acts[SITE] for b in collect_activations(mlm, texts[:160], [SITE])]
+    cfg = DictionaryConfig(d_in=32, d_sae=64, arch="topk", k=4, site=SITE)
+    start = train_dictionaries(rows, cfg, TrainSettings(tokens=20_000, batch_size=256, lr=3e-3, progress=False))[SITE]
+    held = texts[160:]
+    before = e2e_loss(mlm, start, held, objective="mlm", seed=5)
+    tuned = finetune_e2e(mlm, start, texts[:160], E2ESettings(steps=15, lr=2e-3, batch_sentences=16, progress=False))
+    after = e2e_loss(mlm, tuned, held, objective="mlm", seed=5)
+    assert tuned.config.metadata["e2e"]["objective"] == "mlm"
+    assert after["model"] < before["model"]
