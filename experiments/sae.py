@@ -28,8 +28,10 @@ from bertscope.probes.dictionary import (
     Dictionary,
     DictionaryConfig,
     DictionaryFormatError,
+    E2ESettings,
     TrainSettings,
     evaluate_dictionary,
+    finetune_e2e,
     is_dictionary,
     load_dictionary,
     neuron_topk_dictionary,
@@ -106,7 +108,7 @@ def site_width(model: Any, site: str) -> int:
 def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: str | Path, *, arch: str = "topk",
               k: int | None = 32, width: str | int = "8x", kind: str = "sae", site_out: str | None = None,
               settings: TrainSettings | None = None, capture: Any = None, batch_size: int = 32,
-              max_length: int = 128, controls: bool = True) -> dict[str, Dictionary]:
+              max_length: int = 128, controls: bool = True, e2e: E2ESettings | None = None) -> dict[str, Dictionary]:
     """Train one dictionary per site on the activations of ``sentences`` (a corpus) and save each to
     ``out/<site>/`` (SAELens's format); returns site -> dictionary.
 
@@ -115,7 +117,10 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
     capture folder to read instead of running the model. ``settings`` (:class:`TrainSettings`): tokens, batch,
     buffer, seed, device, dtype, ... ``controls``: also save the PCA and neuron-basis controls at the same L0,
     fitted on the first training buffer. A checkpoint ``out/checkpoint.pt`` is written every
-    ``settings.checkpoint_tokens`` tokens and resumed from when present.
+    ``settings.checkpoint_tokens`` tokens and resumed from when present. ``e2e``: then fine-tune each SAE end to
+    end against the model's own objective on the same training ``sentences`` (never held-out ones;
+    :func:`~bertscope.probes.dictionary.finetune_e2e`, Braun et al. 2024) before saving; its config records how
+    (``metadata["e2e"]``). The controls stay fitted on the training rows.
     """
     settings = settings or TrainSettings()
     out = Path(out)
@@ -136,13 +141,18 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
         settings = TrainSettings(**{**settings.__dict__, "exclude_classes": (*settings.exclude_classes,
                                                                               *STAGE_SPECIAL)})
     dicts = train_dictionaries(source, configs, settings, checkpoint_dir=out)
+    if e2e is not None and e2e.steps > 0:
+        if kind != "sae":
+            raise ValueError("end-to-end fine-tuning is for SAEs (kind='sae')")
+        dicts = {site: finetune_e2e(model, d, sentences, e2e) for site, d in dicts.items()}
     for site, d in dicts.items():
         save_dictionary(d, out / _folder(site))
     if controls and kind == "sae":
         _save_controls(source, dicts, settings, out)
     write_json(out / "training.json", {"sites": sites, "site_out": site_out, "arch": arch, "k": k, "kind": kind,
                                        "width": str(width), "sentences": len(sentences),
-                                       "settings": {k_: v for k_, v in settings.__dict__.items()}})
+                                       "settings": {k_: v for k_, v in settings.__dict__.items()},
+                                       "e2e": None if e2e is None else dict(e2e.__dict__)})
     (out / "checkpoint.pt").unlink(missing_ok=True)
     return dicts
 
@@ -304,6 +314,7 @@ def run_train_command(args: Any, options: Any) -> int:
     if args.kind != "sae" and (not args.site_out or len(args.site) != 1):
         raise UsageError("a transcoder reads one --site and predicts --site-out (e.g. --site "
                          "blocks.3.hook_resid_mid --site-out blocks.3.hook_mlp_out)")
+    e2e = _e2e_settings(args, model, options)
     if args.kind == "transcoder" and args.arch == "topk":
         raise UsageError("a transcoder is relu, jumprelu or batchtopk (SAELens's format has no TopK transcoder)")
     capture = None
@@ -333,12 +344,36 @@ def run_train_command(args: Any, options: Any) -> int:
                              l1_coefficient=args.l1, l0_coefficient=args.l0)
     dicts = train_sae(model, sentences, args.site, options.out, arch=args.arch, k=args.k, width=args.width,
                       kind=args.kind, site_out=args.site_out, settings=settings, capture=capture,
-                      batch_size=options.batch_size, max_length=max_length, controls=not args.no_controls)
+                      batch_size=options.batch_size, max_length=max_length, controls=not args.no_controls, e2e=e2e)
     if not options.quiet:
         print(describe(dicts))
         print(f"saved under {options.out} (SAELens format); evaluate with: bertscope sae eval {options.out} "
               "--corpus HELD_OUT")
     return 0
+
+
+def _e2e_settings(args: Any, model: Any, options: Any) -> E2ESettings | None:
+    """``--e2e-steps`` / ``--e2e-lambda`` / ``--e2e-lr`` as :class:`E2ESettings` (None without ``--e2e-steps``);
+    UsageError (one line) for a transcoder or a bad value."""
+    from bertscope.experiments.options import UsageError
+
+    steps = getattr(args, "e2e_steps", None)
+    if not steps:
+        if getattr(args, "e2e_lambda", None) is not None or getattr(args, "e2e_lr", None) is not None:
+            raise UsageError("--e2e-lambda and --e2e-lr need --e2e-steps N")
+        return None
+    if args.kind != "sae":
+        raise UsageError("--e2e-steps fine-tunes SAEs end to end; a transcoder is not fine-tuned (use --kind sae)")
+    kw = {"steps": steps, "seed": options.seed, "progress": not options.quiet,
+          "include_special": args.include_special}
+    if args.e2e_lambda is not None:
+        kw["mse_coefficient"] = args.e2e_lambda
+    if args.e2e_lr is not None:
+        kw["lr"] = args.e2e_lr
+    try:
+        return E2ESettings(**kw)
+    except ValueError as e:
+        raise UsageError(f"--e2e: {e}") from None
 
 
 def transcoder_sites(model: Any, site: str, site_out: str | None = None) -> tuple[str, str]:

@@ -248,6 +248,12 @@ def _add_sae(sub: Any) -> None:
     t.add_argument("--l0", type=float, default=1e-3, help="jumprelu: L0 coefficient")
     t.add_argument("--checkpoint-every", type=_count, default=500_000, help="tokens between checkpoints")
     t.add_argument("--no-controls", action="store_true", help="skip the PCA / neuron-basis controls")
+    t.add_argument("--e2e-steps", type=_positive_int, default=None, metavar="N",
+                   help="then fine-tune each SAE end to end for N steps against the model's own objective (sentence "
+                   "embedding, or MLM KL with a masked-LM head) on the same training sentences (docs/dictionaries.md)")
+    t.add_argument("--e2e-lambda", type=float, default=None, metavar="X",
+                   help="weight of the site's normalised MSE (FVU) in the end-to-end loss (default 0.01)")
+    t.add_argument("--e2e-lr", type=float, default=None, help="Adam learning rate of the fine-tune (default 1e-4)")
     _add_shared_options(t, out_default=Path("results/sae"))
     t.set_defaults(handler=cmd_sae)
     e = inner.add_parser("eval", help="evaluate dictionaries on held-out sentences")

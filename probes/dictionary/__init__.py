@@ -8,6 +8,8 @@ judged the way an encoder needs (``docs/dictionaries.md``).
   checkpoints and resume, several sites in one pass.
 - :func:`evaluate_dictionary`, :func:`splice_fidelity`, :func:`metrics_table`, :func:`saelens_metrics`: metrics
   overall and per token class, and the model's own objective with the dictionary spliced in.
+- :func:`finetune_e2e` with :class:`E2ESettings`, :func:`e2e_loss`: end-to-end fine-tuning of a trained SAE
+  against the model's own objective with the dictionary spliced in (Braun et al. 2024).
 - :func:`save_dictionary`, :func:`load_dictionary`: SAELens's on-disk format (``cfg.json`` +
   ``sae_weights.safetensors``).
 - :func:`pca_topk_dictionary`, :func:`neuron_topk_dictionary`: controls at the same L0.
@@ -18,6 +20,7 @@ tensors.
 """
 
 from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer
+from .e2e import DEFAULT_MSE_COEFFICIENT, E2ESettings, e2e_loss, finetune_e2e, site_variance
 from .evaluate import (
     TOKEN_CLASSES,
     basis_topk_dictionary,
@@ -46,6 +49,11 @@ from .train import (
 )
 
 __all__ = [
+    "DEFAULT_MSE_COEFFICIENT",
+    "E2ESettings",
+    "e2e_loss",
+    "finetune_e2e",
+    "site_variance",
     "ARCHITECTURES",
     "KINDS",
     "SPECIAL_CLASSES",
