@@ -235,8 +235,12 @@ def block(r: dict) -> str:
               f"{s['heldout_explained_variance']:.3f} |" for s in r["sweep"]]
     grid = [s for s in r["sweep"] if s["lambda"] == s["lambda"]]
     spread = max(s["heldout_embedding_cosine"] for s in grid) - min(s["heldout_embedding_cosine"] for s in grid)
-    lines += ["", f"Across the grid the held-out cosines span {spread:.4f}, so at this length of fine-tune the "
-              "choice of lambda matters little."]
+    if len(grid) == 1:
+        lines += ["", "One lambda was run, so none was chosen here."]
+    else:
+        lines += ["", f"Across the grid the held-out cosines span {spread:.4f}"
+                  + (", so at this length of fine-tune the choice of lambda matters little." if spread < 0.002
+                     else ".")]
     cpu = r["cpu_s"]
     ft_cpu = [v for k, v in cpu.items() if k.startswith("finetune_lambda_")]
     dcos = best["spliced_embedding_cosine"] - start["spliced_embedding_cosine"]
@@ -311,7 +315,8 @@ def write_doc(doc: Path, r: dict) -> None:
     text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda m: block(r), text, flags=re.S)
     lines = [ln for ln in text.split("\n") if "fine-tuned end to end on the model's objective" not in ln
              or not ln.startswith("| ")]
-    last = max(i for i, ln in enumerate(lines) if ln.startswith("| reinitialised | spliced cosine > PCA"))
+    begin = next(i for i, ln in enumerate(lines) if ln.startswith(BEGIN))  # the targets table just before the block
+    last = max(i for i, ln in enumerate(lines[:begin]) if ln.startswith("| reinitialised | spliced cosine > PCA"))
     lines[last + 1: last + 1] = target_rows(r)
     doc.write_text("\n".join(lines))
 
