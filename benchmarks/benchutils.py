@@ -80,6 +80,14 @@ def reference_model(path: str, impl: str, device: torch.device):
     return BertModel.from_pretrained(path, attn_implementation=impl).to(device).eval()
 
 
+_UD = ("shared", "data", "ud-english-ewt")
+_ROOT = Path(__file__).resolve().parents[1]
+#: UD English EWT's folder beside the repository (``../shared/...``) or, from a worktree, beside its parent; the
+#: first that exists, else the one beside the repository.
+EWT = next((p.joinpath(*_UD) for p in (_ROOT.parent, _ROOT.parent.parent) if p.joinpath(*_UD).is_dir()),
+           _ROOT.parent.joinpath(*_UD))
+
+
 def ewt_dev_path() -> Path:
     """UD English EWT dev beside the repository (``../shared/...``), else the shared machine's copy."""
     beside = Path(__file__).resolve().parents[1].parent / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"

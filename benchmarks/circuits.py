@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 from benchutils import ewt_dev_path, tfc1_task
+from circuits_ig_steps import to_markdown, write_docs
 
 EWT_BLOCK, COST_BLOCK, PARTS_BLOCK = "circuits-ewt", "circuits-cost", "circuits-atp-star"
 
@@ -197,17 +198,6 @@ def bert_base_cost(task, steps: int, act_steps: int, n_pairs: int, progress) -> 
     return pd.DataFrame(out), fwd
 
 
-def to_markdown(df: pd.DataFrame, cols: list[str]) -> str:
-    """A GitHub table of ``cols`` (floats to 3 decimals; seconds and forward-equivalents to 1)."""
-    def fmt(c, v):
-        if isinstance(v, float | np.floating):
-            return f"{v:.1f}" if c in ("forward_equivalents", "cpu_seconds") else f"{v:.3f}"
-        return str(v)
-    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    lines += ["| " + " | ".join(fmt(c, r[c]) for c in cols) + " |" for _, r in df.iterrows()]
-    return "\n".join(lines)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=0, help="TFC1 pairs (the first that EWT dev gives; 0 = all)")
@@ -247,8 +237,6 @@ def main() -> None:
 
     def progress(msg: str) -> None:
         print(f"[{time.process_time() - begin:7.0f} CPU-s] {msg}", flush=True)
-
-    from circuits_ig_steps import write_docs  # one helper that rewrites a marked block atomically
 
     model, task = tfc1_task(args.ewt, args.pairs if args.pairs > 0 else 10**9)
     from bertscope.experiments.corpus import load_corpus

@@ -60,10 +60,10 @@ def sweep(model, task, steps: list[int], act_steps: list[int] | None = None,
 
 
 def to_markdown(df: pd.DataFrame, cols: list[str]) -> str:
-    """A GitHub table of ``cols`` (floats to 3 decimals, forward-equivalents to 1)."""
+    """A GitHub table of ``cols`` (floats to 3 decimals; seconds, CPU seconds and forward-equivalents to 1)."""
     def fmt(c, v):
         if isinstance(v, float | np.floating):
-            return f"{v:.1f}" if c in ("forward_equivalents", "seconds") else f"{v:.3f}"
+            return f"{v:.1f}" if c in ("forward_equivalents", "seconds", "cpu_seconds") else f"{v:.3f}"
         return str(v)
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     lines += ["| " + " | ".join(fmt(c, r[c]) for c in cols) + " |" for _, r in df.iterrows()]

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from circuits import to_markdown
-from circuits_ig_steps import write_docs
+from circuits_ig_steps import to_markdown, write_docs
 
 BLOCK = "circuits-run"
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from benchutils import EWT
 from bertscope.experiments.corpus import load_corpus
 from bertscope.experiments.sae import CorpusActivations, summary
 from bertscope.probes.dictionary import (
@@ -40,10 +41,6 @@ from bertscope.probes.dictionary import (
 
 import bertscope
 
-_ROOT = Path(__file__).resolve().parents[1]
-_UD = ("shared", "data", "ud-english-ewt")
-EWT = next((p.joinpath(*_UD) for p in (_ROOT.parent, _ROOT.parent.parent) if p.joinpath(*_UD).is_dir()),
-           _ROOT.parent.joinpath(*_UD))
 SITE = "blocks.3.hook_resid_post"
 #: A transcoder reads block 3's MLP input (post-LN BERT: hook_resid_mid) and predicts its MLP output.
 TRANSCODER_IN, TRANSCODER_OUT = "blocks.3.hook_resid_mid", "blocks.3.hook_mlp_out"
