@@ -131,8 +131,8 @@ def main() -> None:
         print(f"no CUDA device here; running the check on cpu instead of {device}")
         device = "cpu"
     out = args.out
-    work = out / "check_activations"
-    model = common.random_bert(work / ("model_small" if args.small else "model_bert_base"), small=args.small)
+    work = common.SCRATCH / "check_activations"
+    model = common.random_bert(small=args.small)
     n = args.max_sentences or (12 if args.small else 48)
     names = args.experiments.split(",") if args.experiments else list(registry.EXPERIMENTS)
     result: dict[str, Any] = {"device": device, "model": "random bert-base shape" if not args.small else "random small",
@@ -142,31 +142,33 @@ def main() -> None:
     else:
         result["note"] = "CPU only: the 'device' run is on the CPU too, so equality is a determinism check"
 
-    for name in names:
-        module = registry.load_experiment(name)
-        entry: dict[str, Any] = {}
-        entry["device_run"] = run_experiment(model, name, device, work / "runs_device", n, 16)
-        if not args.skip_cpu:
-            entry["cpu_run"] = run_experiment(model, name, "cpu", work / "runs_cpu", n, 16)
-            entry["headline"] = module.SUMMARY_TABLES[0]
-            entry["equality"] = compare(headline(work / "runs_cpu", module), headline(work / "runs_device", module),
-                                        args.atol)
-        result["experiments"][name] = entry
-        eq = entry.get("equality", {})
-        print(f"{name:<12} {device} rc={entry['device_run']['rc']} {entry['device_run']['seconds']:7.1f}s"
-              + (f"  cpu rc={entry['cpu_run']['rc']} {entry['cpu_run']['seconds']:7.1f}s  headline "
-                 f"{entry['headline']} equal={eq.get('equal')} max|diff|={eq.get('max_abs_diff', eq.get('why'))}"
-                 if "cpu_run" in entry else ""), flush=True)
-        if entry["device_run"]["rc"] != 0:
-            print(entry["device_run"]["tail"], flush=True)
-        common.write_result(out, "check_activations", result)
-
+    # the capture ratio first, then every experiment on the device, then the CPU runs to compare with: a check cut
+    # short by its time limit keeps what finished (the JSON is rewritten after each step)
     speed = capture_speed(model, device, 4 if args.small else 16, 32 if args.small else 128, 3 if args.small else 10)
     result["capture_speed"] = speed
     print(f"full capture / plain forward speed on {device} = {speed['ratio']:.3f} "
           f"(plain {speed['plain_ms']:.1f} ms, full {speed['full_ms']:.1f} ms; {speed['batch']} x {speed['length']}); "
           + (f"peak memory {speed['peak_over_captured']:.3f} x the {speed['captured_mib']:.1f} MiB captured"
-             if "peak_mib" in speed else f"{speed['captured_mib']:.1f} MiB captured"))
+             if "peak_mib" in speed else f"{speed['captured_mib']:.1f} MiB captured"), flush=True)
+    common.write_result(out, "check_activations", result)
+    for name in names:
+        run = run_experiment(model, name, device, work / "runs_device", n, 16)
+        entry = result["experiments"][name] = {"device_run": run}
+        print(f"{name:<12} {device} rc={entry['device_run']['rc']} {entry['device_run']['seconds']:7.1f}s", flush=True)
+        if entry["device_run"]["rc"] != 0:
+            print(entry["device_run"]["tail"], flush=True)
+        common.write_result(out, "check_activations", result)
+    for name in [] if args.skip_cpu else names:
+        module = registry.load_experiment(name)
+        entry = result["experiments"][name]
+        entry["cpu_run"] = run_experiment(model, name, "cpu", work / "runs_cpu", n, 16)
+        entry["headline"] = module.SUMMARY_TABLES[0]
+        entry["equality"] = eq = compare(headline(work / "runs_cpu", module), headline(work / "runs_device", module),
+                                         args.atol)
+        print(f"{name:<12} cpu rc={entry['cpu_run']['rc']} {entry['cpu_run']['seconds']:7.1f}s  headline "
+              f"{entry['headline']} equal={eq.get('equal')} max|diff|={eq.get('max_abs_diff', eq.get('why'))}",
+              flush=True)
+        common.write_result(out, "check_activations", result)
     path = common.write_result(out, "check_activations", result)
     print(f"wrote {path}")
     failed = [k for k, e in result["experiments"].items()

@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args()
     n_pairs = 8 if args.small else args.pairs
-    folder = random_bert(args.out / ("bert-small" if args.small else "bert-base-random"), small=args.small)
+    folder = random_bert(small=args.small)
     model = models.load(folder, device=args.device).eval()
     corpus = load_corpus("builtin", max_sentences=4000)
     pairs = measures.tfc1_pairs([s.words for s in corpus], model.tokenizer, max_pairs=n_pairs, max_tokens=32)

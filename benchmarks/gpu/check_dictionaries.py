@@ -41,7 +41,7 @@ def main() -> int:
     sentences = 60 if small else 4_000
     batch = 512 if small else 4096
     work = Path(tempfile.mkdtemp(prefix="check_dictionaries_"))
-    folder = random_bert(work / "model", small=small)
+    folder = random_bert(small=small)
     site = "blocks.1.hook_resid_post" if small else "blocks.6.hook_resid_post"
     capture = work / "capture"
     with Timer(device) as t_cap:

@@ -40,7 +40,7 @@ def main() -> int:
         write_result(args.out, "check_erasure", {**result, "skipped": "EWT not found"})
         return 0
     work = Path(tempfile.mkdtemp(prefix="check_erasure_"))
-    model = random_bert(work / "model", small=args.small)
+    model = random_bert(small=args.small)
     sizes = ({"n_train": 24, "n_dev": 8, "n_test": 12, "max_epochs": 3, "n_boot": 50, "workers": 1} if args.small
              else {"n_train": 2000, "n_dev": 400, "n_test": 1000, "n_boot": 1000, "workers": 1})
     er_sizes = ({"n_train": 24, "n_eval": 12, "inlp_iterations": 2, "structural_epochs": 2, "structural_rank": 8,
@@ -54,6 +54,7 @@ def main() -> int:
         status = run_experiment(structure, opts_s, inputs).status
     result["structure"] = {"status": status, "seconds": round(t.seconds, 1), "sentences": len(inputs.corpus), **sizes}
     print(f"structure on EWT train ({len(inputs.corpus)} sentences, all layers): {status} in {t.seconds:.1f} s")
+    write_result(args.out, "check_erasure", result)  # kept if the erasure run is cut short by gpu.sh's time limit
     opts_e = RunOptions(**base, corpus=str(train), eval_corpus=str(dev), out=work / "erasure",
                         max_sentences=4 * er_sizes["n_train"], settings={"erasure": er_sizes})
     inputs = prepare_inputs(opts_e)

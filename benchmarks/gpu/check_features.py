@@ -30,7 +30,7 @@ def main() -> int:
     from bertscope import models
 
     work = Path(tempfile.mkdtemp(prefix="check_features_"))
-    model = models.load(str(random_bert(work / "model", small=args.small)), device=args.device)
+    model = models.load(str(random_bert(small=args.small)), device=args.device)
     corpus = load_corpus("builtin", max_sentences=120 if args.small else 3000)
     settings = (features.Settings(n_train=60, n_dev=20, n_test=20, width="128", k=8, tokens=2048, batch_size=256,
                                   buffer_rows=2048, n_boot=20) if args.small else

