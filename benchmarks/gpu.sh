@@ -34,12 +34,17 @@ limit_for() {
   case "$1" in *activations*) echo 160 ;; *dictionaries*|*erasure*) echo 110 ;; *) echo 80 ;; esac
 }
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
-      torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$out/gpu.log"
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee -a "$out/gpu.log"
 status=0
+# ONLY="activations erasure" runs those checks alone; ARGS_<name>="..." adds options to one check (e.g.
+# ARGS_activations="--experiments heads --compare heads"): for a second, shorter call on the lent machine
 for check in benchmarks/gpu/check_*.py; do
-  echo "== $check" | tee -a "$out/gpu.log"
+  name=$(basename "$check" .py); name=${name#check_}
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]] && continue
+  extra_var="ARGS_$name"; read -r -a extra <<< "${!extra_var:-}"
+  echo "== $check ${extra[*]}" | tee -a "$out/gpu.log"
   start=$(date +%s); limit=$(limit_for "$check")
-  (cd "$run_in" && PYTHONUNBUFFERED=1 exec timeout "$limit" python3 "$repo/$check" --device "$device" --out "$out" "${small[@]}") 2>&1 \
+  (cd "$run_in" && PYTHONUNBUFFERED=1 exec timeout "$limit" python3 "$repo/$check" --device "$device" --out "$out" "${small[@]}" "${extra[@]}") 2>&1 \
     | tee -a "$out/gpu.log"
   rc=${PIPESTATUS[0]}
   echo "== $check rc=$rc seconds=$(( $(date +%s) - start )) limit=$limit" | tee -a "$out/gpu.log"

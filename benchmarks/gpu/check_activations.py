@@ -121,6 +121,8 @@ def main() -> None:
     p.add_argument("--experiments", default=None, help="comma-separated experiment names (default: all installed)")
     p.add_argument("--atol", type=float, default=1e-3, help="CPU-vs-device tolerance on headline floats")
     p.add_argument("--skip-cpu", action="store_true", help="only the device runs and the capture ratio")
+    p.add_argument("--compare", default=None,
+                   help="comma-separated experiments to rerun on CPU and compare (default: every one run)")
     args = p.parse_args()
 
     import torch
@@ -158,7 +160,8 @@ def main() -> None:
         if entry["device_run"]["rc"] != 0:
             print(entry["device_run"]["tail"], flush=True)
         common.write_result(out, "check_activations", result)
-    for name in [] if args.skip_cpu else names:
+    compare_names = [] if args.skip_cpu else args.compare.split(",") if args.compare else names
+    for name in compare_names:
         module = registry.load_experiment(name)
         entry = result["experiments"][name]
         entry["cpu_run"] = run_experiment(model, name, "cpu", work / "runs_cpu", n, 16)

@@ -42,10 +42,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="check_erasure_"))
     model = random_bert(small=args.small)
     sizes = ({"n_train": 24, "n_dev": 8, "n_test": 12, "max_epochs": 3, "n_boot": 50, "workers": 1} if args.small
-             else {"n_train": 2000, "n_dev": 400, "n_test": 1000, "n_boot": 1000, "workers": 1})
+             else {"n_train": 500, "n_dev": 100, "n_test": 300, "n_boot": 1000, "workers": 1})
     er_sizes = ({"n_train": 24, "n_eval": 12, "inlp_iterations": 2, "structural_epochs": 2, "structural_rank": 8,
                  "n_boot": 20, "erase_layers": (1,)} if args.small
-                else {"n_train": 1000, "n_eval": 400, "erase_layers": (1, 4, 8, 12)})
+                else {"n_train": 500, "n_eval": 200, "erase_layers": (4, 8)})
     base = dict(model=str(model), device=args.device, quiet=True, max_length=128)
     opts_s = RunOptions(**base, corpus=str(train), out=work / "structure", max_sentences=None if not args.small
                         else 60, settings={"structure": sizes})

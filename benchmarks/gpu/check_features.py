@@ -18,7 +18,7 @@ from common import parser, random_bert, write_result  # noqa: E402
 
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=200_000, help="training rows per dictionary (--small: 2048)")
+    p.add_argument("--tokens", type=int, default=100_000, help="training rows per dictionary (--small: 2048)")
     args = p.parse_args()
     import pandas as pd
     import torch
@@ -31,10 +31,10 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="check_features_"))
     model = models.load(str(random_bert(small=args.small)), device=args.device)
-    corpus = load_corpus("builtin", max_sentences=120 if args.small else 3000)
+    corpus = load_corpus("builtin", max_sentences=120 if args.small else 1200)
     settings = (features.Settings(n_train=60, n_dev=20, n_test=20, width="128", k=8, tokens=2048, batch_size=256,
                                   buffer_rows=2048, n_boot=20) if args.small else
-                features.Settings(n_train=2000, n_dev=400, n_test=400, width="8x", tokens=args.tokens,
+                features.Settings(n_train=800, n_dev=200, n_test=200, width="8x", tokens=args.tokens,
                                   batch_size=4096, buffer_rows=65536))
     features.Settings = lambda: settings  # the run reads the experiment's Settings()
     inputs = Inputs(model, corpus, torch.device(args.device), torch.float32, model_summary(model),

@@ -157,7 +157,7 @@ def _sentence_effects(
                 values = (_mlm_loss(model, hidden, labels.expand(len(hidden), -1)) - clean_loss)[:, None]
                 index = slice(effects.shape[-1] - 1, None)
             copies = torch.arange(len(keep))[part]
-            effects[:, layer][copies // n_heads, copies % n_heads, index] = values.to(effects.dtype)
+            effects[:, layer][copies // n_heads, copies % n_heads, index] = values.to(effects.device, effects.dtype)
 
 
 def forward_with_heads(
