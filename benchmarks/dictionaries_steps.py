@@ -100,12 +100,43 @@ class Data:
         self.held_x = cached["x"][torch.from_numpy(sent >= first_held)]
         self.held_texts = [s.text for s in sentences[first_held:]]
         self.n_sentences, self.n_fit = len(sentences), first_held
+        self.cache, self.model_name, self.holdout, self.sentences = cache, model_name, holdout, sentences
+
+    def windows_x(self, model) -> torch.Tensor:
+        """Rows of every non-special token of multi-sentence windows of the training sentences (cached):
+        consecutive sentences of one EWT document (sentence ids ``DOC-NNNN``), 2 or more per window, up to 80
+        words, windows not overlapping; no held-out sentence is in any window. Real text in real context: each
+        token's activation now also depends on its neighbouring sentences."""
+        path = self.cache / f"{self.model_name}-train-windows-holdout{self.holdout}.pt"
+        if path.exists():
+            return torch.load(path)
+        texts, current, words, doc = [], [], 0, None
+        for s in self.sentences[: self.n_fit]:
+            d = s.id.rsplit("-", 1)[0]
+            if current and (d != doc or words + len(s.words) > 80):
+                if len(current) > 1:
+                    texts.append(" ".join(current))
+                current, words = [], 0
+            current.append(s.text)
+            words += len(s.words)
+            doc = d
+        if len(current) > 1:
+            texts.append(" ".join(current))
+        texts.sort(key=len)
+        from bertscope.probes.dictionary import collect_activations
+
+        xs = [b.acts[SITE][torch.from_numpy(~np.isin(b.classes(), [*SPECIAL, "mask"]))]
+              for b in collect_activations(model, texts, [SITE], batch_size=64)]
+        x = torch.cat(xs)
+        torch.save(x, path)
+        return x
 
 
 def train(x: torch.Tensor, spec: dict, tokens: int) -> tuple:
     """One TopK SAE on rows ``x``: (dictionary, CPU seconds)."""
     cfg = DictionaryConfig(x.shape[1], WIDTH, "topk", k=K, site=SITE)
-    settings = TrainSettings(tokens=tokens, progress=False, exclude_classes=SPECIAL, **spec)
+    settings = TrainSettings(tokens=tokens, progress=False, exclude_classes=SPECIAL,
+                             buffer_rows=max(262_144, x.shape[0]), **spec)
     c0 = time.process_time()
     d = train_dictionaries([x[i: i + 8192] for i in range(0, len(x), 8192)], cfg, settings)[SITE]
     return d, time.process_time() - c0
@@ -143,12 +174,15 @@ def cmd_sweep(args) -> None:
         spec = json.loads(text)
         tokens = _count(str(spec.pop("tokens", args.tokens)))
         tag = _tag(spec, tokens)
-        d, cpu = train(data.train_x, spec, tokens)
+        mix = spec.pop("data", "ewt")
+        x = data.train_x if mix == "ewt" else torch.cat([data.train_x, data.windows_x(model)])
+        d, cpu = train(x, spec, tokens)
+        spec = {**spec, **({"data": mix} if mix != "ewt" else {})}
         save_dictionary(d, args.out / tag)
         c0 = time.process_time()
         result = {"tag": tag, "spec": spec, "tokens": d.config.metadata["tokens_trained"],
                   "steps": d.config.metadata["tokens_trained"] // spec.get("batch_size", 4096),
-                  "train_rows": int(data.train_x.shape[0]), "epochs": d.config.metadata["epochs"],
+                  "train_rows": int(x.shape[0]), "epochs": d.config.metadata["epochs"],
                   "train_cpu_s": round(cpu, 1), **heldout_scores(model, d, data), "holdout": args.holdout,
                   "fit_sentences": data.n_fit, "train_sentences": data.n_sentences}
         result["score_cpu_s"] = round(time.process_time() - c0, 1)
@@ -166,11 +200,41 @@ def cmd_control(args) -> None:
         pca = pca_topk_dictionary(data.train_x[:65536], K, site=SITE)
         save_dictionary(pca, args.out / f"final-{mname}-pca-top{K}")
         if mname == "reinitialised":
-            d, cpu = train(data.train_x, dict(spec["spec"]), spec["tokens"])
+            rspec = dict(spec["spec"])
+            mix = rspec.pop("data", "ewt")
+            rmodel = bertscope.random_encoder(model.config, seed=0, tokenizer=model.tokenizer)
+            x = data.train_x if mix == "ewt" else torch.cat([data.train_x, data.windows_x(rmodel)])
+            d, cpu = train(x, rspec, spec["tokens"])
             save_dictionary(d, args.out / "final-reinitialised-topk")
             final["reinit_train_cpu_s"] = round(cpu, 1)
     (args.out / "final.json").write_text(json.dumps(final, indent=2))
     print(json.dumps(final), flush=True)
+
+
+def cmd_e2e(args) -> None:
+    """End-to-end fine-tune (``finetune_e2e``, lambda 0.01, the default; nothing chosen here) of the chosen
+    dictionary (``--model bundled``) or of its re-initialised control, on the same training sentences (the first
+    N - holdout), scored on the held-out sentences."""
+    from bertscope.probes.dictionary import E2ESettings, finetune_e2e
+
+    final = json.loads((args.out / "final.json").read_text()) if (args.out / "final.json").exists() else {}
+    tag = args.chosen or final.get("chosen") or choose(args.out)
+    model = bertscope.load()
+    data = Data(args.cache, args.model, args.holdout, model.tokenizer)
+    if args.model == "reinitialised":
+        model = bertscope.random_encoder(model.config, seed=0, tokenizer=model.tokenizer)
+    start = load_dictionary(args.out / (tag if args.model == "bundled" else "final-reinitialised-topk"))
+    fit = [s.text for s in load_corpus(EWT / "en_ewt-ud-train.conllu", tokenizer=model.tokenizer)][: data.n_fit]
+    settings = E2ESettings(steps=args.e2e_steps, lr=1e-4, batch_sentences=32, objective="sentence", seed=0)
+    c0 = time.process_time()
+    d = finetune_e2e(model, start, fit, settings)
+    cpu = time.process_time() - c0
+    save_dictionary(d, args.out / "e2e" / f"{args.model}-topk-e2e")
+    result = {"model": args.model, "start": tag, "steps": args.e2e_steps, "lr": 1e-4, "batch_sentences": 32,
+              "lambda": settings.mse_coefficient, "fit_sentences": len(fit), "e2e_cpu_s": round(cpu, 1),
+              "start_heldout": heldout_scores(model, start, data), **heldout_scores(model, d, data)}
+    (args.out / "e2e" / f"{args.model}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result), flush=True)
 
 
 def cmd_dev(args) -> None:
@@ -187,6 +251,11 @@ def cmd_dev(args) -> None:
                             (f"reinitialised/pca-top{K}", rmodel, f"final-reinitialised-pca-top{K}")):
         summ.append(dev_row(m, load_dictionary(args.out / folder), name, dev, dev_all))
         print(summ[-1], flush=True)
+    for mname, m in (("bundled", model), ("reinitialised", rmodel)):
+        if (args.out / "e2e" / f"{mname}-topk-e2e").exists():
+            summ.append(dev_row(m, load_dictionary(args.out / "e2e" / f"{mname}-topk-e2e"), f"{mname}/topk + e2e",
+                                dev, dev_all))
+            print(summ[-1], flush=True)
     final.update({"dev": summ, "dev_sentences": len(dev), "dev_all_sentences": len(dev_all),
                   "dev_cpu_s": round(time.process_time() - c0, 1)})
     (args.out / "final.json").write_text(json.dumps(final, indent=2, default=float))
@@ -256,7 +325,8 @@ def target_rows(final: dict) -> list[str]:
 
 
 def cmd_doc(args) -> None:
-    final = json.loads((args.out / "final.json").read_text())
+    path = args.out / "final.json"
+    final = json.loads(path.read_text()) if path.exists() else {"chosen": choose(args.out)}
     text = args.doc.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{args.doc} has no generated steps block ({BEGIN} ... {END})")
@@ -264,7 +334,8 @@ def cmd_doc(args) -> None:
                   flags=re.S)
     if "dev" in final:
         lines = [ln for ln in text.split("\n") if not (ln.startswith("| ") and "steps-sweep recipe" in ln)]
-        last = max(i for i, ln in enumerate(lines) if ln.startswith("| reinitialised | spliced cosine > PCA"))
+        reading = next(i for i, ln in enumerate(lines) if ln.startswith("**How to read it.**"))
+        last = max(i for i, ln in enumerate(lines[:reading]) if ln.startswith("| "))  # the targets table's end
         lines[last + 1: last + 1] = target_rows(final)
         text = "\n".join(lines)
     args.doc.write_text(text)
@@ -272,7 +343,7 @@ def cmd_doc(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=["sweep", "control", "dev", "doc"])
+    ap.add_argument("command", choices=["sweep", "control", "e2e", "dev", "doc"])
     ap.add_argument("runs", nargs="*", help="sweep: JSON TrainSettings fields (plus tokens) per run")
     ap.add_argument("--out", type=Path, default=Path("/tmp/steps"))
     ap.add_argument("--tokens", default="10M")
@@ -282,10 +353,12 @@ def main() -> None:
     ap.add_argument("--max-dev", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--doc", type=Path, default=None)
+    ap.add_argument("--model", default="bundled", choices=["bundled", "reinitialised"], help="e2e: which model")
+    ap.add_argument("--e2e-steps", type=int, default=1000)
     args = ap.parse_intermixed_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    {"sweep": cmd_sweep, "control": cmd_control, "dev": cmd_dev, "doc": cmd_doc}[args.command](args)
+    {"sweep": cmd_sweep, "control": cmd_control, "e2e": cmd_e2e, "dev": cmd_dev, "doc": cmd_doc}[args.command](args)
 
 
 if __name__ == "__main__":
