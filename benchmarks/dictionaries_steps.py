@@ -104,8 +104,8 @@ class Data:
 
     def windows_x(self, model) -> torch.Tensor:
         """Rows of every non-special token of multi-sentence windows of the training sentences (cached):
-        consecutive sentences of one EWT document (sentence ids ``DOC-NNNN``), 2 or more per window, up to 80
-        words, windows not overlapping; no held-out sentence is in any window. Real text in real context: each
+        consecutive sentences of one EWT document (sentence ids ``DOC-NNNN``), 2 or more per window, up to 126
+        word pieces, windows not overlapping; no held-out sentence is in any window. Real text in real context: each
         token's activation now also depends on its neighbouring sentences."""
         path = self.cache / f"{self.model_name}-train-windows-holdout{self.holdout}.pt"
         if path.exists():
@@ -113,12 +113,13 @@ class Data:
         texts, current, words, doc = [], [], 0, None
         for s in self.sentences[: self.n_fit]:
             d = s.id.rsplit("-", 1)[0]
-            if current and (d != doc or words + len(s.words) > 80):
+            n = len(model.tokenizer(s.text, add_special_tokens=False)["input_ids"])
+            if current and (d != doc or words + n > 126):
                 if len(current) > 1:
                     texts.append(" ".join(current))
                 current, words = [], 0
             current.append(s.text)
-            words += len(s.words)
+            words += n
             doc = d
         if len(current) > 1:
             texts.append(" ".join(current))
@@ -182,7 +183,8 @@ def cmd_sweep(args) -> None:
         c0 = time.process_time()
         result = {"tag": tag, "spec": spec, "tokens": d.config.metadata["tokens_trained"],
                   "steps": d.config.metadata["tokens_trained"] // spec.get("batch_size", 4096),
-                  "train_rows": int(x.shape[0]), "epochs": d.config.metadata["epochs"],
+                  "train_rows": int(x.shape[0]), "fit_rows": int(data.train_x.shape[0]),
+                  "epochs": d.config.metadata["epochs"],
                   "train_cpu_s": round(cpu, 1), **heldout_scores(model, d, data), "holdout": args.holdout,
                   "fit_sentences": data.n_fit, "train_sentences": data.n_sentences}
         result["score_cpu_s"] = round(time.process_time() - c0, 1)
@@ -265,23 +267,34 @@ def _f(v) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def block(runs: list[dict], final: dict) -> str:
+def block(runs: list[dict], final: dict, e2e: list[dict]) -> str:
     """The generated block: the held-out sweep, the chosen config and its dev numbers beside the controls."""
     r0 = runs[0]
     lines = [BEGIN, "", f"Sweep: TopK k = {K}, width {WIDTH}, trained on the cached rows of the first "
-             f"{r0['fit_sentences']} of the {r0['train_sentences']} EWT train sentences ({r0['train_rows']} "
-             f"non-special tokens; every epoch reshuffles them); chosen on the last {r0['holdout']} train sentences "
+             f"{r0['fit_sentences']} of the {r0['train_sentences']} EWT train sentences "
+             f"({r0.get('fit_rows', r0['train_rows'])} non-special tokens; every epoch reshuffles the training rows; "
+             '`"data": "windows"` adds the rows of multi-sentence windows of those sentences, consecutive sentences '
+             f"of one document); chosen on the last {r0['holdout']} train sentences "
              f"({r0['heldout_tokens']} tokens), held out of every dictionary here (rule: the highest held-out "
              f"spliced cosine with held-out explained variance >= {EV_FLOOR}). AuxK 1, lr decayed linearly over the "
              "last 20% unless `lr_decay_fraction` says otherwise, seed 0, one thread; CPU seconds of training.", "",
-             "| run | tokens | steps | epochs | held-out EV | held-out spliced cosine | held-out dead | train CPU s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| run | training rows | tokens | steps | epochs | held-out EV | held-out spliced cosine | held-out dead "
+             "| train CPU s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(runs, key=lambda r: (r["tokens"], r["tag"])):
-        lines.append(f"| `{json.dumps(r['spec'])}` | {r['tokens']} | {r['steps']} | {r['epochs']:.1f} | "
-                     f"{r['heldout_explained_variance']:.3f} | {r['heldout_embedding_cosine']:.3f} | "
+        lines.append(f"| `{json.dumps(r['spec'])}` | {r['train_rows']} | {r['tokens']} | {r['steps']} | "
+                     f"{r['epochs']:.1f} | "
+                     f"{r['heldout_explained_variance']:.4f} | {r['heldout_embedding_cosine']:.4f} | "
                      f"{r['heldout_dead_fraction']:.3f} | {r['train_cpu_s']:.0f} |")
     chosen = next(r for r in runs if r["tag"] == final["chosen"])
     lines += ["", f"Chosen: `{json.dumps(chosen['spec'])}` at {chosen['tokens']} tokens ({chosen['steps']} steps)."]
+    for e in e2e:
+        lines += ["", f"End-to-end fine-tune of the {e['model']} model's chosen dictionary (`finetune_e2e`, lambda "
+                  f"{e['lambda']:g} (the default; not chosen here), {e['steps']} Adam steps of {e['batch_sentences']} "
+                  f"sentences, lr {e['lr']:g}, on the same {e['fit_sentences']} training sentences; "
+                  f"{e['e2e_cpu_s']:.0f} CPU s): held-out explained variance "
+                  f"{e['start_heldout']['heldout_explained_variance']:.3f} to {e['heldout_explained_variance']:.3f}, "
+                  f"held-out spliced cosine {e['start_heldout']['heldout_embedding_cosine']:.3f} to "
+                  f"{e['heldout_embedding_cosine']:.3f}."]
     if "dev" in final:
         dev = {s["dictionary"]: s for s in final["dev"]}
         cols = [c for c in COLUMNS if c in final["dev"][0]]
@@ -327,10 +340,11 @@ def target_rows(final: dict) -> list[str]:
 def cmd_doc(args) -> None:
     path = args.out / "final.json"
     final = json.loads(path.read_text()) if path.exists() else {"chosen": choose(args.out)}
+    e2e = [json.loads(p.read_text()) for p in sorted((args.out / "e2e").glob("*.json"))]
     text = args.doc.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{args.doc} has no generated steps block ({BEGIN} ... {END})")
-    text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda m: block(_runs(args.out), final), text,
+    text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda m: block(_runs(args.out), final, e2e), text,
                   flags=re.S)
     if "dev" in final:
         lines = [ln for ln in text.split("\n") if not (ln.startswith("| ") and "steps-sweep recipe" in ln)]
