@@ -214,9 +214,9 @@ def cmd_control(args) -> None:
 
 
 def cmd_e2e(args) -> None:
-    """End-to-end fine-tune (``finetune_e2e``, lambda 0.01, the default; nothing chosen here) of the chosen
-    dictionary (``--model bundled``) or of its re-initialised control, on the same training sentences (the first
-    N - holdout), scored on the held-out sentences."""
+    """End-to-end fine-tune (``finetune_e2e``, lambda 0.01, the default; nothing chosen here) of the chosen (or
+    ``--chosen``) dictionary (``--model bundled``) or of its re-initialised control, on the same training
+    sentences (the first N - holdout), scored on the held-out sentences."""
     from bertscope.probes.dictionary import E2ESettings, finetune_e2e
 
     final = json.loads((args.out / "final.json").read_text()) if (args.out / "final.json").exists() else {}
@@ -227,12 +227,12 @@ def cmd_e2e(args) -> None:
         model = bertscope.random_encoder(model.config, seed=0, tokenizer=model.tokenizer)
     start = load_dictionary(args.out / (tag if args.model == "bundled" else "final-reinitialised-topk"))
     fit = [s.text for s in load_corpus(EWT / "en_ewt-ud-train.conllu", tokenizer=model.tokenizer)][: data.n_fit]
-    settings = E2ESettings(steps=args.e2e_steps, lr=1e-4, batch_sentences=32, objective="sentence", seed=0)
+    settings = E2ESettings(steps=args.e2e_steps, lr=args.e2e_lr, batch_sentences=32, objective="sentence", seed=0)
     c0 = time.process_time()
     d = finetune_e2e(model, start, fit, settings)
     cpu = time.process_time() - c0
     save_dictionary(d, args.out / "e2e" / f"{args.model}-topk-e2e")
-    result = {"model": args.model, "start": tag, "steps": args.e2e_steps, "lr": 1e-4, "batch_sentences": 32,
+    result = {"model": args.model, "start": tag, "steps": args.e2e_steps, "lr": args.e2e_lr, "batch_sentences": 32,
               "lambda": settings.mse_coefficient, "fit_sentences": len(fit), "e2e_cpu_s": round(cpu, 1),
               "start_heldout": heldout_scores(model, start, data), **heldout_scores(model, d, data)}
     (args.out / "e2e" / f"{args.model}.json").write_text(json.dumps(result, indent=2))
@@ -314,6 +314,13 @@ def block(runs: list[dict], final: dict, e2e: list[dict]) -> str:
                   + ("**met**" if met else f"**not met** ({0.95 - b['spliced_embedding_cosine']:.3f} short)")
                   + f"; PCA-top{K} at the same L0 {p['explained_variance']:.3f} and "
                   f"{p['spliced_embedding_cosine']:.3f}."]
+        if "bundled/topk + e2e" in dev:
+            e = dev["bundled/topk + e2e"]
+            lines += ["", f"**Fine-tuned end to end, on dev:** explained variance {e['explained_variance']:.3f} "
+                      f"({e['dev_all_explained_variance']:.3f} on all dev tokens), dead latents "
+                      f"{e['dev_all_dead_fraction']:.3f} on all dev tokens, spliced embedding cosine "
+                      f"{e['spliced_embedding_cosine']:.3f}: " + ("**met**" if e["spliced_embedding_cosine"] >= 0.95
+                      else f"**not met** ({0.95 - e['spliced_embedding_cosine']:.3f} short)") + "."]
     lines += ["", END]
     return "\n".join(lines)
 
@@ -322,9 +329,12 @@ def target_rows(final: dict) -> list[str]:
     """Rows of the targets table for the chosen dictionary and its re-initialised control (dev numbers)."""
     dev = {s["dictionary"]: s for s in final["dev"]}
     out = []
-    for mname in ("bundled", "reinitialised"):
-        r, pca = dev[f"{mname}/topk"], dev[f"{mname}/pca-top{K}"]
-        tag = f"{mname}, TopK at the steps-sweep recipe (chosen on held-out train)"
+    for mname, suffix in (("bundled", ""), ("reinitialised", ""), ("bundled", " + e2e"), ("reinitialised", " + e2e")):
+        if f"{mname}/topk{suffix}" not in dev:
+            continue
+        r, pca = dev[f"{mname}/topk{suffix}"], dev[f"{mname}/pca-top{K}"]
+        tag = f"{mname}, TopK at the steps-sweep recipe (chosen on held-out train)" + (
+            ", then fine-tuned end to end" if suffix else "")
         checks = [("explained variance >= 0.80", r["explained_variance"], r["explained_variance"] >= 0.80),
                   ("dead latents < 10% (all dev tokens)", r["dev_all_dead_fraction"], r["dev_all_dead_fraction"] < 0.1),
                   ("spliced embedding cosine >= 0.95", r["spliced_embedding_cosine"],
@@ -369,6 +379,7 @@ def main() -> None:
     ap.add_argument("--doc", type=Path, default=None)
     ap.add_argument("--model", default="bundled", choices=["bundled", "reinitialised"], help="e2e: which model")
     ap.add_argument("--e2e-steps", type=int, default=1000)
+    ap.add_argument("--e2e-lr", type=float, default=1e-4)
     args = ap.parse_intermixed_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
