@@ -246,20 +246,23 @@ def cmd_dev(args) -> None:
     dev_all = [s.text for s in load_corpus(EWT / "en_ewt-ud-dev.conllu", tokenizer=model.tokenizer)]
     dev = dev_all[: args.max_dev]
     c0 = time.process_time()
-    summ = []
+    summ = list(final.get("dev", []))  # rows scored by an earlier call are kept, not scored again
+    done = {s["dictionary"] for s in summ}
     for name, m, folder in (("bundled/topk", model, final["chosen"]), (f"bundled/pca-top{K}", model,
                                                                       f"final-bundled-pca-top{K}"),
                             ("reinitialised/topk", rmodel, "final-reinitialised-topk"),
                             (f"reinitialised/pca-top{K}", rmodel, f"final-reinitialised-pca-top{K}")):
+        if name in done:
+            continue
         summ.append(dev_row(m, load_dictionary(args.out / folder), name, dev, dev_all))
         print(summ[-1], flush=True)
     for mname, m in (("bundled", model), ("reinitialised", rmodel)):
-        if (args.out / "e2e" / f"{mname}-topk-e2e").exists():
+        if (args.out / "e2e" / f"{mname}-topk-e2e").exists() and f"{mname}/topk + e2e" not in done:
             summ.append(dev_row(m, load_dictionary(args.out / "e2e" / f"{mname}-topk-e2e"), f"{mname}/topk + e2e",
                                 dev, dev_all))
             print(summ[-1], flush=True)
     final.update({"dev": summ, "dev_sentences": len(dev), "dev_all_sentences": len(dev_all),
-                  "dev_cpu_s": round(time.process_time() - c0, 1)})
+                  "dev_cpu_s": round(final.get("dev_cpu_s", 0) + time.process_time() - c0, 1)})
     (args.out / "final.json").write_text(json.dumps(final, indent=2, default=float))
 
 
