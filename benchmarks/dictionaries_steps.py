@@ -196,12 +196,18 @@ def cmd_control(args) -> None:
     tag = args.chosen or choose(args.out)
     spec = next(r for r in _runs(args.out) if r["tag"] == tag)
     model = bertscope.load()
-    final = {"chosen": tag, "spec": spec["spec"], "tokens": spec["tokens"]}
+    path = args.out / "final.json"
+    final = json.loads(path.read_text()) if path.exists() else {}
+    if final.get("chosen", tag) != tag:
+        raise SystemExit(f"{path} is of {final['chosen']}, not {tag}: use another --out")
+    final.update({"chosen": tag, "spec": spec["spec"], "tokens": spec["tokens"]})
     for mname in ("bundled", "reinitialised"):
         data = Data(args.cache, mname, args.holdout, model.tokenizer)
         pca = pca_topk_dictionary(data.train_x[:65536], K, site=SITE)
         save_dictionary(pca, args.out / f"final-{mname}-pca-top{K}")
-        if mname == "reinitialised":
+        if mname == "bundled":
+            (args.out / "final.json").write_text(json.dumps(final, indent=2, default=float))  # dev can start
+        else:
             rspec = dict(spec["spec"])
             mix = rspec.pop("data", "ewt")
             rmodel = bertscope.random_encoder(model.config, seed=0, tokenizer=model.tokenizer)
@@ -209,7 +215,9 @@ def cmd_control(args) -> None:
             d, cpu = train(x, rspec, spec["tokens"])
             save_dictionary(d, args.out / "final-reinitialised-topk")
             final["reinit_train_cpu_s"] = round(cpu, 1)
-    (args.out / "final.json").write_text(json.dumps(final, indent=2))
+    final = {**json.loads(path.read_text()), **{k: v for k, v in final.items() if not k.startswith("dev")}}
+    # dev rows scored meanwhile are kept
+    path.write_text(json.dumps(final, indent=2, default=float))
     print(json.dumps(final), flush=True)
 
 
@@ -252,7 +260,7 @@ def cmd_dev(args) -> None:
                                                                       f"final-bundled-pca-top{K}"),
                             ("reinitialised/topk", rmodel, "final-reinitialised-topk"),
                             (f"reinitialised/pca-top{K}", rmodel, f"final-reinitialised-pca-top{K}")):
-        if name in done:
+        if name in done or not (args.out / folder).exists():  # the control may still be training
             continue
         summ.append(dev_row(m, load_dictionary(args.out / folder), name, dev, dev_all))
         print(summ[-1], flush=True)
