@@ -298,14 +298,26 @@ def block(runs: list[dict], final: dict, e2e: list[dict]) -> str:
                      f"{r['heldout_dead_fraction']:.3f} | {r['train_cpu_s']:.0f} |")
     chosen = next(r for r in runs if r["tag"] == final["chosen"])
     lines += ["", f"Chosen: `{json.dumps(chosen['spec'])}` at {chosen['tokens']} tokens ({chosen['steps']} steps)."]
+    by_tokens = {}
+    for r in runs:
+        size = f"{r['tokens'] / 1e6:.0f}M"
+        best = by_tokens.get(size)
+        if best is None or r["heldout_embedding_cosine"] > best["heldout_embedding_cosine"]:
+            by_tokens[size] = r
+    if len(by_tokens) > 1:
+        lines += ["", "Best held-out run at each length: " + "; ".join(
+            f"{t} tokens: `{json.dumps(r['spec'])}`, EV {r['heldout_explained_variance']:.4f}, cosine "
+            f"{r['heldout_embedding_cosine']:.4f}" for t, r in sorted(by_tokens.items(), key=lambda kv: kv[1]["tokens"])) + ". Across all runs the "
+            f"held-out cosine spans {min(r['heldout_embedding_cosine'] for r in runs):.4f} to "
+            f"{max(r['heldout_embedding_cosine'] for r in runs):.4f}."]
     for e in e2e:
         lines += ["", f"End-to-end fine-tune of the {e['model']} model's chosen dictionary (`finetune_e2e`, lambda "
-                  f"{e['lambda']:g} (the default; not chosen here), {e['steps']} Adam steps of {e['batch_sentences']} "
-                  f"sentences, lr {e['lr']:g}, on the same {e['fit_sentences']} training sentences; "
-                  f"{e['e2e_cpu_s']:.0f} CPU s): held-out explained variance "
-                  f"{e['start_heldout']['heldout_explained_variance']:.3f} to {e['heldout_explained_variance']:.3f}, "
-                  f"held-out spliced cosine {e['start_heldout']['heldout_embedding_cosine']:.3f} to "
-                  f"{e['heldout_embedding_cosine']:.3f}."]
+                  f"{e['lambda']:g} (the default), {e['steps']} Adam steps of {e['batch_sentences']} "
+                  f"sentences, lr {e['lr']:g}: one setting, run once, nothing chosen; on the same "
+                  f"{e['fit_sentences']} training sentences; {e['e2e_cpu_s']:.0f} CPU s): held-out explained variance "
+                  f"{e['start_heldout']['heldout_explained_variance']:.4f} to {e['heldout_explained_variance']:.4f}, "
+                  f"held-out spliced cosine {e['start_heldout']['heldout_embedding_cosine']:.4f} to "
+                  f"{e['heldout_embedding_cosine']:.4f}, held-out dead {e['heldout_dead_fraction']:.3f}."]
     if "dev" in final:
         dev = {s["dictionary"]: s for s in final["dev"]}
         cols = [c for c in COLUMNS if c in final["dev"][0]]
