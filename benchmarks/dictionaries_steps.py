@@ -274,6 +274,10 @@ def cmd_dev(args) -> None:
     (args.out / "final.json").write_text(json.dumps(final, indent=2, default=float))
 
 
+def _tokens(item: tuple[str, dict]) -> int:
+    return item[1]["tokens"]
+
+
 def _f(v) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -307,7 +311,7 @@ def block(runs: list[dict], final: dict, e2e: list[dict]) -> str:
     if len(by_tokens) > 1:
         lines += ["", "Best held-out run at each length: " + "; ".join(
             f"{t} tokens: `{json.dumps(r['spec'])}`, EV {r['heldout_explained_variance']:.4f}, cosine "
-            f"{r['heldout_embedding_cosine']:.4f}" for t, r in sorted(by_tokens.items(), key=lambda kv: kv[1]["tokens"])) + ". Across all runs the "
+            f"{r['heldout_embedding_cosine']:.4f}" for t, r in sorted(by_tokens.items(), key=_tokens)) + ". Across all runs the "
             f"held-out cosine spans {min(r['heldout_embedding_cosine'] for r in runs):.4f} to "
             f"{max(r['heldout_embedding_cosine'] for r in runs):.4f}."]
     for e in e2e:
