@@ -311,7 +311,8 @@ def block(runs: list[dict], final: dict, e2e: list[dict]) -> str:
     if len(by_tokens) > 1:
         lines += ["", "Best held-out run at each length: " + "; ".join(
             f"{t} tokens: `{json.dumps(r['spec'])}`, EV {r['heldout_explained_variance']:.4f}, cosine "
-            f"{r['heldout_embedding_cosine']:.4f}" for t, r in sorted(by_tokens.items(), key=_tokens)) + ". Across all runs the "
+            f"{r['heldout_embedding_cosine']:.4f}" for t, r in sorted(by_tokens.items(), key=_tokens))
+            + ". Across all runs the "
             f"held-out cosine spans {min(r['heldout_embedding_cosine'] for r in runs):.4f} to "
             f"{max(r['heldout_embedding_cosine'] for r in runs):.4f}."]
     for e in e2e:
