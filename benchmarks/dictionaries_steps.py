@@ -316,7 +316,8 @@ def block(runs: list[dict], final: dict, e2e: list[dict]) -> str:
             f"held-out cosine spans {min(r['heldout_embedding_cosine'] for r in runs):.4f} to "
             f"{max(r['heldout_embedding_cosine'] for r in runs):.4f}."]
     for e in e2e:
-        lines += ["", f"End-to-end fine-tune of the {e['model']} model's chosen dictionary (`finetune_e2e`, lambda "
+        what = "chosen dictionary" if e["model"] == "bundled" else "TopK (the control, same recipe)"
+        lines += ["", f"End-to-end fine-tune of the {e['model']} model's {what} (`finetune_e2e`, lambda "
                   f"{e['lambda']:g} (the default), {e['steps']} Adam steps of {e['batch_sentences']} "
                   f"sentences, lr {e['lr']:g}: one setting, run once, nothing chosen; on the same "
                   f"{e['fit_sentences']} training sentences; {e['e2e_cpu_s']:.0f} CPU s): held-out explained variance "
