@@ -19,7 +19,10 @@ Two sweeps may run side by side on one OUT (one file per run).
 >= 0.80; ``--chosen TAG`` to name one) trained the same way on the re-initialised model's rows, and PCA-top-k
 fitted on the first 65,536 training rows of each model. ``dev``: the chosen dictionary, its PCA and the
 re-initialised control on EWT dev, the docs' evaluation (first --max-dev sentences: L0, EV, dead, splice; all
-dev tokens: EV, dead). ``doc``: the generated block of docs/dictionaries.md and the targets rows, from the files.
+dev tokens: EV, dead). ``e2e``: ``finetune_e2e`` of the chosen dictionary (``--model reinitialised``: of the
+control) on the same training sentences, scored on the held-out ones; ``dev`` then scores it too. A run's
+``"data": "windows"`` adds the rows of multi-sentence windows of the training sentences (consecutive sentences of
+one document, cached). ``doc``: the generated block of docs/dictionaries.md and the targets rows, from the files.
 """
 
 from __future__ import annotations
