@@ -93,14 +93,10 @@ def attribute_effects(
     return in_task_order(out, order).numpy(), in_task_order(totals, order).numpy()
 
 
-def _site(nodes: str) -> str:
-    return NODE_SITES[nodes]
-
-
 def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.Tensor, torch.Tensor]:
     mask = clean["attention_mask"]
     n = model.config.n_layers
-    site = _site(nodes)
+    site = NODE_SITES[nodes]
     extra = ["blocks.*.attn.hook_q", "blocks.*.attn.hook_k", "blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern",
              "blocks.*.attn.hook_scores", "blocks.*.hook_resid_pre"] if method == "atp*" else []
     if method == "eap-ig-act":
