@@ -6,6 +6,7 @@ without any path edits; the distinct name cannot shadow a package module.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -80,18 +81,24 @@ def reference_model(path: str, impl: str, device: torch.device):
     return BertModel.from_pretrained(path, attn_implementation=impl).to(device).eval()
 
 
-_UD = ("shared", "data", "ud-english-ewt")
-_ROOT = Path(__file__).resolve().parents[1]
-#: UD English EWT's folder beside the repository (``../shared/...``) or, from a worktree, beside its parent; the
-#: first that exists, else the one beside the repository.
-EWT = next((p.joinpath(*_UD) for p in (_ROOT.parent, _ROOT.parent.parent) if p.joinpath(*_UD).is_dir()),
-           _ROOT.parent.joinpath(*_UD))
+def _ewt_folder() -> Path:
+    """UD English EWT's folder as the package finds it (``find_ewt``: ``BERTSCOPE_UD_EWT``, then
+    ``shared/data/ud-english-ewt/`` beside the repository or any folder above it, so a worktree finds it too), else
+    the folder beside the repository, which error messages then name."""
+    from bertscope.experiments.corpus.ewt import find_ewt
+
+    found = find_ewt("train")
+    beside = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ud-english-ewt"
+    return found.parent if found is not None else beside
+
+
+#: UD English EWT's folder (see ``_ewt_folder``).
+EWT = _ewt_folder()
 
 
 def ewt_dev_path() -> Path:
-    """UD English EWT dev beside the repository (``../shared/...``), else the shared machine's copy."""
-    beside = Path(__file__).resolve().parents[1].parent / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
-    return beside if beside.is_file() else Path("/work/shared/data/ud-english-ewt/en_ewt-ud-dev.conllu")
+    """UD English EWT dev: ``EWT / en_ewt-ud-dev.conllu``."""
+    return EWT / "en_ewt-ud-dev.conllu"
 
 
 def tfc1_task(corpus_path, n_pairs: int, max_tokens: int = 32):
@@ -107,3 +114,36 @@ def tfc1_task(corpus_path, n_pairs: int, max_tokens: int = 32):
     corpus = load_corpus(str(corpus_path))
     pairs = measures.tfc1_pairs([s.words for s in corpus], model.tokenizer, max_pairs=n_pairs, max_tokens=max_tokens)
     return model, circuits.make_task(model, pairs, "cosine")
+
+
+def write_docs(path: Path, text: str, name: str = "ig-steps") -> None:
+    """Replace the block between ``<!-- {name}:begin -->`` and ``<!-- {name}:end -->`` in ``path`` (appended at the
+    end when absent), atomically."""
+    doc = path.read_text()
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc and end in doc:
+        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(doc)
+    tmp.replace(path)
+
+
+ALL_DEV_DEAD = ("dead latents < 10% (all dev tokens)", "dev_all_dead_fraction")
+
+
+def target_lines(tag: str, r, pca, k: int, dead: tuple[str, str] = ALL_DEV_DEAD) -> list[str]:
+    """Rows ``| tag | target | value | met |`` of issue 28's targets for one dictionary's numbers ``r`` (a mapping or
+    Series of the summary's columns): explained variance >= 0.80, dead latents < 10% (``dead`` = its label and
+    column), spliced cosine >= 0.95, and, when ``pca`` (PCA-top-``k``'s numbers) is given, both above PCA's."""
+    ev, cos = r["explained_variance"], r["spliced_embedding_cosine"]
+    checks = [("explained variance >= 0.80", ev, ev >= 0.80), (dead[0], r[dead[1]], r[dead[1]] < 0.10),
+              ("spliced embedding cosine >= 0.95", cos, cos >= 0.95)]
+    if pca is not None:
+        checks += [(f"explained variance > PCA-top{k} ({pca['explained_variance']:.3f})", ev,
+                    ev > pca["explained_variance"]),
+                   (f"spliced cosine > PCA-top{k} ({pca['spliced_embedding_cosine']:.3f})", cos,
+                    cos > pca["spliced_embedding_cosine"])]
+    return [f"| {tag} | {name} | {value:.3f} | {'yes' if ok else '**no**'} |" for name, value, ok in checks]

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from benchutils import ewt_dev_path, tfc1_task
-from circuits_ig_steps import to_markdown, write_docs
+from benchutils import ewt_dev_path, tfc1_task, write_docs
+from circuits_ig_steps import to_markdown
 
 EWT_BLOCK, COST_BLOCK, PARTS_BLOCK = "circuits-ewt", "circuits-cost", "circuits-atp-star"
 

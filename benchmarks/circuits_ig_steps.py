@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from benchutils import ewt_dev_path, tfc1_task
+from benchutils import ewt_dev_path, tfc1_task, write_docs
 from scipy.stats import pearsonr, spearmanr
 
 
@@ -68,21 +67,6 @@ def to_markdown(df: pd.DataFrame, cols: list[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     lines += ["| " + " | ".join(fmt(c, r[c]) for c in cols) + " |" for _, r in df.iterrows()]
     return "\n".join(lines)
-
-
-def write_docs(path: Path, text: str, name: str = "ig-steps") -> None:
-    """Replace the block between ``<!-- {name}:begin -->`` and ``<!-- {name}:end -->`` in ``path`` (appended at the
-    end when absent), atomically."""
-    doc = path.read_text()
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in doc and end in doc:
-        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(doc)
-    tmp.replace(path)
 
 
 def main() -> None:

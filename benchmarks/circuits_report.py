@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from circuits_ig_steps import to_markdown, write_docs
+from benchutils import write_docs
+from circuits_ig_steps import to_markdown
 
 BLOCK = "circuits-run"
 

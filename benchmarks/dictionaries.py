@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from benchutils import EWT
+from benchutils import EWT, target_lines
 from bertscope.experiments.corpus import load_corpus
 from bertscope.experiments.sae import CorpusActivations, summary
 from bertscope.probes.dictionary import (
@@ -198,15 +198,7 @@ def targets(summ: pd.DataFrame, k: int) -> str:
             continue
         r = rows.loc[f"{mname}/topk"]
         pca = rows.loc[f"{mname}/pca-top{k}"] if f"{mname}/pca-top{k}" in rows.index else None
-        checks = [("explained variance >= 0.80", r.explained_variance, r.explained_variance >= 0.80),
-                  ("dead latents < 10%", r.dead_fraction, r.dead_fraction < 0.10),
-                  ("spliced embedding cosine >= 0.95", r.spliced_embedding_cosine, r.spliced_embedding_cosine >= 0.95)]
-        if pca is not None:
-            checks += [(f"explained variance > PCA-top{k} ({pca.explained_variance:.3f})", r.explained_variance,
-                        r.explained_variance > pca.explained_variance),
-                       (f"spliced cosine > PCA-top{k} ({pca.spliced_embedding_cosine:.3f})",
-                        r.spliced_embedding_cosine, r.spliced_embedding_cosine > pca.spliced_embedding_cosine)]
-        out += [f"| {mname} | {name} | {value:.3f} | {'yes' if ok else '**no**'} |" for name, value, ok in checks]
+        out += target_lines(mname, r, pca, k, dead=("dead latents < 10%", "dead_fraction"))
     return "\n".join(out)
 
 

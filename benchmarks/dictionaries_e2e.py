@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from benchutils import EWT
+from benchutils import EWT, target_lines
 from bertscope.experiments.corpus import load_corpus
 from bertscope.experiments.sae import summary
 from bertscope.probes.dictionary import (
@@ -288,19 +288,7 @@ def target_rows(r: dict) -> list[str]:
         if best is None:
             continue
         tag = f"{model}, TopK fine-tuned end to end on the model's objective (lambda {r['chosen_lambda']:g})"
-        checks = [("explained variance >= 0.80", best["explained_variance"], best["explained_variance"] >= 0.80),
-                  ("dead latents < 10% (all dev tokens)", best["dev_all_dead_fraction"],
-                   best["dev_all_dead_fraction"] < 0.10),
-                  ("spliced embedding cosine >= 0.95", best["spliced_embedding_cosine"],
-                   best["spliced_embedding_cosine"] >= 0.95)]
-        pca = rows.get(f"{model}/pca-top{r['k']}")
-        if pca is not None:
-            checks += [(f"explained variance > PCA-top{r['k']} ({pca['explained_variance']:.3f})",
-                        best["explained_variance"], best["explained_variance"] > pca["explained_variance"]),
-                       (f"spliced cosine > PCA-top{r['k']} ({pca['spliced_embedding_cosine']:.3f})",
-                        best["spliced_embedding_cosine"],
-                        best["spliced_embedding_cosine"] > pca["spliced_embedding_cosine"])]
-        out += [f"| {tag} | {name} | {value:.3f} | {'yes' if ok else '**no**'} |" for name, value, ok in checks]
+        out += target_lines(tag, best, rows.get(f"{model}/pca-top{r['k']}"), r["k"])
     return out
 
 

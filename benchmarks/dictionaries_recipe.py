@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from benchutils import EWT
 from bertscope.probes.dictionary import DictionaryConfig, TrainSettings, train_dictionaries
 
 SITE = "blocks.3.hook_resid_post"
 SPECIAL = ("special", "pad", "cls", "sep", "padding")
-EWT = Path("/work/shared/data/ud-english-ewt") if Path("/work/shared/data/ud-english-ewt").is_dir() else \
-    Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt"
 
 
 def _count(text: str) -> int:

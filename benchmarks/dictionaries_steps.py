@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from benchutils import EWT
+from benchutils import EWT, target_lines
 from bertscope.experiments.corpus import load_corpus
 from bertscope.experiments.corpus.encoding import encode
 from bertscope.probes.dictionary import (
@@ -399,15 +399,7 @@ def target_rows(final: dict) -> list[str]:
         r, pca = dev[f"{mname}/topk{suffix}"], dev[f"{mname}/pca-top{K}"]
         tag = f"{mname}, TopK at the steps-sweep recipe (chosen on held-out train)" + (
             ", then fine-tuned end to end" if suffix else "")
-        checks = [("explained variance >= 0.80", r["explained_variance"], r["explained_variance"] >= 0.80),
-                  ("dead latents < 10% (all dev tokens)", r["dev_all_dead_fraction"], r["dev_all_dead_fraction"] < 0.1),
-                  ("spliced embedding cosine >= 0.95", r["spliced_embedding_cosine"],
-                   r["spliced_embedding_cosine"] >= 0.95),
-                  (f"explained variance > PCA-top{K} ({pca['explained_variance']:.3f})", r["explained_variance"],
-                   r["explained_variance"] > pca["explained_variance"]),
-                  (f"spliced cosine > PCA-top{K} ({pca['spliced_embedding_cosine']:.3f})",
-                   r["spliced_embedding_cosine"], r["spliced_embedding_cosine"] > pca["spliced_embedding_cosine"])]
-        out += [f"| {tag} | {name} | {value:.3f} | {'yes' if ok else '**no**'} |" for name, value, ok in checks]
+        out += target_lines(tag, r, pca, K)
     return out
 
 
