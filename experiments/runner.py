@@ -210,6 +210,47 @@ def run_experiment(
     return result
 
 
+def run_command(name: str, options: RunOptions, inputs: Inputs, out_dir: Path, settings: dict[str, Any],
+                body: Callable[[Context], Any], *, finished: Callable[[Path], bool] | None = None) -> RunResult:
+    """A command that is not an experiment (``sae train``, ``sae eval``) run like one into ``out_dir``: its
+    ``manifest.json`` (inputs, options, ``settings``, environment; ``running``, then ``complete`` with the outputs
+    listed, or ``failed`` / ``interrupted``), and the same rerun rules: a complete run with the same fingerprint
+    and settings is ``skipped`` (its outputs all present); a finished one with other settings, or a folder that
+    ``finished(out_dir)`` says holds a finished result without a manifest, is refused with a one-line `UsageError`
+    unless ``options.force`` (then replaced). ``body(ctx)`` does the work; exceptions propagate after the manifest
+    says so."""
+    from bertscope.experiments.options import UsageError
+
+    out_dir = Path(out_dir)
+    fingerprint = run_fingerprint(name, options, inputs)
+    previous = read_manifest(out_dir)
+    same = previous is not None and previous.get("settings") == io.to_jsonable(settings)
+    if not options.force and same and is_complete(out_dir, fingerprint, previous):
+        return RunResult(name, "skipped", out_dir)
+    done = previous is not None and previous.get("status") == "complete"
+    if not options.force and (done or (previous is None and finished is not None and finished(out_dir))):
+        raise UsageError(f"--out {out_dir} holds a finished `bertscope {name}` with other settings or inputs; use "
+                         "--force to replace it, or choose another --out")
+    ctx = Context(name, options, inputs, out_dir, fingerprint, settings=settings)
+    manifest = manifest_base(ctx)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    io.write_json(out_dir / MANIFEST, {**manifest, "status": "running"})
+    t0 = time.perf_counter()
+    status, error = "failed", None
+    try:
+        body(ctx)
+        status = "complete"
+    except KeyboardInterrupt:
+        status, error = "interrupted", "KeyboardInterrupt"
+        raise
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        seconds = _finish_manifest(manifest, ctx, status, error, t0)
+    return RunResult(name, status, out_dir, seconds, error)
+
+
 def _figures_drawn(manifest: dict[str, Any], ctx: Context, paths: list[Any]) -> None:
     _remove_stale_steps(ctx.out_dir, set() if not ctx.options.keep_steps else ctx.steps_used)
     manifest["figures"] = [relative_path(Path(p), ctx.out_dir) for p in paths]

@@ -69,7 +69,7 @@ def test_eval_of_a_folder_that_is_not_a_dictionary(tiny, tmp_path, capsys):
 
 
 def test_ctrl_c_keeps_the_last_checkpoint_and_a_rerun_resumes(tiny, tmp_path, monkeypatch, capsys):
-    import bertscope.experiments.sae as sae_module
+    import bertscope.experiments.dictionary as sae_module
 
     out = tmp_path / "sae"
     argv = ["sae", "train", "--model", str(tiny), "--site", "blocks.0.hook_resid_post", "--k", "4", "--width", "2x",

@@ -57,10 +57,10 @@ def cmd_capture(args: argparse.Namespace, worker_argv: Sequence[str] = ()) -> in
 
 
 def cmd_sae(args: argparse.Namespace) -> int:
-    """``bertscope sae train|eval``: sparse dictionaries (bodies in ``experiments.sae``)."""
-    from bertscope.experiments import sae
+    """``bertscope sae train|eval``: sparse dictionaries (bodies in ``experiments.cli.sae_command``)."""
+    from bertscope.experiments.cli import sae_command
 
-    run = sae.run_train_command if args.sae_command == "train" else sae.run_eval_command
+    run = sae_command.run_train_command if args.sae_command == "train" else sae_command.run_eval_command
     return run(args, options_from_args(args))
 
 

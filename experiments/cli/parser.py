@@ -33,7 +33,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_explore(sub)
     _add_clean(sub)
     add_circuits(sub)
-    _add_sae(sub)
+    _add_sae(sub, argv)
     return parser
 
 
@@ -220,8 +220,12 @@ def _add_explore(sub: Any) -> None:
     p.set_defaults(handler=cmd_explore)
 
 
-def _add_sae(sub: Any) -> None:
-    """``bertscope sae train|eval``: sparse dictionaries (docs/dictionaries.md)."""
+def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
+    """``bertscope sae train|eval``: sparse dictionaries (docs/dictionaries.md). The ``--arch`` choices and their
+    help are the dictionary architecture table's, read when ``argv`` asks for ``sae`` (the table's built-in
+    entries import torch, which no other command's usage errors wait for)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    table = _dictionary_architectures() if "sae" in argv else None
     p = sub.add_parser("sae", help="train and evaluate sparse dictionaries (SAEs, transcoders) on a model's sites",
                        description="Sparse autoencoders and transcoders: `sae train` streams activations from a "
                        "corpus (or a capture) into dictionaries saved in SAELens's format; `sae eval` scores them "
@@ -232,9 +236,14 @@ def _add_sae(sub: Any) -> None:
     t.add_argument("--site-out", default=None,
                    help="transcoders: the hook to predict (default: the --site block's hook_mlp_out; "
                    "--site blocks.3 reads that block's MLP input)")
-    t.add_argument("--kind", choices=["sae", "transcoder", "skip_transcoder"], default="sae")
-    t.add_argument("--arch", choices=["topk", "batchtopk", "relu", "jumprelu"], default="topk")
-    t.add_argument("--k", type=_positive_int, default=32, help="active latents per token (topk, batchtopk)")
+    t.add_argument("--kind", choices=["sae", "transcoder", "skip_transcoder"], default="sae",
+                   help="sae (reads and predicts one site), transcoder or skip_transcoder (predicts --site-out)")
+    t.add_argument("--arch", choices=None if table is None else list(table.names()),
+                   default=None if table is None else table.DEFAULT,
+                   help="the dictionary architecture" if table is None else
+                   "; ".join(f"{a.name}: {a.summary}" for a in table.TABLE.values()) + f" (default {table.DEFAULT})")
+    t.add_argument("--k", type=_positive_int, default=32, help="active latents per token (architectures that take "
+                   "k" + ("" if table is None else f": {', '.join(table.with_k())}") + "; default 32)")
     t.add_argument("--width", default="8x", help="latents: a multiple of the site's width (8x) or a number")
     t.add_argument("--tokens", type=_count, default=2_000_000, help="training tokens, e.g. 2M (default 2M)")
     t.add_argument("--activations", default=None, metavar="DIR", help="read a `bertscope capture` folder "
@@ -244,8 +253,10 @@ def _add_sae(sub: Any) -> None:
     t.add_argument("--buffer", type=_count, default=262_144, help="buffer rows (bounds memory; a corpus that fits "
                    "is computed once and reshuffled every epoch; default 262144)")
     t.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
-    t.add_argument("--l1", type=float, default=5.0, help="relu: L1 coefficient")
-    t.add_argument("--l0", type=float, default=1e-3, help="jumprelu: L0 coefficient")
+    t.add_argument("--l1", type=float, default=5.0, help="L1 coefficient of an L1-penalised architecture (relu; "
+                   ">= 0, default 5)")
+    t.add_argument("--l0", type=float, default=1e-3, help="L0 coefficient of a thresholded architecture (jumprelu; "
+                   ">= 0, default 1e-3)")
     t.add_argument("--checkpoint-every", type=_count, default=500_000, help="tokens between checkpoints")
     t.add_argument("--no-controls", action="store_true", help="skip the PCA / neuron-basis controls")
     t.add_argument("--e2e-steps", type=_positive_int, default=None, metavar="N",
@@ -263,6 +274,13 @@ def _add_sae(sub: Any) -> None:
     e.add_argument("--include-special", action="store_true", help="score and splice special tokens too")
     _add_shared_options(e, out_default=Path("results/sae-eval"))
     e.set_defaults(handler=cmd_sae)
+
+
+def _dictionary_architectures() -> Any:
+    """``bertscope.probes.dictionary.architectures`` (the table, with its built-in entries registered)."""
+    from bertscope.probes.dictionary import architectures
+
+    return architectures
 
 
 def _count(text: str) -> int:

@@ -7,55 +7,22 @@ and each real token of each sentence the view shows the latent's activation ``di
 ``x`` the token's row at that site, as the token's background (0 = none, the latent's largest value over the
 page's sentences = full colour).
 
-``load_for_model`` checks a folder against a model (one-line ``ValueError``s: not a dictionary, a site the
-model lacks, another model's width); ``latent_values`` runs the model once per chunk and returns, per sentence,
+``load_for_model`` (an alias of ``bertscope.probes.dictionary.load_for_model``, its home) checks a folder against
+a model (one-line ``ValueError``s: not a dictionary, a site the model lacks, another model's width or weights);
+``latent_values`` runs the model once per chunk and returns, per sentence,
 ``[latent, n]`` activations over its real tokens; ``describe`` is the page's ``latents`` entry.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from bertscope.probes.dictionary.placement import load_for_model
 
 __all__ = ["describe", "load_for_model", "parse_latents", "latent_values"]
-
-
-def load_for_model(dictionary: Any, model: Any) -> Any:
-    """The dictionary (a folder, or a loaded ``probes.dictionary.Dictionary``) on ``model``'s device, checked
-    against the model: it must name a site the model has, and its input (and a transcoder's output) width must be
-    the site's width on this model. ``ValueError`` (one line) otherwise."""
-    from bertscope.probes.dictionary import DictionaryFormatError, load_dictionary
-
-    device = next(model.parameters()).device
-    if isinstance(dictionary, (str, os.PathLike)):
-        folder = Path(dictionary)
-        try:
-            dictionary = load_dictionary(folder, device=device, dtype=torch.float32)
-        except DictionaryFormatError as e:
-            raise ValueError(str(e)) from None
-        where = f"dictionary {folder}"
-    else:
-        dictionary = dictionary.to(device=device, dtype=torch.float32).eval()
-        where = "the dictionary"
-    cfg = dictionary.config
-    if not cfg.site:
-        raise ValueError(f"{where} names no site (cfg.json metadata.hook_name); it cannot be placed on the model")
-    for site, width in ((cfg.site, cfg.d_in), (cfg.site_out if cfg.kind != "sae" else None, cfg.width_out)):
-        if site is None:
-            continue
-        if site not in model.hook_dict:
-            raise ValueError(f"{where} reads site {site}, which this model lacks (`bertscope info` lists its "
-                             "hook names)")
-        have = _site_width(model, site)
-        if have != width:
-            raise ValueError(f"{where} was made for a model whose {site} is {width} wide; this model's is {have} "
-                             "(a dictionary of another model)")
-    return dictionary
 
 
 def parse_latents(latents: int | str | Sequence[int], d_sae: int) -> list[int]:
@@ -114,14 +81,3 @@ def describe(dictionary: Any, latents: Sequence[int], values: Sequence[np.ndarra
     vmax = [float(max((float(v[j].max(initial=0.0)) for v in values), default=0.0)) for j in range(len(latents))]
     return {"dictionary": name, "site": cfg.site, "site_out": cfg.site_out if cfg.kind != "sae" else None,
             "kind": cfg.kind, "d_sae": int(cfg.d_sae), "ids": [int(i) for i in latents], "vmax": vmax}
-
-
-def _site_width(model: Any, site: str) -> int:
-    """The width of ``site``'s rows on ``model`` (`experiments.sae.site_width`; ``ValueError`` for a site that
-    is not ``[batch, pos, d]``)."""
-    from bertscope.experiments.sae import site_width
-
-    try:
-        return site_width(model, site)
-    except KeyError as e:
-        raise ValueError(str(e.args[0] if e.args else e)) from None

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 from bertscope.experiments.features import labels as L
 from bertscope.experiments.features import measures as M
+from bertscope.probes.dictionary.placement import site_folder
 
 SELECTION = ("label, firing rule and best baseline unit chosen by MCC on dev sentences, scored on test sentences; "
              "k-sparse probes: units by mean difference and the probe fitted on train sentences, scored on test")
@@ -94,18 +95,12 @@ def collect(model: Any, sentences: Sequence[Any], hooks: Sequence[str], *, max_l
     return Collected({h: np.concatenate(v).astype(np.float32) for h, v in acts.items()}, rows)
 
 
-def site_folder(site: str) -> str:
-    """The sub-folder a site's dictionary lives in (``bertscope sae train``'s layout: the hook name)."""
-    return site.replace("/", "_")
-
-
 def load_site_dictionaries(model: Any, folder: str | Path, sites: Sequence[Site]) -> dict[str, Any]:
     """``folder/<site>/`` for every site, loaded on the model's device and checked against the model and the site
-    (``experiments.explorer.latents.load_for_model``: a site the model has, its widths); a dictionary that records
-    the weights it was trained on (``metadata.weights_sha256``) must match this model's. ``ValueError`` (one line,
-    naming the ``bertscope sae train`` command that makes the missing one) otherwise."""
-    from bertscope.experiments.explorer.latents import load_for_model
-    from bertscope.probes.dictionary import is_dictionary
+    (``probes.dictionary.load_for_model``: a site the model has, its widths, and the weights it was trained on when
+    it records them, ``metadata.weights_sha256``). ``ValueError`` (one line, naming the ``bertscope sae train``
+    command that makes the missing one) otherwise."""
+    from bertscope.probes.dictionary import is_dictionary, load_for_model
 
     root = Path(folder)
     if not root.is_dir():
@@ -118,17 +113,16 @@ def load_site_dictionaries(model: Any, folder: str | Path, sites: Sequence[Site]
                    else f"--kind transcoder --arch batchtopk --site {s.name} --site-out {s.site_out}")
             raise ValueError(f"--dictionaries {folder} has no dictionary for site {s.name} (no {sub.name}/cfg.json); "
                              f"train it with `bertscope sae train {how} --out {folder}`")
-        d = load_for_model(sub, model)
+        try:
+            d = load_for_model(sub, model)
+        except ValueError as e:
+            raise ValueError(f"--dictionaries {sub}: {e}") from None
         cfg = d.config
         fits = cfg.site == s.name and ((cfg.kind == "sae") if s.kind == "sae" else cfg.site_out == s.site_out)
         if not fits:
             made = cfg.site if cfg.kind == "sae" else f"{cfg.site} -> {cfg.site_out} ({cfg.kind})"
             want = s.name if s.kind == "sae" else f"{s.name} -> {s.site_out} (transcoder)"
             raise ValueError(f"--dictionaries {sub} is a dictionary of {made}; the features site needs {want}")
-        sha, mine = cfg.metadata.get("weights_sha256"), getattr(model, "weights_sha256", None)
-        if sha and mine and sha != mine:
-            raise ValueError(f"--dictionaries {sub} was trained on another model (weights sha256 {str(sha)[:12]}…, "
-                             f"this model's is {mine[:12]}…)")
         out[s.name] = d
     return out
 

@@ -1,8 +1,8 @@
 """Sparse dictionaries for encoders: sparse autoencoders and transcoders, trained on streamed activations and
 judged the way an encoder needs (``docs/dictionaries.md``).
 
-- :class:`DictionaryConfig`, :class:`Dictionary`: ReLU (L1 weighted by decoder norms), TopK (AuxK), BatchTopK
-  (inference threshold), JumpReLU (straight-through threshold); SAEs, MLP transcoders and skip transcoders.
+- :class:`DictionaryConfig`, :class:`Dictionary`: every registered architecture (built in: ReLU, TopK, BatchTopK,
+  JumpReLU); SAEs, MLP transcoders and skip transcoders.
 - :func:`train_dictionaries` with :class:`TrainSettings`: streaming training over an iterable of
   :class:`ActivationBatch` (or tensors): shuffle buffer, normalisation folded back, dead-latent revival,
   checkpoints and resume, several sites in one pass.
@@ -14,11 +14,17 @@ judged the way an encoder needs (``docs/dictionaries.md``).
   ``sae_weights.safetensors``).
 - :func:`pca_topk_dictionary`, :func:`neuron_topk_dictionary`: controls at the same L0.
 
+- :mod:`.architectures`: one file per architecture, registered in one table (``register(Architecture(...))``).
+- :func:`load_for_model`, :func:`site_width`, :func:`transcoder_sites`, :func:`site_folder`,
+  :func:`find_dictionaries`: placing dictionaries on a model (site, widths, the weights they were trained on).
+
 The one entry point for a whole run (model + corpus in, dictionaries and their evaluation out) is
-``bertscope.experiments.sae.train_sae`` / ``bertscope sae train``; this package holds the mechanics on plain
+``bertscope.experiments.dictionary.train_sae`` / ``bertscope sae train``; this package holds the mechanics on plain
 tensors.
 """
 
+from . import architectures
+from .architectures import Architecture, register
 from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer
 from .e2e import DEFAULT_MSE_COEFFICIENT, E2ESettings, e2e_loss, finetune_e2e, site_variance
 from .evaluate import (
@@ -30,13 +36,15 @@ from .evaluate import (
     identity_dictionary,
     neuron_topk_dictionary,
     pca_topk_dictionary,
+    piece_classes,
     reconstruct,
     splice_fidelity,
     spliced,
     token_classes,
 )
 from .metrics import latent_statistics, metrics_table, reconstruction_metrics, saelens_metrics
-from .models import ARCHITECTURES, KINDS, Dictionary, DictionaryConfig, batch_topk_activation, topk_activation
+from .models import KINDS, Dictionary, DictionaryConfig, batch_topk_activation, topk_activation
+from .placement import find_dictionaries, load_for_model, site_folder, site_width, transcoder_sites
 from .saelens_format import DictionaryFormatError, is_dictionary, load_dictionary, save_dictionary
 from .train import (
     TrainingInterrupted,
@@ -48,6 +56,14 @@ from .train import (
     train_dictionaries,
 )
 
+
+def __getattr__(name: str) -> object:
+    """``ARCHITECTURES``: every registered architecture's name, read from the table when asked for."""
+    if name == "ARCHITECTURES":
+        return architectures.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_MSE_COEFFICIENT",
     "E2ESettings",
@@ -55,6 +71,9 @@ __all__ = [
     "finetune_e2e",
     "site_variance",
     "ARCHITECTURES",
+    "Architecture",
+    "architectures",
+    "register",
     "KINDS",
     "SPECIAL_CLASSES",
     "TOKEN_CLASSES",
@@ -73,19 +92,25 @@ __all__ = [
     "collect_activations",
     "dictionary_loss",
     "evaluate_dictionary",
+    "find_dictionaries",
     "fraction_recovered",
     "geometric_median",
     "identity_dictionary",
     "is_dictionary",
     "latent_statistics",
     "load_dictionary",
+    "load_for_model",
     "metrics_table",
     "neuron_topk_dictionary",
     "norm_scaling_factor",
     "pca_topk_dictionary",
+    "piece_classes",
     "reconstruct",
     "reconstruction_metrics",
     "saelens_metrics",
+    "site_folder",
+    "site_width",
+    "transcoder_sites",
     "save_dictionary",
     "splice_fidelity",
     "spliced",

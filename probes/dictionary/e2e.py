@@ -46,7 +46,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 
 from .data import SPECIAL_CLASSES
 from .evaluate import _mask_batch, _pooled, collect_activations, spliced, token_classes
-from .models import UNIT_NORM_DECODER, Dictionary
+from .models import Dictionary
 
 #: The default weight of the site's FVU (chosen on a held-out slice of EWT train, never on dev:
 #: benchmarks/dictionaries_e2e.py, docs/dictionaries.md "End-to-end fine-tuning").
@@ -167,11 +167,14 @@ def site_variance(model: Any, dictionary: Dictionary, texts: Sequence[str], *, i
 
 @torch.no_grad()
 def _site_rows_stats(model: Any, dictionary: Dictionary, texts: Sequence[str], *, include_special: bool = False,
-                     batch_size: int = 32) -> tuple[float, float]:
-    """``(total variance per token, mean norm)`` of the site's kept rows on ``texts``."""
+                     batch_size: int = 32, batches: Iterable[Any] | None = None) -> tuple[float, float]:
+    """``(total variance per token, mean norm)`` of the site's kept rows on ``texts`` (``batches``: those rows
+    already collected, e.g. through the activations stage: items with ``acts`` and ``classes()``)."""
     excluded = _excluded(include_special)
     rows = []
-    for b in collect_activations(model, texts, [dictionary.config.site], batch_size=batch_size):
+    if batches is None:
+        batches = collect_activations(model, texts, [dictionary.config.site], batch_size=batch_size)
+    for b in batches:
         keep = torch.from_numpy(~np.isin(b.classes(), excluded))
         rows.append(b.acts[dictionary.config.site][keep].double())
     x = torch.cat(rows)
@@ -220,8 +223,8 @@ def e2e_terms(model: Any, dictionary: Dictionary, batch: dict[str, torch.Tensor]
     err = (rec.x_hat - rec.x.to(rec.x_hat.dtype))[w]
     fvu = err.double().pow(2).sum() / (max(err.shape[0], 1) * variance)
     l1 = torch.zeros((), dtype=torch.float64, device=fvu.device)
-    if dictionary.arch == "relu" and l1_coefficient:
-        l1 = (rec.f[w] * dictionary.W_dec.norm(dim=-1)).sum(-1).mean().double()
+    if dictionary.spec.e2e_penalty is not None and l1_coefficient:
+        l1 = dictionary.spec.e2e_penalty(dictionary, rec.f[w]).double()
     return {"model": term, "fvu": fvu, "l1": l1, "n": torch.tensor(float(n))}
 
 
@@ -269,12 +272,14 @@ def _bucketed_order(lengths: Sequence[int], batch: int, seed: int, group: int = 
 
 
 def finetune_e2e(model: Any, dictionary: Dictionary, sentences: Sequence[str],
-                 settings: E2ESettings | None = None) -> Dictionary:
+                 settings: E2ESettings | None = None, *, rows: Iterable[Any] | None = None) -> Dictionary:
     """A copy of ``dictionary`` fine-tuned end to end on ``sentences`` (training sentences: never the ones it
     will be scored on) with the model frozen (see the module docstring for the loss). The copy's
     ``config.metadata["e2e"]`` records the objective, lambda and its normalisation, steps, learning rate, batch,
     seed, sentences, the site variance and the loss terms at the first and last steps; the input dictionary is
-    unchanged. ``steps == 0`` returns an unchanged copy (still recorded)."""
+    unchanged. ``steps == 0`` returns an unchanged copy (still recorded). ``rows``: the site's rows of the first
+    ``settings.variance_sentences`` sentences, already collected (the command reads them through the activations
+    stage; items with ``acts`` and ``classes()``); without it they are collected here."""
     s = settings or E2ESettings()
     if dictionary.config.kind != "sae":
         raise ValueError("end-to-end fine-tuning is for SAEs (a transcoder's spliced site is another site)")
@@ -288,7 +293,8 @@ def finetune_e2e(model: Any, dictionary: Dictionary, sentences: Sequence[str],
     device = torch.device(s.device) if s.device is not None else model.device
     dtype = getattr(torch, s.dtype)
     d = copy.deepcopy(dictionary).to(device=device, dtype=dtype).train()
-    variance, mean_norm = _site_rows_stats(model, d, texts[: s.variance_sentences], include_special=s.include_special)
+    variance, mean_norm = _site_rows_stats(model, d, texts[: s.variance_sentences], include_special=s.include_special,
+                                           batches=rows)
     # Fine-tune in the training normalisation (inputs at mean norm ~sqrt(d)), where Adam's lr means what it meant
     # in training and a folded unit-norm decoder has unit rows again; folded back at the end.
     scale = power_of_two_scale(d.config.d_in, mean_norm)
@@ -325,12 +331,12 @@ def finetune_e2e(model: Any, dictionary: Dictionary, sentences: Sequence[str],
             loss = t["model"] + s.mse_coefficient * t["fvu"] + s.l1_coefficient * t["l1"]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if d.arch in UNIT_NORM_DECODER:
+            if d.spec.unit_norm_decoder:
                 d.remove_parallel_gradient()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            if d.arch in UNIT_NORM_DECODER:
+            if d.spec.unit_norm_decoder:
                 with torch.no_grad():  # every row back to its norm (unit in the training normalisation)
                     d.W_dec.mul_(row_norms / d.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-30))
             history.append({"model": float(t["model"].detach()), "fvu": float(t["fvu"].detach()),
@@ -345,7 +351,8 @@ def finetune_e2e(model: Any, dictionary: Dictionary, sentences: Sequence[str],
         "objective": objective,
         "loss": ("mean over sentences of 1 - cos(pooled spliced, pooled clean)" if objective == "sentence"
                  else "KL(clean || spliced) of the MLM distribution, mean over masked positions")
-        + " + mse_coefficient * FVU" + (" + l1_coefficient * L1" if d.arch == "relu" and s.l1_coefficient else ""),
+        + " + mse_coefficient * FVU"
+        + (" + l1_coefficient * L1" if d.spec.e2e_penalty is not None and s.l1_coefficient else ""),
         "mse_normalisation": "FVU = sum ||x_hat - x||^2 over the spliced tokens / (tokens * site variance); site "
                              "variance = mean ||x - mean x||^2 over the kept tokens of the first "
                              f"{min(n, s.variance_sentences)} training sentences",

@@ -1,7 +1,7 @@
 """Judging a dictionary the way an encoder needs: on held-out sentences, per token class, spliced into the model.
 
-- :func:`token_classes`: each piece's class (``word``, ``continuation``, ``punct``, ``special``, ``mask``,
-  ``pad``) from the tokenizer;
+- :func:`piece_classes`, :func:`token_classes`: each piece's class (``word``, ``continuation``, ``punct``,
+  ``special``, ``mask``, ``pad``) from the tokenizer;
 - :func:`collect_activations`: rows of one or several sites for texts, with their classes and sentences;
 - :func:`spliced`: a context manager that replaces a site's activation by the dictionary's reconstruction (or
   by zero / a mean: the ablations) at the positions of chosen token classes, on every forward;
@@ -14,15 +14,18 @@
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.hooks.sites import last_block
 from scipy.stats import spearmanr
 
+from .architectures.relu import RELU
+from .architectures.topk import TOPK
 from .data import SPECIAL_CLASSES, ActivationBatch
 from .metrics import metrics_table
 from .models import Dictionary, DictionaryConfig
@@ -31,33 +34,47 @@ TOKEN_CLASSES = ("word", "continuation", "punct", "special", "mask", "pad")
 _PUNCT = set(string.punctuation)
 
 
+def piece_classes(tokenizer: Any) -> np.ndarray:
+    """The class of every vocabulary id ``[vocab]`` as a word piece: ``continuation`` (a piece inside a word:
+    WordPiece ``##``), ``punct`` (all punctuation, after a ``Ġ``/``▁`` word marker) or ``word`` (a word's first
+    piece). The one place the dictionary's finer classes of real tokens come from (the activations stage's ``real``
+    tokens and :func:`token_classes` both read it)."""
+    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    out = np.empty(len(vocab), dtype=object)
+    for i, piece in enumerate(vocab):
+        bare = (piece or "").lstrip("Ġ▁")
+        out[i] = "continuation" if piece and piece.startswith("##") else (
+            "punct" if bare and all(ch in _PUNCT for ch in bare) else "word")
+    return out
+
+
 def token_classes(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
     """Class of every piece ``[batch, pos]``: ``pad`` (attention mask 0), ``special`` ([CLS], [SEP], <s>,
-    </s>, ...), ``mask`` ([MASK]), ``continuation`` (a piece inside a word: WordPiece ``##``), ``punct`` (all
-    punctuation), ``word`` (a word's first piece)."""
+    </s>, ...), ``mask`` ([MASK]), else the piece's class (:func:`piece_classes`: ``continuation``, ``punct``,
+    ``word``)."""
     tok = model.tokenizer
-    ids = input_ids.cpu().tolist()
+    table = _cached_piece_classes(tok)
+    ids = input_ids.cpu().numpy()
     mask_id = getattr(tok, "mask_token_id", None)
-    special = set(getattr(tok, "all_special_ids", [])) - {mask_id}
-    pieces = [tok.convert_ids_to_tokens(row) for row in ids]
-    out = np.empty(input_ids.shape, dtype=object)
-    am = attention_mask.cpu().numpy()
-    for b, row in enumerate(ids):
-        for p, i in enumerate(row):
-            piece = pieces[b][p]
-            if not am[b, p]:
-                out[b, p] = "pad"
-            elif i == mask_id:
-                out[b, p] = "mask"
-            elif i in special:
-                out[b, p] = "special"
-            elif piece.startswith("##"):
-                out[b, p] = "continuation"
-            elif all(ch in _PUNCT for ch in piece.lstrip("Ġ▁")) and piece.strip("Ġ▁"):
-                out[b, p] = "punct"
-            else:
-                out[b, p] = "word"
+    special = np.asarray(sorted(set(getattr(tok, "all_special_ids", [])) - {mask_id}), dtype=np.int64)
+    out = table[np.clip(ids, 0, len(table) - 1)].astype(object)
+    out[np.isin(ids, special)] = "special"
+    if mask_id is not None:
+        out[ids == mask_id] = "mask"
+    out[attention_mask.cpu().numpy() == 0] = "pad"
     return out
+
+
+def _cached_piece_classes(tokenizer: Any) -> np.ndarray:
+    """:func:`piece_classes`, computed once per tokenizer."""
+    cached = getattr(tokenizer, "_bertscope_piece_classes", None)
+    if cached is None or len(cached) != len(tokenizer):
+        cached = piece_classes(tokenizer)
+        try:
+            tokenizer._bertscope_piece_classes = cached
+        except AttributeError:  # pragma: no cover - a tokenizer that takes no attributes
+            pass
+    return cached
 
 
 def text_batches(model: Any, texts: Sequence[str], batch_size: int = 32) -> Iterator[dict[str, torch.Tensor]]:
@@ -76,7 +93,7 @@ def collect_activations(model: Any, texts: Sequence[str], sites: Sequence[str], 
     unknown = [s for s in sites if s not in model.hook_dict]
     if unknown:
         raise KeyError(f"the model has no hook {unknown[0]!r} (see `bertscope info`)")
-    stop = max((int(s.split(".")[1]) for s in sites if s.startswith("blocks.")), default=None)
+    stop = last_block(sites)
     for b, start in enumerate(range(0, len(texts), batch_size)):
         batch = model.tokenize(list(texts[start : start + batch_size]))
         store: dict[str, torch.Tensor] = {}
@@ -291,14 +308,22 @@ def reconstruct(dictionary: Dictionary, batches: Sequence[ActivationBatch], *,
 
 def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str], *, batch_size: int = 32,
                         include_special: bool = False, objective: str = "auto", fidelity: bool = True,
-                        mean: torch.Tensor | None = None, **fidelity_kwargs: Any) -> pd.DataFrame:
+                        mean: torch.Tensor | None = None, batches: Iterable[Any] | None = None,
+                        **fidelity_kwargs: Any) -> pd.DataFrame:
     """Everything about one dictionary on held-out ``texts``: one long table with columns ``section``
     (``reconstruction`` or ``fidelity``), ``token_class`` (``all`` and each class; fidelity rows ``all``),
     ``condition``, ``metric``, ``value``. Reconstruction rows cover the trained token classes (special tokens
-    and padding left out unless ``include_special``)."""
+    and padding left out unless ``include_special``).
+
+    ``batches``: the rows of the dictionary's sites for ``texts``, already collected (the commands read them
+    through the activations stage): anything with ``acts`` (site -> ``[rows, d]``) and ``classes()`` (``[rows]``
+    names of :func:`token_classes`), such as :class:`ActivationBatch`. Without it they are collected here
+    (:func:`collect_activations`)."""
     cfg = dictionary.config
     sites = [cfg.site] + ([cfg.site_out] if cfg.site_out and cfg.site_out != cfg.site else [])
-    batches = list(collect_activations(model, texts, sites, batch_size=batch_size))
+    if batches is None:
+        batches = collect_activations(model, texts, sites, batch_size=batch_size)
+    batches = list(batches)
     if not include_special:
         batches = [_drop(b, set(SPECIAL_CLASSES) | {"mask"}) for b in batches]
     y, y_hat, f, classes = reconstruct(dictionary, batches)
@@ -315,7 +340,7 @@ def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str]
     return pd.concat(parts, ignore_index=True)
 
 
-def _drop(batch: ActivationBatch, excluded: set[str]) -> ActivationBatch:
+def _drop(batch: Any, excluded: set[str]) -> ActivationBatch:
     keep = ~np.isin(batch.classes(), list(excluded))
     idx = torch.from_numpy(np.flatnonzero(keep))
     sent = None if batch.sentence is None else np.asarray(batch.sentence)[keep]
@@ -330,7 +355,7 @@ def basis_topk_dictionary(basis: torch.Tensor, mean: torch.Tensor, k: int, *, si
     orthonormal ``basis [n, d]`` (rows): ``W_enc = [B^T, -B^T]`` (one of each pair is positive, so TopK over
     ``2n`` latents keeps the ``k`` largest magnitudes), ``W_dec = [B; -B]``, ``b_dec = mean``. L0 is ``k``."""
     n, d = basis.shape
-    cfg = DictionaryConfig(d_in=d, d_sae=2 * n, arch="topk", k=k, site=site, metadata={"control": name})
+    cfg = DictionaryConfig(d_in=d, d_sae=2 * n, arch=TOPK.name, k=k, site=site, metadata={"control": name})
     dic = Dictionary(cfg)
     dic.W_enc.copy_(torch.cat([basis.T, -basis.T], dim=1))
     dic.W_dec.copy_(torch.cat([basis, -basis], dim=0))
@@ -355,7 +380,7 @@ def neuron_topk_dictionary(x: torch.Tensor, k: int, *, site: str | None = None) 
 def identity_dictionary(d: int, *, site: str | None = None) -> Dictionary:
     """A ReLU "dictionary" that reconstructs exactly: ``W_enc = [I, -I]``, ``W_dec = [I; -I]``, biases 0, so
     ``x_hat = ReLU(x) - ReLU(-x) = x`` (the splice-identity check)."""
-    cfg = DictionaryConfig(d_in=d, d_sae=2 * d, arch="relu", site=site, metadata={"control": "identity"})
+    cfg = DictionaryConfig(d_in=d, d_sae=2 * d, arch=RELU.name, site=site, metadata={"control": "identity"})
     dic = Dictionary(cfg)
     with torch.no_grad():
         eye = torch.eye(d)

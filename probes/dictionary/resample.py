@@ -1,10 +1,9 @@
-"""Dead-latent resampling (ReLU / JumpReLU), after Anthropic (2023)."""
+"""Dead-latent resampling (architectures whose ``revive`` is ``"resample"``), after Anthropic (2023)."""
 
 from __future__ import annotations
 
 import torch
 
-from .models import UNIT_NORM_DECODER
 from .settings import TrainSettings, TrainState
 
 
@@ -16,7 +15,7 @@ def resample_dead(state: TrainState, x: torch.Tensor, y: torch.Tensor, y_hat: to
     ``y - y_hat`` (what the dictionary misses; Anthropic used the input), its encoder column the same direction
     (a transcoder: the row's input direction) times 0.2 x the mean norm of the live encoder columns, its bias 0,
     its Adam moments 0 (and a JumpReLU threshold the smaller of its initial value and half the latent's new
-    pre-activation on that row, so that it fires there)."""
+    pre-activation on that row, so that it fires there: the architecture's ``revive_threshold``)."""
     d = state.dictionary
     dead = (state.tokens_since_fired >= settings.dead_tokens).to(x.device)
     n_dead = int(dead.sum())
@@ -35,15 +34,14 @@ def resample_dead(state: TrainState, x: torch.Tensor, y: torch.Tensor, y_hat: to
     src = err if d.is_sae else x_in
     enc_dirs = src / src.norm(dim=-1, keepdim=True).clamp_min(1e-8)
     idx = dead.nonzero().squeeze(1)
-    d.W_dec[idx] = dirs.to(d.W_dec.dtype) * (1.0 if d.arch in UNIT_NORM_DECODER else float(d.W_dec[alive].norm(
+    d.W_dec[idx] = dirs.to(d.W_dec.dtype) * (1.0 if d.spec.unit_norm_decoder else float(d.W_dec[alive].norm(
         dim=-1).mean()) if alive.any() else 1.0)
     d.W_enc[:, idx] = (enc_dirs * 0.2 * enc_norm).T.to(d.W_enc.dtype)
     d.b_enc[idx] = 0
-    if d.log_threshold is not None:
-        # a JumpReLU latent fires on its row again: threshold at most half its new pre-activation there
+    if d.spec.revive_threshold is not None:
+        # the latent's new pre-activation on its row, for an architecture with a threshold to lower
         h_row = ((x_in * enc_dirs).sum(-1) * 0.2 * enc_norm).clamp_min(1e-6)
-        d.log_threshold[idx] = torch.minimum(torch.full_like(h_row, settings.jumprelu_init_threshold),
-                                             0.5 * h_row).log().to(d.log_threshold.dtype)
+        d.spec.revive_threshold(d, idx, h_row, settings)
     for p in d.parameters():
         st = state.optimizer.state.get(p)
         if not st:

@@ -5,15 +5,11 @@ weight keys); ``load_dictionary`` reads those folders, whoever wrote them. berts
 architecture name, site, token classes, training record) rides in ``cfg.json``'s ``metadata`` (SAELens keeps
 unknown metadata keys).
 
-| bertscope | SAELens ``architecture`` | weights |
-| --- | --- | --- |
-| SAE ``relu`` | ``standard`` | ``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec [d_sae, d_in]``, ``b_dec`` |
-| SAE ``topk`` | ``topk`` (``k``) | the same |
-| SAE ``jumprelu`` | ``jumprelu`` | the same + ``threshold [d_sae]`` |
-| SAE ``batchtopk`` | ``jumprelu`` (SAELens saves BatchTopK so) | + ``threshold`` (one value repeated) |
-| transcoder ``relu`` | ``transcoder`` (``d_out``) | ``W_dec [d_sae, d_out]``, ``b_dec [d_out]`` |
-| transcoder ``jumprelu`` / ``batchtopk`` | ``jumprelu_transcoder`` | + ``threshold`` |
-| skip transcoder ``relu`` | ``skip_transcoder`` | + ``W_skip [d_out, d_in]`` (SAELens's orientation) |
+Each architecture's file in ``architectures/`` holds its mapping: ``saelens`` (kind -> SAELens architecture
+name), ``saelens_fields`` (extra ``cfg.json`` fields, e.g. TopK's ``k``), ``saelens_in`` (a SAELens file's weights
+converted on reading) and its ``threshold`` (saved as ``threshold [d_sae]``). Weights: ``W_enc [d_in, d_sae]``,
+``b_enc``, ``W_dec [d_sae, d_out]``, ``b_dec [d_out]``, ``threshold [d_sae]`` where the architecture has one,
+``W_skip [d_out, d_in]`` (skip transcoders, SAELens's orientation). ``docs/dictionaries.md`` has the table.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from . import architectures
 from .models import Dictionary, DictionaryConfig
 
 CFG_FILENAME = "cfg.json"
@@ -38,17 +35,14 @@ class DictionaryFormatError(ValueError):
 
 
 def saelens_architecture(config: DictionaryConfig) -> str:
-    """SAELens's architecture name for a bertscope config (raises ``DictionaryFormatError`` for combinations
-    SAELens has no name for)."""
-    table = {("sae", "relu"): "standard", ("sae", "topk"): "topk", ("sae", "jumprelu"): "jumprelu",
-             ("sae", "batchtopk"): "jumprelu", ("transcoder", "relu"): "transcoder",
-             ("transcoder", "jumprelu"): "jumprelu_transcoder", ("transcoder", "batchtopk"): "jumprelu_transcoder",
-             ("skip_transcoder", "relu"): "skip_transcoder"}
+    """SAELens's architecture name for a bertscope config (the architecture's ``saelens`` mapping; raises
+    ``DictionaryFormatError`` for a kind SAELens has no name for)."""
+    spec = architectures.get(config.arch)
     try:
-        return table[(config.kind, config.arch)]
+        return spec.saelens[config.kind]
     except KeyError:
         raise DictionaryFormatError(f"SAELens's format has no {config.arch} {config.kind.replace('_', ' ')}; "
-                                    f"use one of {sorted(table)}") from None
+                                    f"a {config.arch} is one of: {', '.join(spec.kinds)}") from None
 
 
 def save_dictionary(dictionary: Dictionary, folder: str | os.PathLike[str]) -> Path:
@@ -76,8 +70,8 @@ def save_dictionary(dictionary: Dictionary, folder: str | os.PathLike[str]) -> P
         "apply_b_dec_to_input": cfg.kind == "sae", "normalize_activations": "none", "reshape_activations": "none",
         "metadata": meta, "architecture": arch,
     }
-    if arch == "topk":
-        out.update(k=int(cfg.k), rescale_acts_by_decoder_norm=False)
+    if dictionary.spec.saelens_fields is not None:
+        out.update(dictionary.spec.saelens_fields(cfg))
     if cfg.kind != "sae":
         out["d_out"] = cfg.width_out
     _atomic(folder / WEIGHTS_FILENAME, lambda p: save_file(state, str(p)))
@@ -108,50 +102,45 @@ def load_dictionary(folder: str | os.PathLike[str], *, device: str | torch.devic
             getattr(d, name).copy_(state[name])
         if d.W_skip is not None:
             d.W_skip.copy_(state["W_skip"].T)
-        if config.arch == "jumprelu":
-            d.log_threshold.copy_(state["threshold"].clamp_min(1e-30).log())
-        if config.arch == "batchtopk":
-            d.batch_threshold.fill_(float(state["threshold"].flatten()[0]))
+        if d.spec.load_threshold is not None:
+            if "threshold" not in state:
+                raise DictionaryFormatError(f"{folder}: {WEIGHTS_FILENAME} lacks the {config.arch} threshold")
+            d.spec.load_threshold(d, state["threshold"])
     return d.eval()
 
 
 def _from_saelens(cfg: dict[str, Any], state: dict[str, torch.Tensor],
                   folder: Path) -> tuple[DictionaryConfig, dict[str, torch.Tensor]]:
     arch = cfg.get("architecture", "standard")
-    names = {"standard": ("sae", "relu"), "topk": ("sae", "topk"), "jumprelu": ("sae", "jumprelu"),
-             "transcoder": ("transcoder", "relu"), "skip_transcoder": ("skip_transcoder", "relu"),
-             "jumprelu_transcoder": ("transcoder", "jumprelu")}
-    if arch not in names:
+    meta = dict(cfg.get("metadata") or {})
+    ours = dict(meta.pop("bertscope", None) or {})
+    found = architectures.from_saelens(arch, ours.get("arch"))
+    if found is None:
         raise DictionaryFormatError(f"{folder}: SAELens architecture {arch!r} is not one bertscope reads "
-                                    f"({', '.join(names)})")
+                                    f"({', '.join(architectures.table.saelens_names())})")
     if cfg.get("normalize_activations", "none") != "none":
         raise DictionaryFormatError(f"{folder}: normalize_activations={cfg['normalize_activations']!r} needs a "
                                     "scaling step outside the weights; fold it in with SAELens first")
     missing = [k for k in ("W_enc", "b_enc", "W_dec", "b_dec") if k not in state]
     if missing:
         raise DictionaryFormatError(f"{folder}: {WEIGHTS_FILENAME} lacks {missing}")
-    kind, bs_arch = names[arch]
-    meta = dict(cfg.get("metadata") or {})
-    ours = dict(meta.pop("bertscope", None) or {})
-    if ours.get("arch") == "batchtopk" and bs_arch == "jumprelu":
-        bs_arch = "batchtopk"
+    kind, bs_arch = found
+    spec = architectures.get(bs_arch)
     state = {k: v.float() if v.dtype not in (torch.float32, torch.float64) else v for k, v in state.items()}
     if kind == "sae" and not cfg.get("apply_b_dec_to_input", True):
         state["b_enc"] = state["b_enc"] + state["b_dec"] @ state["W_enc"]
-    if arch == "topk" and cfg.get("rescale_acts_by_decoder_norm", False):
-        n = state["W_dec"].norm(dim=-1)
-        state["b_enc"], state["W_enc"] = state["b_enc"] * n, state["W_enc"] * n
-        state["W_dec"] = state["W_dec"] / n[:, None]
+    if spec.saelens_in is not None:
+        state = spec.saelens_in(cfg, state)
     k = ours.get("k", cfg.get("k"))
-    if bs_arch == "batchtopk" and k is None:
-        raise DictionaryFormatError(f"{folder}: a BatchTopK dictionary without its k")
+    if spec.uses_k and k is None:
+        raise DictionaryFormatError(f"{folder}: a {bs_arch} dictionary without its k")
     site = ours.get("site", meta.get("hook_name"))
     site_out = ours.get("site_out", meta.get("hook_name_out")) if kind != "sae" else None
     extra = {key: v for key, v in ours.items() if key not in ("arch", "kind", "k", "site", "site_out")}
     if not ours:
         extra = {"saelens_metadata": meta}
     config = DictionaryConfig(d_in=int(cfg["d_in"]), d_sae=int(cfg["d_sae"]), arch=bs_arch,
-                              k=int(k) if bs_arch in ("topk", "batchtopk") else None, kind=kind,
+                              k=int(k) if spec.uses_k else None, kind=kind,
                               d_out=int(cfg["d_out"]) if kind != "sae" else None, site=site,
                               site_out=site_out, metadata=extra)
     if not math.isfinite(float(state["W_enc"].sum())):

@@ -4,15 +4,16 @@
 ``settings.buffer_rows`` whatever the source's size), normalises every site to mean norm ``sqrt(d)`` (SAELens's
 ``expected_average_only_in``; the factor is folded back into the returned weights), initialises ``b_dec`` from
 the first buffer (geometric median by default), trains with Adam, tracks dead latents (no activation over the
-last ``dead_tokens`` tokens) and revives them (``relu`` / ``jumprelu``: resampling; ``topk`` / ``batchtopk``: the
-AuxK loss), checkpoints every ``checkpoint_tokens`` tokens and resumes from the last checkpoint. Deterministic
+last ``dead_tokens`` tokens) and revives them (each architecture's ``revive``: resampling, or an auxiliary loss
+such as AuxK), checkpoints every ``checkpoint_tokens`` tokens and resumes from the last checkpoint. Deterministic
 per ``seed`` (on one device and thread count).
 
 Data parallel: inside an initialised ``torch.distributed`` group (``torchrun``; gloo on CPU, nccl on CUDA) every
 process reads the same stream and buffer, trains on its equal share of each batch (rows ``rank::world``) and
 averages gradients, dead-latent counts and resampling inputs over the group, so every process holds the same
 dictionary, equal to one process's within float summation order (``tests/test_dictionary_distributed.py``).
-Checkpoints are written by rank 0. BatchTopK (a selection over the whole batch) is refused.
+Checkpoints are written by rank 0. An architecture that is not ``data_parallel`` (BatchTopK: a selection over the
+whole batch) is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .data import EpochBuffer, RowReader, ShuffleBuffer
 from .initialise import geometric_median, initialise, norm_scaling_factor
 from .losses import auxk_loss, dictionary_loss, topk_loss
-from .models import UNIT_NORM_DECODER, Dictionary, DictionaryConfig
+from .models import Dictionary, DictionaryConfig
 from .resample import resample_dead, resample_every
 from .settings import TrainSettings, TrainState
 
@@ -70,8 +71,9 @@ def train_dictionaries(
     if isinstance(configs, DictionaryConfig):
         configs = {configs.site or "x": configs}
     configs = dict(configs)
-    if world > 1 and any(c.arch == "batchtopk" for c in configs.values()):
-        raise ValueError("batchtopk selects over the whole batch: data-parallel training does not support it")
+    serial = [c.arch for c in configs.values() if not c.spec.data_parallel]
+    if world > 1 and serial:
+        raise ValueError(f"{serial[0]} selects over the whole batch: data-parallel training does not support it")
     sites = _sites(configs)
     single = next(iter(sites)) if len(sites) == 1 else None
     reader = RowReader(source, sites, exclude=settings.excluded, single_site=single)
@@ -165,8 +167,10 @@ def _train_step(state: TrainState, acts: dict[str, torch.Tensor], step: int, tot
         group["lr"] = settings.lr * _lr_factor(step, total_steps, settings.lr_decay_fraction,
                                                settings.lr_warm_up_tokens // settings.batch_size)
     dead = state.tokens_since_fired.to(device) >= settings.dead_tokens
-    if cfg.arch == "topk" and d.W_skip is None:  # the sparse form: no dense [rows, d_sae] activations
-        loss, values, indices, y_hat = topk_loss(d, x, y, settings, dead=dead)
+    spec = d.spec
+    if spec.sparse_loss is not None and d.W_skip is None:  # the sparse form: no dense [rows, d_sae] activations
+        loss, values, indices, y_hat = spec.sparse_loss(d, x, y, settings, dead)
+        f = None
         active = values.detach() > 0
         fired = torch.zeros(cfg.d_sae, dtype=torch.bool, device=values.device)
         fired[indices[active]] = True
@@ -182,25 +186,22 @@ def _train_step(state: TrainState, acts: dict[str, torch.Tensor], step: int, tot
             if p.grad is not None:
                 torch.distributed.all_reduce(p.grad)
                 p.grad /= world
-    if cfg.arch in UNIT_NORM_DECODER:
+    if spec.unit_norm_decoder:
         d.remove_parallel_gradient()
     torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
     state.optimizer.step()
     with torch.no_grad():
-        if cfg.arch in UNIT_NORM_DECODER:
+        if spec.unit_norm_decoder:
             d.normalise_decoder()
-        if cfg.arch == "batchtopk":
-            positive = f > 0
-            if positive.any():
-                lr = settings.topk_threshold_lr
-                d.batch_threshold.mul_(1 - lr).add_(lr * f[positive].min())
+        if spec.after_step is not None and f is not None:
+            spec.after_step(d, f, settings)
         if world > 1:
             fired = fired.to(torch.int32)
             torch.distributed.all_reduce(fired, op=torch.distributed.ReduceOp.MAX)
             fired = fired.bool()
         state.tokens_since_fired += x_all.shape[0]
         state.tokens_since_fired[fired.cpu()] = 0
-        if settings.resample and cfg.arch in ("relu", "jumprelu") and (step + 1) % resample_every(settings) == 0:
+        if settings.resample and spec.revive == "resample" and (step + 1) % resample_every(settings) == 0:
             # every rank resamples from the whole batch, with the same pre-step reconstruction
             y_hat_all = _pre_step_prediction(state, x_all, y_hat, rank, world) if world > 1 else y_hat
             resample_dead(state, x_all, y_all, y_hat_all, settings)

@@ -1,0 +1,280 @@
+"""Sparse dictionaries on a model and a corpus: the one Python entry point (`train_sae`, `evaluate_sae`); the
+``bertscope sae train`` / ``bertscope sae eval`` commands are in ``experiments.cli.sae_command``
+(``docs/dictionaries.md``).
+
+The mechanics (architectures, streaming trainer, metrics, SAELens format, splicing) are in
+``bertscope.probes.dictionary`` and work on plain tensors; this module feeds them from the activations stage
+(`experiments.activations.iter_activations`: a live forward over a corpus, or a capture folder) and writes
+folders::
+
+    OUT/<site>/cfg.json, sae_weights.safetensors     one dictionary per site (SAELens's format)
+    OUT/controls/pca-<site>/, neurons-<site>/        the PCA and neuron-basis controls at the same L0
+    OUT/checkpoint.pt                                while training (kept on Ctrl-C; a rerun resumes from it)
+    OUT/training.json                                what was trained on, and how
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from bertscope.experiments.activations import REAL, iter_activations
+from bertscope.experiments.io import write_json, write_table
+from bertscope.probes.dictionary import (
+    ActivationBatch,
+    Dictionary,
+    DictionaryConfig,
+    E2ESettings,
+    TrainSettings,
+    architectures,
+    evaluate_dictionary,
+    finetune_e2e,
+    neuron_topk_dictionary,
+    pca_topk_dictionary,
+    piece_classes,
+    save_dictionary,
+    train_dictionaries,
+)
+from bertscope.probes.dictionary.placement import (
+    find_dictionaries,
+    load_for_model,
+    model_sha256,
+    site_folder,
+    site_width,
+    transcoder_sites,
+)
+
+#: The activations stage's special classes (the trainer calls them ``special``; kept for old imports).
+STAGE_SPECIAL = ("cls", "sep", "padding")
+#: Training rows the PCA and neuron-basis controls are fitted on (at most).
+CONTROL_ROWS = 65536
+
+
+def dictionary_classes(acts: Any, pieces: np.ndarray) -> np.ndarray:
+    """The dictionary's token class of every row of a stage batch ``acts`` (``[rows]``, in ``acts.rows()``'s
+    order), derived from the stage's one vocabulary: a ``real`` token is its piece's class (``pieces``, from
+    :func:`~bertscope.probes.dictionary.piece_classes`: ``word`` / ``continuation`` / ``punct``); ``cls`` and
+    ``sep`` are ``special`` (the dictionary's name for them; padding is never a row)."""
+    keep = acts.keep()
+    stage = acts.token_class[keep].numpy()
+    ids = acts.batch.input_ids[keep].numpy()
+    return np.where(stage == REAL, pieces[ids], "special").astype(object)
+
+
+class CorpusActivations:
+    """A re-iterable source of rows: each pass runs the activations stage over ``sentences`` (a live forward, or
+    ``capture``) and yields :class:`~bertscope.probes.dictionary.ActivationBatch` rows of every real and special
+    token (padding never), each with its class (:func:`dictionary_classes`)."""
+
+    def __init__(self, model: Any, sentences: Sequence[Any], sites: Sequence[str], *, capture: Any = None,
+                 batch_size: int = 32, max_length: int = 128) -> None:
+        self.model, self.sentences, self.sites = model, sentences, list(sites)
+        self.capture, self.batch_size, self.max_length = capture, batch_size, max_length
+
+    def __iter__(self) -> Iterator[ActivationBatch]:
+        pieces = piece_classes(self.model.tokenizer)
+        for acts in iter_activations(self.model, self.sentences, self.sites, capture=self.capture,
+                                     batch_size=self.batch_size, max_length=self.max_length, include_special=True,
+                                     device="cpu", dtype=torch.float32):
+            keep = acts.keep()
+            yield ActivationBatch({s: acts.flat(s) for s in self.sites}, dictionary_classes(acts, pieces),
+                                  np.asarray(acts.batch.sentence_index)[torch.nonzero(keep)[:, 0].numpy()])
+
+
+#: the old name of ``piece_classes``
+_piece_classes = piece_classes
+
+
+def parse_width(width: str | int, d_in: int) -> int:
+    """``--width``: a multiple of the site's width (``8x``) or a number of latents (``3072``)."""
+    text = str(width).strip().lower()
+    try:
+        return int(round(float(text[:-1]) * d_in)) if text.endswith("x") else int(text)
+    except ValueError:
+        raise ValueError(f"--width {width!r}: give a multiple such as 8x or a number of latents") from None
+
+
+def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: str | Path, *,
+              arch: str = architectures.DEFAULT,
+              k: int | None = 32, width: str | int = "8x", kind: str = "sae", site_out: str | None = None,
+              settings: TrainSettings | None = None, capture: Any = None, batch_size: int = 32,
+              max_length: int = 128, controls: bool = True, e2e: E2ESettings | None = None,
+              corpus_sha256: str | None = None) -> dict[str, Dictionary]:
+    """Train one dictionary per site on the activations of ``sentences`` (a corpus) and save each to
+    ``out/<site>/`` (SAELens's format); returns site -> dictionary.
+
+    ``kind="transcoder"`` / ``"skip_transcoder"`` trains on one site pair (``sites[0]`` read, ``site_out``
+    predicted: e.g. ``blocks.3.hook_resid_mid`` -> ``blocks.3.hook_mlp_out`` in a post-LN BERT). ``capture``: a
+    capture folder to read instead of running the model. ``settings`` (:class:`TrainSettings`): tokens, batch,
+    buffer, seed, device, dtype, ... ``controls``: also save the PCA and neuron-basis controls at the same L0,
+    fitted on the first training buffer. A checkpoint ``out/checkpoint.pt`` is written every
+    ``settings.checkpoint_tokens`` tokens and resumed from when present. ``e2e``: then fine-tune each SAE end to
+    end against the model's own objective on the same training ``sentences`` (never held-out ones;
+    :func:`~bertscope.probes.dictionary.finetune_e2e`, Braun et al. 2024) before saving; its config records how
+    (``metadata["e2e"]``). The controls stay fitted on the training rows. Every saved config records the model
+    (``metadata.model``, ``metadata.weights_sha256``: readers refuse a dictionary of another model) and
+    ``corpus_sha256`` when given (``sae eval`` says when it scores on the training corpus).
+    """
+    settings = settings or TrainSettings()
+    out = Path(out)
+    sites = list(sites)
+    configs = {}
+    for site in sites:
+        d_in = site_width(model, site)
+        d_out = site_width(model, site_out) if site_out else None
+        cfg = DictionaryConfig(d_in=d_in, d_sae=parse_width(width, d_in), arch=arch,
+                               k=k if architectures.get(arch).uses_k else None, kind=kind,
+                               d_out=d_out if kind != "sae" else None, site=site,
+                               site_out=site_out if kind != "sae" else None,
+                               metadata=_provenance(model, max_length, corpus_sha256))
+        configs[site] = cfg
+    source = CorpusActivations(model, sentences, sites + ([site_out] if site_out else []), capture=capture,
+                               batch_size=batch_size, max_length=max_length)
+    dicts = train_dictionaries(source, configs, settings, checkpoint_dir=out)
+    if e2e is not None and e2e.steps > 0:
+        if kind != "sae":
+            raise ValueError("end-to-end fine-tuning is for SAEs (kind='sae')")
+        dicts = {site: finetune_e2e(model, d, sentences, e2e, rows=CorpusActivations(
+            model, list(sentences)[: e2e.variance_sentences], [site], capture=capture, batch_size=batch_size,
+            max_length=max_length)) for site, d in dicts.items()}
+    for site, d in dicts.items():
+        save_dictionary(d, out / site_folder(site))
+    if controls and kind == "sae":
+        _save_controls(source, dicts, settings, out, _provenance(model, max_length, corpus_sha256))
+    write_json(out / "training.json", {"sites": sites, "site_out": site_out, "arch": arch, "k": k, "kind": kind,
+                                       "width": str(width), "sentences": len(sentences),
+                                       "settings": {k_: v for k_, v in settings.__dict__.items()},
+                                       "e2e": None if e2e is None else dict(e2e.__dict__)})
+    (out / "checkpoint.pt").unlink(missing_ok=True)
+    return dicts
+
+
+def _provenance(model: Any, max_length: int, corpus_sha256: str | None) -> dict[str, Any]:
+    """What a saved dictionary records of where it comes from: the model (source, weights sha256), the
+    ``--max-length`` and the training corpus's sha256."""
+    meta = {"model": getattr(model, "source", None), "max_length": max_length,
+            "weights_sha256": model_sha256(model)}
+    if corpus_sha256:
+        meta["corpus_sha256"] = corpus_sha256
+    return meta
+
+
+@torch.no_grad()
+def _save_controls(source: CorpusActivations, dicts: dict[str, Dictionary], settings: TrainSettings,
+                   out: Path, provenance: dict[str, Any] | None = None) -> None:
+    """PCA and neuron-basis controls at each dictionary's L0 on the first ``min(buffer_rows, 65536)`` training
+    rows."""
+    rows: dict[str, list[torch.Tensor]] = {s: [] for s in dicts}
+    n = 0
+    for batch in source:
+        keep = torch.from_numpy(~np.isin(batch.classes(), list(settings.excluded)))
+        for s in dicts:
+            rows[s].append(batch.acts[s][keep])
+        n += int(keep.sum())
+        if n >= min(settings.buffer_rows, CONTROL_ROWS):
+            break
+    for s, d in dicts.items():
+        x = torch.cat(rows[s])[: min(settings.buffer_rows, CONTROL_ROWS)]
+        l0 = d.config.k if d.spec.uses_k else int(round(float((d.encode(x) > 0).sum(-1).float().mean())))
+        l0 = max(1, min(l0, x.shape[1]))
+        for name, make in (("pca", pca_topk_dictionary), ("neurons", neuron_topk_dictionary)):
+            control = make(x, l0, site=s)
+            control.config = replace(control.config, metadata={**control.config.metadata, **(provenance or {})})
+            save_dictionary(control, out / "controls" / f"{name}-{site_folder(s)}")
+
+
+def evaluate_sae(model: Any, folder: str | Path, texts: Sequence[Any], *, objective: str = "auto",
+                 batch_size: int = 32, include_special: bool = False, max_length: int = 128) -> pd.DataFrame:
+    """Evaluate every dictionary under ``folder`` (see :func:`find_dictionaries`) on held-out ``texts`` (strings
+    or corpus sentences): the long table of :func:`~bertscope.probes.dictionary.evaluate_dictionary` with a
+    ``dictionary`` column. Each dictionary is checked against the model first (``ValueError``, one line: another
+    model's, a site the model lacks); its rows are read through the activations stage (:class:`CorpusActivations`)."""
+    parts = []
+    strings = [str(getattr(t, "text", t)) for t in texts]
+    for name, path in find_dictionaries(folder).items():
+        d = load_for_model(path, model)
+        cfg = d.config
+        sites = [cfg.site] + ([cfg.site_out] if cfg.site_out and cfg.site_out != cfg.site else [])
+        rows = CorpusActivations(model, list(texts), sites, batch_size=batch_size, max_length=max_length)
+        table = evaluate_dictionary(model, d, strings, batch_size=batch_size, include_special=include_special,
+                                    objective=objective, batches=rows)
+        table.insert(0, "dictionary", name)
+        table.insert(1, "site", cfg.site)
+        table.insert(2, "arch", cfg.arch)
+        parts.append(table)
+    return pd.concat(parts, ignore_index=True)
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per dictionary: L0, explained variance, dead fraction (all tokens), and the spliced objective's
+    headline numbers (the dictionary condition, fraction recovered against zero and mean ablation)."""
+    rec = table[(table.section == "reconstruction") & (table.token_class == "all")]
+    wide = rec.pivot_table(index="dictionary", columns="metric", values="value", aggfunc="first")
+    cols = [c for c in ("l0", "explained_variance", "mse", "cosine", "dead_fraction", "dense_fraction",
+                        "relative_reconstruction_bias") if c in wide]
+    out = wide[cols].copy()
+    fid = table[table.section == "fidelity"]
+    for metric in ("embedding_cosine", "similarity_spearman", "ce", "kl", "accuracy"):
+        sel = fid[(fid.condition == "dictionary") & (fid.metric == metric)]
+        if len(sel):
+            out[f"spliced_{metric}"] = sel.set_index("dictionary")["value"]
+    for abl in ("zero", "mean"):
+        sel = fid[(fid.condition == f"{abl}_ablation") & (fid.metric == "fraction_recovered")]
+        if len(sel):
+            out[f"recovered_vs_{abl}"] = sel.set_index("dictionary")["value"]
+    return out.reset_index()
+
+
+def write_evaluation(table: pd.DataFrame, out: str | Path) -> dict[str, list[Path]]:
+    """``out/evaluation.parquet|csv`` (the long table) and ``out/summary.csv`` (one row per dictionary), each
+    written atomically."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return {"evaluation": write_table(table, out / "evaluation"),
+            "summary": write_table(summary(table), out / "summary", formats=("csv",))}
+
+
+def corpus_tokens(model: Any, sentences: Sequence[Any], max_length: int) -> int:
+    """Word pieces of ``sentences`` that training would use (no special tokens), from the tokenizer alone."""
+    tok = model.tokenizer
+    total = 0
+    for s in sentences:
+        words = list(getattr(s, "words", None) or str(s).split())
+        ids = tok(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]
+        total += min(len(ids), max_length - 2)
+    return total
+
+
+def describe(dicts: dict[str, Dictionary]) -> str:
+    """One line per trained dictionary for the CLI."""
+    lines = []
+    for site, d in dicts.items():
+        m = d.config.metadata
+        epochs = m.get("epochs")
+        over = (f"{epochs:.2f} epochs over the corpus's {m.get('unique_tokens', 0):,} tokens" if epochs is not None
+                else f"{m.get('epochs_read', 0)} passes over the corpus")
+        lines.append(f"{site}: {d.config.arch} {d.config.kind}, {d.config.d_sae} latents, "
+                     f"{m.get('tokens_trained', 0):,} tokens ({over})")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "CorpusActivations",
+    "dictionary_classes",
+    "corpus_tokens",
+    "evaluate_sae",
+    "find_dictionaries",
+    "parse_width",
+    "site_width",
+    "summary",
+    "train_sae",
+    "transcoder_sites",
+    "write_evaluation",
+]
+
+
