@@ -104,7 +104,7 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
               k: int | None = 32, width: str | int = "8x", kind: str = "sae", site_out: str | None = None,
               settings: TrainSettings | None = None, capture: Any = None, batch_size: int = 32,
               max_length: int = 128, controls: bool = True, e2e: E2ESettings | None = None,
-              corpus_sha256: str | None = None) -> dict[str, Dictionary]:
+              corpus: dict[str, Any] | None = None) -> dict[str, Dictionary]:
     """Train one dictionary per site on the activations of ``sentences`` (a corpus) and save each to
     ``out/<site>/`` (SAELens's format); returns site -> dictionary.
 
@@ -118,7 +118,7 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
     :func:`~bertscope.probes.dictionary.finetune_e2e`, Braun et al. 2024) before saving; its config records how
     (``metadata["e2e"]``). The controls stay fitted on the training rows. Every saved config records the model
     (``metadata.model``, ``metadata.weights_sha256``: readers refuse a dictionary of another model) and
-    ``corpus_sha256`` when given (``sae eval`` says when it scores on the training corpus).
+    the training ``corpus`` when given (its name and sha256: ``sae eval`` says when it scores on it).
     """
     settings = settings or TrainSettings()
     out = Path(out)
@@ -131,7 +131,7 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
                                k=k if architectures.get(arch).uses_k else None, kind=kind,
                                d_out=d_out if kind != "sae" else None, site=site,
                                site_out=site_out if kind != "sae" else None,
-                               metadata=_provenance(model, max_length, corpus_sha256))
+                               metadata=_provenance(model, max_length, corpus))
         configs[site] = cfg
     source = CorpusActivations(model, sentences, sites + ([site_out] if site_out else []), capture=capture,
                                batch_size=batch_size, max_length=max_length)
@@ -145,7 +145,7 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
     for site, d in dicts.items():
         save_dictionary(d, out / site_folder(site))
     if controls and kind == "sae":
-        _save_controls(source, dicts, settings, out, _provenance(model, max_length, corpus_sha256))
+        _save_controls(source, dicts, settings, out, _provenance(model, max_length, corpus))
     write_json(out / "training.json", {"sites": sites, "site_out": site_out, "arch": arch, "k": k, "kind": kind,
                                        "width": str(width), "sentences": len(sentences),
                                        "settings": {k_: v for k_, v in settings.__dict__.items()},
@@ -154,13 +154,13 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
     return dicts
 
 
-def _provenance(model: Any, max_length: int, corpus_sha256: str | None) -> dict[str, Any]:
+def _provenance(model: Any, max_length: int, corpus: dict[str, Any] | None) -> dict[str, Any]:
     """What a saved dictionary records of where it comes from: the model (source, weights sha256), the
-    ``--max-length`` and the training corpus's sha256."""
+    ``--max-length`` and the training corpus (``corpus``: its name and sha256, as the manifest describes it)."""
     meta = {"model": getattr(model, "source", None), "max_length": max_length,
             "weights_sha256": model_sha256(model)}
-    if corpus_sha256:
-        meta["corpus_sha256"] = corpus_sha256
+    if corpus:
+        meta["corpus"] = {k: corpus.get(k) for k in ("name", "sha256", "n_sentences")}
     return meta
 
 

@@ -174,6 +174,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
         from bertscope.probes.dictionary import is_dictionary
 
         if not is_dictionary(dictionary):  # before the model loads
+            inside = sorted(p.name for p in dictionary.glob("*") if is_dictionary(p)) if dictionary.is_dir() else []
+            if inside:  # a `sae train --out` folder: one dictionary per site
+                raise UsageError(f"--dictionary {dictionary} holds one dictionary per site; give one of its "
+                                 f"sub-folders: {', '.join(str(dictionary / n) for n in inside)}")
             raise UsageError(f"--dictionary {dictionary} is not a dictionary folder (cfg.json + "
                              "sae_weights.safetensors); train one with `bertscope sae train` or `run features`")
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype))

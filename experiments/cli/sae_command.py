@@ -134,7 +134,7 @@ def run_train_command(args: Any, options: Any) -> int:
             model, sentences, args.site, options.out, arch=args.arch, k=args.k, width=args.width, kind=args.kind,
             site_out=args.site_out, settings=settings, capture=capture, batch_size=options.batch_size,
             max_length=max_length, controls=not args.no_controls, e2e=e2e,
-            corpus_sha256=inputs.corpus_info.get("sha256")))
+            corpus=inputs.corpus_info))
         ctx.notes["tokens_trained"] = whole
 
     result = run_command("sae train", options, inputs, options.out, _train_settings(args, options, sites), body,
@@ -205,6 +205,17 @@ def _width_or_usage(width: str, d_in: int) -> int:
     return value
 
 
+def _in_sample(dictionaries: Any, held: dict[str, Any], *, separate: bool) -> str | None:
+    """``"yes"`` when the scoring corpus ``held`` is the one a dictionary records it was trained on (same name,
+    or same content), ``"maybe"`` for dictionaries that record no corpus scored on ``--corpus`` (no separate
+    ``--eval-corpus``), None otherwise."""
+    recorded = [d.config.metadata.get("corpus") for d in dictionaries]
+    for corpus in recorded:
+        if corpus and (corpus.get("sha256") == held.get("sha256") or corpus.get("name") == held.get("name")):
+            return "yes"
+    return "maybe" if not separate and not any(recorded) else None
+
+
 def run_eval_command(args: Any, options: Any) -> int:
     """``bertscope sae eval DIR``: evaluate every dictionary under DIR on the held-out corpus (``--eval-corpus``,
     else ``--corpus``), saying when that is the corpus the dictionaries were trained on (in-sample); write the
@@ -233,21 +244,20 @@ def run_eval_command(args: Any, options: Any) -> int:
             raise UsageError(f"{name}: {e}") from None
     held_out = inputs.eval_corpus if inputs.eval_corpus is not None else inputs.corpus
     held_info = inputs.eval_corpus_info if inputs.eval_corpus is not None else inputs.corpus_info
-    trained_on = {d.config.metadata.get("corpus_sha256") for d in loaded.values()} - {None}
-    in_sample = (held_info.get("sha256") in trained_on if trained_on
-                 else inputs.eval_corpus is None and options.corpus == "builtin")
+    in_sample = _in_sample(loaded.values(), held_info, separate=inputs.eval_corpus is not None)
     which = "--eval-corpus" if inputs.eval_corpus is not None else "--corpus"
     if in_sample:
-        how = "are" if trained_on else "may be"
         print(f"bertscope: scoring on {which} {held_info.get('name', '')}, the corpus the dictionaries were trained "
-              f"on: the scores {how} in-sample (give held-out sentences with --eval-corpus)", file=sys.stderr)
+              f"on{'' if in_sample == 'yes' else ' (or may be)'}: the scores are in-sample (give held-out sentences "
+              "with --eval-corpus)", file=sys.stderr)
     table_box: dict[str, Any] = {}
 
     def body(ctx: Any) -> None:
         table = dict_mod.evaluate_sae(model, args.folder, list(held_out), objective=args.objective,
                                       batch_size=options.batch_size, include_special=args.include_special,
                                       max_length=options.max_length)
-        ctx.notes.update(in_sample=bool(in_sample), scored_on=which, sentences=len(held_out))
+        ctx.notes.update(in_sample=in_sample or "no", scored_on=which, corpus=held_info.get("name"),
+                         sentences=len(held_out))
         table_box["paths"] = dict_mod.write_evaluation(table, options.out)
         table_box["table"] = table
 

@@ -149,9 +149,18 @@ def _from_saelens(cfg: dict[str, Any], state: dict[str, torch.Tensor],
 
 
 def _atomic(path: Path, write: Any) -> None:
+    """``write(tmp)`` then rename onto ``path``: the file is whole or absent. Its mode is an ordinary new file's
+    (``0666`` less the umask; safetensors alone writes ``0600``)."""
     tmp = path.with_name(path.name + ".partial")
     write(tmp)
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def is_dictionary(folder: str | os.PathLike[str]) -> bool:

@@ -143,3 +143,14 @@ def from_saelens(saelens_name: str, hint: str | None = None) -> tuple[str, str] 
 def saelens_names() -> tuple[str, ...]:
     """Every SAELens architecture name bertscope reads without its own metadata."""
     return tuple(dict.fromkeys(n for a in TABLE.values() if a.reads_saelens for n in a.saelens.values()))
+
+
+def markdown_table() -> str:
+    """The registered architectures as a markdown table (``docs/dictionaries.md``'s generated block)."""
+    lines = ["| `--arch` | what it is | `k` | decoder rows | dead latents | SAELens names (kind: name) | source |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for a in TABLE.values():
+        names_ = ", ".join(f"{kind}: `{name}`" for kind, name in a.saelens.items())
+        lines.append(f"| `{a.name}` | {a.summary} | {'yes' if a.uses_k else 'no'} | "
+                     f"{'unit norm' if a.unit_norm_decoder else 'free'} | {a.revive} | {names_} | {a.citation} |")
+    return "\n".join(lines)
