@@ -25,6 +25,7 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from bertscope.experiments.dictionary import evaluate_sae, train_sae
     from bertscope.hooks import (
         ActivationCache,
         HookedModule,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     )
     from bertscope.models import CheckpointError, Encoder, EncoderConfig, load, random_encoder
     from bertscope.probes import LinearProbe, StructuralProbe, evaluate
+    from bertscope.probes.dictionary import load_dictionary
 
 # Every public name is imported on first use (PEP 562), so `import bertscope` and the `bertscope` command line
 # start without torch (a usage error answers in well under a second); the probes bring in scikit-learn and SciPy,
@@ -47,6 +49,8 @@ _LAZY = {
                      "mixing_ratio", "patch_activation", "patch_heads"), "bertscope.hooks"),
     **dict.fromkeys(("CheckpointError", "Encoder", "EncoderConfig", "load", "random_encoder"), "bertscope.models"),
     **dict.fromkeys(("LinearProbe", "StructuralProbe", "evaluate"), "bertscope.probes"),
+    "load_dictionary": "bertscope.probes.dictionary",
+    **dict.fromkeys(("train_sae", "evaluate_sae"), "bertscope.experiments.dictionary"),
 }  # fmt: skip
 
 try:
@@ -111,12 +115,15 @@ __all__ = [
     "ablate_heads",
     "contributions",
     "evaluate",
+    "evaluate_sae",
     "explore",
     "load",
     "load_capture",
+    "load_dictionary",
     "mean_z",
     "mixing_ratio",
     "patch_activation",
     "patch_heads",
     "random_encoder",
+    "train_sae",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.experiments.activations import REAL, iter_activations
+from bertscope.experiments.activations import iter_activations
 from bertscope.experiments.io import write_json, write_table
 from bertscope.probes.dictionary import (
     ActivationBatch,
@@ -40,6 +40,7 @@ from bertscope.probes.dictionary import (
     save_dictionary,
     train_dictionaries,
 )
+from bertscope.probes.dictionary.data import as_batch, stage_classes
 from bertscope.probes.dictionary.placement import (
     find_dictionaries,
     load_for_model,
@@ -57,33 +58,40 @@ CONTROL_ROWS = 65536
 
 def dictionary_classes(acts: Any, pieces: np.ndarray) -> np.ndarray:
     """The dictionary's token class of every row of a stage batch ``acts`` (``[rows]``, in ``acts.rows()``'s
-    order), derived from the stage's one vocabulary: a ``real`` token is its piece's class (``pieces``, from
-    :func:`~bertscope.probes.dictionary.piece_classes`: ``word`` / ``continuation`` / ``punct``); ``cls`` and
-    ``sep`` are ``special`` (the dictionary's name for them; padding is never a row)."""
-    keep = acts.keep()
-    stage = acts.token_class[keep].numpy()
-    ids = acts.batch.input_ids[keep].numpy()
-    return np.where(stage == REAL, pieces[ids], "special").astype(object)
+    order): :func:`bertscope.probes.dictionary.data.stage_classes`, the one derivation from the stage's vocabulary
+    (a ``real`` token is its piece's class, ``word`` / ``continuation`` / ``punct``; ``cls`` and ``sep`` are
+    ``special``; padding is never a row)."""
+    return stage_classes(acts, pieces)
 
 
 class CorpusActivations:
     """A re-iterable source of rows: each pass runs the activations stage over ``sentences`` (a live forward, or
     ``capture``) and yields :class:`~bertscope.probes.dictionary.ActivationBatch` rows of every real and special
-    token (padding never), each with its class (:func:`dictionary_classes`)."""
+    token (padding never), each with its class (:func:`dictionary_classes`). ``token_pieces``: the tokenizer's
+    piece classes (computed once)."""
 
     def __init__(self, model: Any, sentences: Sequence[Any], sites: Sequence[str], *, capture: Any = None,
                  batch_size: int = 32, max_length: int = 128) -> None:
         self.model, self.sentences, self.sites = model, sentences, list(sites)
         self.capture, self.batch_size, self.max_length = capture, batch_size, max_length
+        self._pieces: np.ndarray | None = None
+
+    @property
+    def token_pieces(self) -> np.ndarray:
+        """``piece_classes`` of the model's tokenizer ``[vocab]``."""
+        if self._pieces is None:
+            self._pieces = piece_classes(self.model.tokenizer)
+        return self._pieces
+
+    def stage_batches(self) -> Iterator[Any]:
+        """The activations stage's own batches (``experiments.activations.ActivationBatch``) of one pass."""
+        return iter_activations(self.model, self.sentences, self.sites, capture=self.capture,
+                                batch_size=self.batch_size, max_length=self.max_length, include_special=True,
+                                device="cpu", dtype=torch.float32)
 
     def __iter__(self) -> Iterator[ActivationBatch]:
-        pieces = piece_classes(self.model.tokenizer)
-        for acts in iter_activations(self.model, self.sentences, self.sites, capture=self.capture,
-                                     batch_size=self.batch_size, max_length=self.max_length, include_special=True,
-                                     device="cpu", dtype=torch.float32):
-            keep = acts.keep()
-            yield ActivationBatch({s: acts.flat(s) for s in self.sites}, dictionary_classes(acts, pieces),
-                                  np.asarray(acts.batch.sentence_index)[torch.nonzero(keep)[:, 0].numpy()])
+        for acts in self.stage_batches():
+            yield as_batch(acts, None, self.token_pieces)
 
 
 #: the old name of ``piece_classes``
@@ -141,7 +149,7 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
             raise ValueError("end-to-end fine-tuning is for SAEs (kind='sae')")
         dicts = {site: finetune_e2e(model, d, sentences, e2e, rows=CorpusActivations(
             model, list(sentences)[: e2e.variance_sentences], [site], capture=capture, batch_size=batch_size,
-            max_length=max_length)) for site, d in dicts.items()}
+            max_length=max_length).stage_batches()) for site, d in dicts.items()}
     for site, d in dicts.items():
         save_dictionary(d, out / site_folder(site))
     if controls and kind == "sae":
@@ -200,7 +208,8 @@ def evaluate_sae(model: Any, folder: str | Path, texts: Sequence[Any], *, object
         d = load_for_model(path, model)
         cfg = d.config
         sites = [cfg.site] + ([cfg.site_out] if cfg.site_out and cfg.site_out != cfg.site else [])
-        rows = CorpusActivations(model, list(texts), sites, batch_size=batch_size, max_length=max_length)
+        rows = CorpusActivations(model, list(texts), sites, batch_size=batch_size,
+                                 max_length=max_length).stage_batches()
         table = evaluate_dictionary(model, d, strings, batch_size=batch_size, include_special=include_special,
                                     objective=objective, batches=rows)
         table.insert(0, "dictionary", name)

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
-from bertscope.experiments.cli.sae_command import capture_sentences, run_eval_command, run_train_command
+import importlib
+from typing import Any
+
 from bertscope.experiments.dictionary import (
     CONTROL_ROWS,
     STAGE_SPECIAL,
@@ -23,20 +25,28 @@ from bertscope.experiments.dictionary import (
 )
 from bertscope.probes.dictionary.placement import find_dictionaries, site_folder, site_width, transcoder_sites
 
+#: names whose home is the command layer (read when asked for: this module sits below ``experiments.cli``)
+_COMMANDS = ("capture_sentences", "run_eval_command", "run_train_command")
+
+
+def __getattr__(name: str) -> Any:
+    """``run_train_command``, ``run_eval_command``, ``capture_sentences``: ``experiments.cli.sae_command``'s."""
+    if name in _COMMANDS:
+        return getattr(importlib.import_module("bertscope.experiments.cli.sae_command"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "CONTROL_ROWS",
     "STAGE_SPECIAL",
     "CorpusActivations",
     "_piece_classes",
-    "capture_sentences",
     "corpus_tokens",
     "describe",
     "dictionary_classes",
     "evaluate_sae",
     "find_dictionaries",
     "parse_width",
-    "run_eval_command",
-    "run_train_command",
     "save_dictionary",
     "site_folder",
     "site_width",
@@ -44,4 +54,5 @@ __all__ = [
     "train_sae",
     "transcoder_sites",
     "write_evaluation",
+    *_COMMANDS,
 ]

@@ -154,3 +154,18 @@ def test_old_names_still_import():
     assert set(UNIT_NORM_DECODER) == {"topk", "batchtopk", "jumprelu"}
     for name in sae.__all__:
         assert getattr(sae, name) is not None
+
+
+def test_repr_saelens_names_and_top_level_names():
+    import bertscope
+
+    d = DictionaryConfig(d_in=4, d_sae=8, k=2, site="blocks.1.hook_resid_post")
+    from bertscope.probes.dictionary import Dictionary
+
+    sae = Dictionary(d)
+    assert repr(sae) == "Dictionary(arch='topk', kind='sae', d_in=4, d_sae=8, k=2, site='blocks.1.hook_resid_post')"
+    assert sae.cfg.hook_name == "blocks.1.hook_resid_post" and sae.cfg is sae.config
+    from bertscope.experiments.dictionary import evaluate_sae, train_sae
+
+    assert bertscope.load_dictionary is load_dictionary
+    assert bertscope.train_sae is train_sae and bertscope.evaluate_sae is evaluate_sae

@@ -231,7 +231,16 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
                        "corpus (or a capture) into dictionaries saved in SAELens's format; `sae eval` scores them "
                        "on held-out sentences, per token class and spliced into the model.")
     inner = p.add_subparsers(dest="sae_command", metavar="ACTION", required=True)
-    t = inner.add_parser("train", help="train dictionaries at one or more sites")
+    t = inner.add_parser(
+        "train", help="train dictionaries at one or more sites",
+        description="Stream the model's activations at each --site over --corpus (or a `bertscope capture` folder "
+        "with --activations) into one sparse dictionary per site, saved in SAELens's format under OUT/<site>/ "
+        "with PCA and neuron-basis controls at the same L0 (OUT/controls/), OUT/training.json and "
+        "OUT/manifest.json. Every option is checked before the model loads; a finished OUT with the same settings "
+        "is left as it is, one with other settings needs --force; an interrupted run resumes from its checkpoint. "
+        "Training runs in whole --train-batch batches (docs/dictionaries.md).",
+        epilog="Example: bertscope sae train --site blocks.3.hook_resid_post --arch topk --k 32 --width 8x "
+        "--tokens 2M --corpus en_ewt-ud-train.conllu --out results/sae")
     t.add_argument("--site", action="append", required=True, help="hook name to read (repeat for several)")
     t.add_argument("--site-out", default=None,
                    help="transcoders: the hook to predict (default: the --site block's hook_mlp_out; "
@@ -267,7 +276,14 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
     t.add_argument("--e2e-lr", type=float, default=None, help="Adam learning rate of the fine-tune (default 1e-4)")
     _add_shared_options(t, out_default=Path("results/sae"))
     t.set_defaults(handler=cmd_sae)
-    e = inner.add_parser("eval", help="evaluate dictionaries on held-out sentences")
+    e = inner.add_parser(
+        "eval", help="evaluate dictionaries on held-out sentences",
+        description="Score every dictionary under FOLDER (a dictionary folder, or a `sae train` output with its "
+        "controls) on --eval-corpus (else --corpus): reconstruction per token class, and the model's own "
+        "objective with each dictionary spliced in against zero- and mean-ablation. Writes OUT/evaluation.parquet "
+        "(+ .csv), OUT/summary.csv and OUT/manifest.json; says when the sentences are the ones the dictionaries "
+        "were trained on (in-sample). A dictionary of another model (width or weights) is refused in one line.",
+        epilog="Example: bertscope sae eval results/sae --eval-corpus en_ewt-ud-dev.conllu --out results/sae-eval")
     e.add_argument("folder", type=Path, help="a dictionary folder, or a `sae train` output folder")
     e.add_argument("--objective", choices=["auto", "sentence", "mlm"], default="auto",
                    help="spliced-in objective (auto: mlm with a masked-LM head, else sentence embeddings)")

@@ -1,7 +1,9 @@
 """Activation batches in, shuffled training batches out, with memory bounded by a buffer.
 
-A source is any iterable of :class:`ActivationBatch` (or of plain tensors ``[rows, d]``, or of dicts site ->
-tensor): rows of one or several sites, aligned, with each row's token class. The trainer reads it through a
+A source is any iterable of activations-stage batches (``bertscope.experiments.activations.ActivationBatch``, read
+by duck typing; a source may carry ``token_pieces``, the piece-class table :func:`stage_classes` refines real tokens
+with), of :class:`ActivationBatch` rows (or plain tensors ``[rows, d]``, or dicts site -> tensor): rows of one or
+several sites, aligned, with each row's token class. The trainer reads it through a
 :class:`RowReader` (exact row counts, resumable by skipping rows) into a :class:`ShuffleBuffer` that mixes rows
 across sentences and batches.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,18 +58,48 @@ class ActivationBatch:
         return np.asarray(self.token_class, dtype=object)
 
 
-def as_batch(item: ActivationBatch | torch.Tensor | Mapping[str, torch.Tensor], site: str | None) -> ActivationBatch:
-    """Wrap a source item: an :class:`ActivationBatch` as is, a dict site -> tensor, or a plain tensor (which
-    needs ``site``, the one site the caller trains)."""
+#: the activations stage's class of a real token (its vocabulary: real, cls, sep, padding)
+STAGE_REAL = "real"
+
+
+def stage_classes(batch: Any, pieces: np.ndarray | None = None) -> np.ndarray:
+    """The dictionary's token class of each row of an activations-stage batch (duck typed: ``rows()`` with
+    ``token_class`` in the stage's one vocabulary and ``token_id``), ``[rows]``: a real token is its piece's class
+    (``pieces [vocab]``, :func:`~.evaluate.piece_classes`: ``word`` / ``continuation`` / ``punct``; ``word``
+    without a table), [CLS]/[SEP]-like tokens are ``special``. The one place the finer classes are derived."""
+    rows = batch.rows()
+    real = rows["token_class"].to_numpy() == STAGE_REAL
+    out = np.where(real, "word", "special").astype(object)
+    if pieces is not None:
+        out[real] = pieces[rows["token_id"].to_numpy()[real]]
+    return out
+
+
+def is_stage_batch(item: Any) -> bool:
+    """Whether ``item`` is an activations-stage batch (``flat(site)``, ``rows()``, ``token_class``)."""
+    return callable(getattr(item, "flat", None)) and callable(getattr(item, "rows", None)) \
+        and hasattr(item, "token_class")
+
+
+def as_batch(item: Any, site: str | None, pieces: np.ndarray | None = None) -> ActivationBatch:
+    """Wrap a source item as rows: an :class:`ActivationBatch` as is; an activations-stage batch (read by duck
+    typing: ``flat(site)`` for each of its ``sites``, classes by :func:`stage_classes` with ``pieces``, sentences
+    from ``rows()``); a dict site -> tensor; or a plain tensor (which needs ``site``, the one site the caller
+    trains)."""
     if isinstance(item, ActivationBatch):
         return item
+    if is_stage_batch(item):
+        sites = list(getattr(item, "sites", None) or item.tensors)
+        return ActivationBatch({s: item.flat(s) for s in sites}, stage_classes(item, pieces),
+                               item.rows()["sentence_index"].to_numpy())
     if isinstance(item, torch.Tensor):
         if site is None:
             raise ValueError("a plain tensor source feeds one site only: train one dictionary, or yield dicts")
         return ActivationBatch({site: item})
     if isinstance(item, Mapping):
         return ActivationBatch(dict(item))
-    raise TypeError(f"a source yields ActivationBatch, dict site -> tensor or tensors; got {type(item).__name__}")
+    raise TypeError(f"a source yields activations-stage batches, ActivationBatch rows, dict site -> tensor or "
+                    f"tensors; got {type(item).__name__}")
 
 
 class RowReader:
@@ -84,6 +117,7 @@ class RowReader:
         self.sites = list(sites)
         self.exclude = set(exclude)
         self.single_site = single_site
+        self.pieces = getattr(source, "token_pieces", None)  # a stage source's piece classes (stage_classes)
         self.repeat = repeat and not isinstance(source, Iterator)
         self.epochs = 0
         self.rows_read = 0
@@ -103,7 +137,7 @@ class RowReader:
             try:
                 item = next(self._it)
                 self._empty_epoch = False
-                return as_batch(item, self.single_site)
+                return as_batch(item, self.single_site, self.pieces)
             except StopIteration:
                 self.epochs += 1
                 self._it = None

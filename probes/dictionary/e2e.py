@@ -55,8 +55,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .data import SPECIAL_CLASSES
-from .evaluate import _mask_batch, _pooled, collect_activations, spliced, token_classes
+from .data import SPECIAL_CLASSES, as_batch
+from .evaluate import _cached_piece_classes, _mask_batch, _pooled, collect_activations, spliced, token_classes
 from .models import Dictionary
 
 #: The default weight of the site's FVU (chosen on a held-out slice of EWT train, never on dev:
@@ -169,12 +169,13 @@ def site_variance(model: Any, dictionary: Dictionary, texts: Sequence[str], *, i
 def _site_rows_stats(model: Any, dictionary: Dictionary, texts: Sequence[str], *, include_special: bool = False,
                      batch_size: int = 32, batches: Iterable[Any] | None = None) -> tuple[float, float]:
     """``(total variance per token, mean norm)`` of the site's kept rows on ``texts`` (``batches``: those rows
-    already collected, e.g. through the activations stage: items with ``acts`` and ``classes()``)."""
+    already collected: the activations stage's batches, or ``ActivationBatch`` rows)."""
     excluded = _excluded(include_special)
     rows = []
     if batches is None:
         batches = collect_activations(model, texts, [dictionary.config.site], batch_size=batch_size)
-    for b in batches:
+    pieces = _cached_piece_classes(model.tokenizer) if getattr(model, "tokenizer", None) is not None else None
+    for b in (as_batch(item, None, pieces) for item in batches):
         keep = torch.from_numpy(~np.isin(b.classes(), excluded))
         rows.append(b.acts[dictionary.config.site][keep].double())
     x = torch.cat(rows)
@@ -279,7 +280,7 @@ def finetune_e2e(model: Any, dictionary: Dictionary, sentences: Sequence[str],
     seed, sentences, the site variance and the loss terms at the first and last steps; the input dictionary is
     unchanged. ``steps == 0`` returns an unchanged copy (still recorded). ``rows``: the site's rows of the first
     ``settings.variance_sentences`` sentences, already collected (the command reads them through the activations
-    stage; items with ``acts`` and ``classes()``); without it they are collected here."""
+    stage's batches, or ``ActivationBatch`` rows); without it they are collected here."""
     s = settings or E2ESettings()
     if dictionary.config.kind != "sae":
         raise ValueError("end-to-end fine-tuning is for SAEs (a transcoder's spliced site is another site)")

@@ -26,7 +26,7 @@ from scipy.stats import spearmanr
 
 from .architectures.relu import RELU
 from .architectures.topk import TOPK
-from .data import SPECIAL_CLASSES, ActivationBatch
+from .data import SPECIAL_CLASSES, ActivationBatch, as_batch
 from .metrics import metrics_table
 from .models import Dictionary, DictionaryConfig
 
@@ -315,15 +315,15 @@ def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str]
     ``condition``, ``metric``, ``value``. Reconstruction rows cover the trained token classes (special tokens
     and padding left out unless ``include_special``).
 
-    ``batches``: the rows of the dictionary's sites for ``texts``, already collected (the commands read them
-    through the activations stage): anything with ``acts`` (site -> ``[rows, d]``) and ``classes()`` (``[rows]``
-    names of :func:`token_classes`), such as :class:`ActivationBatch`. Without it they are collected here
-    (:func:`collect_activations`)."""
+    ``batches``: the rows of the dictionary's sites for ``texts``, already collected: the activations stage's
+    batches (the commands read them through it; classes derived by ``data.stage_classes``) or
+    :class:`ActivationBatch` rows. Without it they are collected here (:func:`collect_activations`)."""
     cfg = dictionary.config
     sites = [cfg.site] + ([cfg.site_out] if cfg.site_out and cfg.site_out != cfg.site else [])
     if batches is None:
         batches = collect_activations(model, texts, sites, batch_size=batch_size)
-    batches = list(batches)
+    pieces = _cached_piece_classes(model.tokenizer) if getattr(model, "tokenizer", None) is not None else None
+    batches = [as_batch(b, None, pieces) for b in batches]
     if not include_special:
         batches = [_drop(b, set(SPECIAL_CLASSES) | {"mask"}) for b in batches]
     y, y_hat, f, classes = reconstruct(dictionary, batches)

@@ -97,6 +97,11 @@ class DictionaryConfig:
         return architectures.get(self.arch)
 
     @property
+    def hook_name(self) -> str | None:
+        """SAELens's name for ``site`` (``sae.cfg.hook_name``), the hook the dictionary reads."""
+        return self.site
+
+    @property
     def width_out(self) -> int:
         """``d_out``, or ``d_in`` for an SAE."""
         return self.d_in if self.d_out is None else self.d_out
@@ -141,6 +146,26 @@ class Dictionary(nn.Module):
     def spec(self) -> Architecture:
         """The registered architecture (its functions: activation, losses, threshold, SAELens mapping)."""
         return self.config.spec
+
+    @property
+    def cfg(self) -> DictionaryConfig:
+        """``config`` under SAELens's name (``sae.cfg``; ``d.cfg.hook_name`` is ``d.config.site``)."""
+        return self.config
+
+    def extra_repr(self) -> str:
+        """What ``repr(d)`` shows: architecture, kind, sizes, ``k``, sites, and the model it was trained on."""
+        c = self.config
+        parts = [f"arch={c.arch!r}", f"kind={c.kind!r}", f"d_in={c.d_in}", f"d_sae={c.d_sae}"]
+        if c.kind != "sae":
+            parts.append(f"d_out={c.width_out}")
+        if c.k is not None:
+            parts.append(f"k={c.k}")
+        parts.append(f"site={c.site!r}")
+        if c.kind != "sae":
+            parts.append(f"site_out={c.site_out!r}")
+        if c.metadata.get("model"):
+            parts.append(f"model={str(c.metadata['model'])!r}")
+        return ", ".join(parts)
 
     @property
     def is_sae(self) -> bool:
