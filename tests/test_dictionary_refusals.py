@@ -54,7 +54,7 @@ def _one_line(capsys) -> str:
     (["--arch", "relu", "--l1", "-3"], "--l1 must be >= 0"),
     (["--arch", "jumprelu", "--l0", "inf"], "--l0 must be a finite number"),
     (["--e2e-steps", "2", "--e2e-lr", "-1"], "--e2e-lr must be > 0"),
-    (["--e2e-steps", "2", "--e2e-lambda", "nan"], "--e2e-lambda must be a finite number"),
+    (["--e2e-steps", "2", "--e2e-lambda", "nan"], "--e2e-lambda (the FVU's mse_coefficient) must be a finite number"),
     (["--kind", "transcoder", "--arch", "topk"], "SAELens's format has no topk transcoder"),
     (["--tokens", "100"], "fewer than one training batch"),
 ])

@@ -37,7 +37,7 @@ def check_train_options(args: Any) -> None:
     _finite("--lr", args.lr, positive=True)
     _finite("--l1", args.l1)
     _finite("--l0", args.l0)
-    _finite("--e2e-lambda", getattr(args, "e2e_lambda", None))
+    _finite("--e2e-lambda (the FVU's mse_coefficient)", getattr(args, "e2e_lambda", None))
     _finite("--e2e-lr", getattr(args, "e2e_lr", None), positive=True)
     if args.tokens < args.train_batch:
         raise UsageError(f"--tokens {args.tokens} is fewer than one training batch ({args.train_batch}); "
