@@ -231,6 +231,8 @@ def run_command(name: str, options: RunOptions, inputs: Inputs, out_dir: Path, s
     if not options.force and (done or (previous is None and finished is not None and finished(out_dir))):
         raise UsageError(f"--out {out_dir} holds a finished `bertscope {name}` with other settings or inputs; use "
                          "--force to replace it, or choose another --out")
+    if options.force and previous is not None:
+        _clear_previous_outputs(out_dir, previous)  # what the replaced run wrote (another site's folder too)
     ctx = Context(name, options, inputs, out_dir, fingerprint, settings=settings)
     manifest = manifest_base(ctx)
     out_dir.mkdir(parents=True, exist_ok=True)

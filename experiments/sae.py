@@ -54,5 +54,4 @@ __all__ = [
     "train_sae",
     "transcoder_sites",
     "write_evaluation",
-    *_COMMANDS,
-]
+]  # and _COMMANDS, resolved on first use (not listed: the API reference would import the command layer)
