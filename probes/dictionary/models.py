@@ -1,25 +1,17 @@
-"""Sparse dictionaries: sparse autoencoders and transcoders, one module for every architecture.
+"""Sparse dictionaries: sparse autoencoders and transcoders, one module for every architecture registered in
+``architectures/`` (each architecture's own file holds its activation, losses, threshold and SAELens mapping).
 
 Shapes: ``W_enc [d_in, d_sae]``, ``b_enc [d_sae]``, ``W_dec [d_sae, d_out]``, ``b_dec [d_out]``,
-``W_skip [d_in, d_out]`` (skip transcoders only), ``threshold [d_sae]`` (JumpReLU, and BatchTopK at inference).
-An SAE has ``d_out == d_in`` and reads and predicts the same site; a transcoder reads a block's MLP input and
-predicts its MLP output.
+``W_skip [d_in, d_out]`` (skip transcoders only), ``threshold [d_sae]`` (architectures with an inference
+threshold). An SAE has ``d_out == d_in`` and reads and predicts the same site; a transcoder reads a block's MLP
+input and predicts its MLP output.
 
-Conventions (SAELens 6.x, ``sae_lens/saes/*.py``, read for each architecture):
-
-- pre-activation ``h = (x - b_dec) @ W_enc + b_enc`` for SAEs (SAELens ``apply_b_dec_to_input=True``);
-  ``h = x @ W_enc + b_enc`` for transcoders (SAELens forbids ``apply_b_dec_to_input`` there);
-- ``relu``: ``f = ReLU(h)`` (SAELens ``standard``);
-- ``topk``: keep the ``k`` largest entries of ``h`` per row, then ReLU (SAELens ``TopK``);
-- ``batchtopk``: in training keep the ``k * rows`` largest entries of ``ReLU(h)`` over the whole batch (SAELens
-  ``BatchTopK``); at inference ``f = ReLU(h) * (h > threshold)`` with one threshold for every latent, the running
-  average of the smallest kept activation (SAELens saves it as a ``jumprelu`` SAE);
-- ``jumprelu``: ``f = h * (h > threshold)``, ``threshold = exp(log_threshold) > 0`` (SAELens ``JumpReLU``);
-- reconstruction ``x_hat = f @ W_dec + b_dec`` (``+ x @ W_skip`` for skip transcoders).
-
-Decoder rows are kept at unit norm for ``topk``, ``batchtopk`` and ``jumprelu`` (OpenAI's TopK paper, Bussmann
-et al.'s BatchTopK and Rajamanoharan et al.'s JumpReLU all constrain them); ``relu`` leaves them free and weights
-its L1 penalty by them instead (SAELens ``standard``: ``sum_i f_i * ||W_dec[i]||``).
+Conventions (SAELens 6.x, ``sae_lens/saes/*.py``): pre-activation ``h = (x - b_dec) @ W_enc + b_enc`` for SAEs
+(SAELens ``apply_b_dec_to_input=True``), ``h = x @ W_enc + b_enc`` for transcoders (SAELens forbids
+``apply_b_dec_to_input`` there); ``f = activate(h)`` (the architecture's); reconstruction
+``x_hat = f @ W_dec + b_dec`` (``+ x @ W_skip`` for skip transcoders). Decoder rows are initialised (and, when the
+architecture's ``unit_norm_decoder`` says so, kept) at unit norm, else at norm 0.1 (SAELens's
+``decoder_init_norm``).
 """
 
 from __future__ import annotations
