@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 from bertscope.hooks.cache import ActivationCache
 from bertscope.hooks.hook_points import HookFn, HookPoint, NamesFilter
+from bertscope.models.text import as_batch
 
 HeadSpec = Mapping[int, Sequence[int] | int] | Iterable[tuple[int, int] | str] | tuple[int, int] | str
 FwdHooks = list[tuple[NamesFilter, HookFn]]
@@ -88,8 +89,6 @@ def mean_z(
 
     ``input_ids``: token ids ``[batch, pos]`` (with their mask), or text."""
     if isinstance(input_ids, (str, list, tuple, Mapping)):
-        from bertscope.models.text import as_batch
-
         input_ids, attention_mask, token_type_ids = as_batch(model, input_ids, attention_mask, token_type_ids)
     _, cache = model.run_with_cache(
         input_ids, attention_mask, token_type_ids, names_filter="blocks.*.attn.hook_z"
