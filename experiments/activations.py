@@ -46,10 +46,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.experiments.capture.layout import ATTENTION_SUFFIXES, SENTENCES, CaptureError, patterns, select_hooks
+from bertscope.experiments.capture.layout import SENTENCES, CaptureError, patterns, select_hooks
 from bertscope.experiments.capture.load import read_index, select_stored
 from bertscope.experiments.capture.plan import last_layer_needed
 from bertscope.experiments.corpus import Batch, Corpus, Encoded, Sentence, encode, word_attention, word_pool
+from bertscope.hooks.sites import is_attention_site
 from einops import rearrange
 
 REAL, CLS, SEP, PADDING = 0, 1, 2, 3
@@ -245,9 +246,9 @@ def run_batch(model: Any, batch: Batch, names: Sequence[str], *, stop_at_layer: 
     return cache
 
 
-def is_attention(site: str) -> bool:
-    """Whether ``site`` is an attention site (``[batch, head, query, key]``): ``hook_pattern``, ``hook_scores``."""
-    return site.endswith(ATTENTION_SUFFIXES)
+#: Whether ``site`` is an attention site (``[batch, head, query, key]``): ``hook_pattern``, ``hook_scores``
+#: (``bertscope.hooks.sites.is_attention_site``, the one list; this name is kept as an alias).
+is_attention = is_attention_site
 
 
 def token_classes(batch: Batch) -> torch.Tensor:
