@@ -18,7 +18,8 @@ slices, never a whole shard).
 **Layouts.** Token sites (``hook_resid_post``, ``attn.hook_z``, ...) are ``[batch, pos, ...]``; attention
 sites (``hook_pattern``, ``hook_scores``) ``[batch, head, query, key]`` as the model's hooks give them. Padding
 rows (and padding keys) hold 0 from either source. With ``pool="word"``, word pieces are mean-pooled into words
-(`corpus.word_pool`): token sites become ``[batch, word, ...]`` and attention sites ``[batch, head, word,
+(`corpus.word_pool`, all token sites of one shape in one call per sentence): token sites become
+``[batch, word, ...]`` and attention sites ``[batch, head, word,
 word]`` (`corpus.word_attention`: mass to a word summed over its pieces, from a word averaged), words past a
 sentence's last hold 0.
 
@@ -46,10 +47,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.experiments.capture.layout import ATTENTION_SUFFIXES, SENTENCES, CaptureError, patterns, select_hooks
+from bertscope.experiments.capture.layout import SENTENCES, CaptureError, patterns, select_hooks
 from bertscope.experiments.capture.load import read_index, select_stored
 from bertscope.experiments.capture.plan import last_layer_needed
 from bertscope.experiments.corpus import Batch, Corpus, Encoded, Sentence, encode, word_attention, word_pool
+from bertscope.hooks.sites import is_attention_site
 from einops import rearrange
 
 REAL, CLS, SEP, PADDING = 0, 1, 2, 3
@@ -245,9 +247,9 @@ def run_batch(model: Any, batch: Batch, names: Sequence[str], *, stop_at_layer: 
     return cache
 
 
-def is_attention(site: str) -> bool:
-    """Whether ``site`` is an attention site (``[batch, head, query, key]``): ``hook_pattern``, ``hook_scores``."""
-    return site.endswith(ATTENTION_SUFFIXES)
+#: Whether ``site`` is an attention site (``[batch, head, query, key]``): ``hook_pattern``, ``hook_scores``
+#: (``bertscope.hooks.sites.is_attention_site``, the one list; this name is kept as an alias).
+is_attention = is_attention_site
 
 
 def token_classes(batch: Batch) -> torch.Tensor:
@@ -478,37 +480,49 @@ def _encoded(model: Any, sentences: list[Sentence], encoded: Encoded | None, *, 
 
 def _finish(batch: Batch, tensors: dict[str, torch.Tensor], *, pool: str, include_special: bool,
             device: Any, dtype: torch.dtype | None) -> ActivationBatch:  # fmt: skip
-    """Zero the padding, pool words if asked, move to ``device`` / ``dtype``."""
+    """Zero the padding, move to ``device``, pool words if asked, cast to ``dtype``."""
     classes = token_classes(batch)
     real = batch.attention_mask.bool()
     out = {}
     for name, t in tensors.items():
         mask = real.to(t.device)
-        if is_attention(name):
+        if is_attention_site(name):
             t = torch.where(mask[:, None, :, None] & mask[:, None, None, :], t, torch.zeros((), dtype=t.dtype))
         else:
             t = torch.where(mask.reshape(*mask.shape, *([1] * (t.ndim - 2))), t, torch.zeros((), dtype=t.dtype))
-        if pool == "word":
-            t = _pool_words(t, batch, attention=is_attention(name))
-        out[name] = t.to(device=device or t.device, dtype=dtype or t.dtype)
+        out[name] = t.to(device=device or t.device)
+    if pool == "word":
+        out = _pool_words(out, batch)
+    out = {name: t.to(dtype=dtype or t.dtype) for name, t in out.items()}
     return ActivationBatch(batch, out, classes, pool=pool, include_special=include_special)
 
 
-def _pool_words(t: torch.Tensor, batch: Batch, *, attention: bool) -> torch.Tensor:
-    """Word-pooled rows of one batch: ``[batch, word, ...]`` or ``[batch, head, word, word]``."""
+def _pool_words(tensors: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
+    """Word-pooled sites of one batch: ``[batch, word, ...]`` for token sites (the sites of one shape, dtype and
+    device pooled together, one ``word_pool`` per sentence over ``[site, pos, features]``), ``[batch, head, word,
+    word]`` for attention sites; words past a sentence's last hold 0."""
     n_words = max(batch.n_words)
-    parts = []
-    for j, n in enumerate(batch.n_words):
-        wids = batch.word_ids[j].to(t.device)
-        if attention:
-            pooled = word_attention(t[j], wids)  # [head, n, n]
-            pad = pooled.new_zeros((pooled.shape[0], n_words, n_words))
-            pad[:, :n, :n] = pooled
+    out: dict[str, torch.Tensor] = {}
+    groups: dict[tuple, list[str]] = {}
+    for name, t in tensors.items():
+        if is_attention_site(name):
+            parts = []
+            for j, n in enumerate(batch.n_words):
+                pooled = word_attention(t[j], batch.word_ids[j].to(t.device))  # [head, n, n]
+                pad = pooled.new_zeros((pooled.shape[0], n_words, n_words))
+                pad[:, :n, :n] = pooled
+                parts.append(pad)
+            out[name] = torch.stack(parts)
         else:
-            x = t[j].reshape(t.shape[1], -1)  # [pos, features]
-            pooled = word_pool(x, wids)  # [n, features]
-            pad = pooled.new_zeros((n_words, pooled.shape[1]))
-            pad[:n] = pooled
-            pad = pad.reshape(n_words, *t.shape[2:])
-        parts.append(pad)
-    return torch.stack(parts)
+            groups.setdefault((tuple(t.shape[2:]), t.dtype, t.device), []).append(name)
+    for (rest, _, _), names in groups.items():
+        parts = []
+        for j, n in enumerate(batch.n_words):
+            x = torch.stack([tensors[name][j].reshape(tensors[name].shape[1], -1) for name in names])  # [s, p, f]
+            pooled = word_pool(x, batch.word_ids[j].to(x.device))  # [site, n, features]
+            pad = pooled.new_zeros((len(names), n_words, pooled.shape[2]))
+            pad[:, :n] = pooled
+            parts.append(pad.reshape(len(names), n_words, *rest))
+        stacked = torch.stack(parts, dim=1)  # [site, batch, word, ...]
+        out.update({name: stacked[k] for k, name in enumerate(names)})
+    return {name: out[name] for name in tensors}

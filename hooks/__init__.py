@@ -1,20 +1,58 @@
-"""Named hook points, activation caches, site selection, ablation and patching; context mixing (built purely on
-hooked tensors) in the subpackage ``bertscope.hooks.mixing``."""
+"""Named hook points, activation caches and the site vocabulary (``hook_points``, ``cache``, ``sites``: what
+``bertscope.models`` builds its encoders from), and the analyses on hooked tensors: interventions and ablation
+(``interventions``, ``ablation``), context mixing (``bertscope.hooks.mixing``) and circuits
+(``bertscope.hooks.circuits``).
 
-import sys as _sys
+Every public name here is imported on first use (PEP 562), so importing the hook points (as ``bertscope.models``
+does) runs no analysis: ``import bertscope.models`` loads ``hook_points``, ``cache`` and ``sites`` only, and the
+analyses may import ``bertscope.models`` at their top level. ``from bertscope.hooks import contributions`` (or
+``bertscope.hooks.mixing``, ``bertscope.hooks.circuits``) works as before; it imports that analysis then.
 
-from bertscope.hooks.cache import ActivationCache, act_name
-from bertscope.hooks.hook_points import HookedModule, HookPoint
-from bertscope.hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
-from bertscope.hooks.mixing import contributions, mixing_ratio, token_decomposition
-from bertscope.hooks.mixing import graph as mixing_graph
-from bertscope.hooks.mixing import inputs as mixing_inputs
-from bertscope.hooks.mixing import kernels as mixing_kernels
+>>> from bertscope.hooks import ActivationCache, HookPoint, ablate_heads, contributions
+"""
 
-# The modules hooks/mixing_graph.py, mixing_inputs.py and mixing_kernels.py became bertscope.hooks.mixing.graph,
-# .inputs and .kernels; their old names stay importable (aliases, for code written before the move).
-for _new in (mixing_graph, mixing_inputs, mixing_kernels):
-    _sys.modules[f"{__name__}.mixing_{_new.__name__.rpartition('.')[2]}"] = _new
+from __future__ import annotations
+
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bertscope.hooks.cache import ActivationCache, act_name
+    from bertscope.hooks.hook_points import HookedModule, HookPoint
+    from bertscope.hooks.interventions import ablate_heads, mean_z, patch_activation, patch_heads
+    from bertscope.hooks.mixing import contributions, mixing_ratio, token_decomposition
+
+# name -> the module that defines it (imported when the name is first asked for).
+_LAZY = {
+    **dict.fromkeys(("ActivationCache", "act_name"), "bertscope.hooks.cache"),
+    **dict.fromkeys(("HookedModule", "HookPoint"), "bertscope.hooks.hook_points"),
+    **dict.fromkeys(("ablate_heads", "mean_z", "patch_activation", "patch_heads"), "bertscope.hooks.interventions"),
+    **dict.fromkeys(("contributions", "mixing_ratio", "token_decomposition"), "bertscope.hooks.mixing"),
+}  # fmt: skip
+
+# Submodules reachable as attributes (``bertscope.hooks.mixing`` after ``import bertscope.hooks``), imported on
+# first use. ``mixing_graph``, ``mixing_inputs`` and ``mixing_kernels`` are the old paths of
+# ``bertscope.hooks.mixing.graph``, ``.inputs`` and ``.kernels`` (alias modules: the same module objects).
+_SUBMODULES = ("ablation", "cache", "circuits", "hook_points", "interventions", "jsonl", "mixing", "sites",
+               "mixing_graph", "mixing_inputs", "mixing_kernels")  # fmt: skip
+
+
+def __getattr__(name: str):
+    """The public names (``ActivationCache``, ``ablate_heads``, ``contributions`` ...) and the submodules,
+    imported when first asked for."""
+    if name in _LAZY:
+        value = getattr(_import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = _import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+
 
 __all__ = [
     "ActivationCache",

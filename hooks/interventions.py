@@ -30,6 +30,8 @@ from typing import Literal
 import torch
 from bertscope.hooks.cache import ActivationCache
 from bertscope.hooks.hook_points import HookFn, HookPoint, NamesFilter
+from bertscope.hooks.sites import is_attention_site
+from bertscope.models.text import as_batch
 
 HeadSpec = Mapping[int, Sequence[int] | int] | Iterable[tuple[int, int] | str] | tuple[int, int] | str
 FwdHooks = list[tuple[NamesFilter, HookFn]]
@@ -88,8 +90,6 @@ def mean_z(
 
     ``input_ids``: token ids ``[batch, pos]`` (with their mask), or text."""
     if isinstance(input_ids, (str, list, tuple, Mapping)):
-        from bertscope.models.text import as_batch
-
         input_ids, attention_mask, token_type_ids = as_batch(model, input_ids, attention_mask, token_type_ids)
     _, cache = model.run_with_cache(
         input_ids, attention_mask, token_type_ids, names_filter="blocks.*.attn.hook_z"
@@ -128,7 +128,7 @@ def patch_activation(model: torch.nn.Module, names: NamesFilter, source: Activat
             return src
         out = tensor.clone()
         pos = torch.as_tensor(positions, device=tensor.device)
-        dim = 2 if hook.name.endswith(("hook_scores", "hook_pattern")) else 1
+        dim = 2 if is_attention_site(hook.name) else 1
         out.index_copy_(dim, pos, src.index_select(dim, pos))
         return out
 
@@ -150,7 +150,7 @@ def patch_heads(model: torch.nn.Module, heads: HeadSpec, source: ActivationCache
         spec = _normalise(heads, None, None)
     else:
         spec = _normalise(heads, model.config.n_layers, model.config.n_heads)
-    dim = 1 if site in ("hook_scores", "hook_pattern") else 2
+    dim = 1 if is_attention_site(site) else 2
     hooks: FwdHooks = []
     for layer, idx in spec.items():
         name = f"blocks.{layer}.attn.{site}"

@@ -27,7 +27,11 @@ BLOCK_COMPONENTS = ("attn_out", "resid_mid", "mlp_out", "resid_post")
 #: after the embedding LayerNorm.
 EMBED_COMPONENTS = {"embed.hook_word": "word", "embed.hook_out": "embed"}
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+#: The attention-shaped hook suffixes: ``blocks.{L}.attn.hook_scores`` and ``.hook_pattern`` are
+#: ``[batch, head, query, key]``; every other block site is token-indexed (``[batch, pos, ...]``).
+ATTENTION_SUFFIXES = ("hook_scores", "hook_pattern")
+
+_BLOCK = re.compile(r"^blocks\.(\d+)(?:\.(.+))?$")
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -43,12 +47,19 @@ class Site:
     suffix: str
 
 
+def split_block(name: str) -> tuple[int, str | None] | None:
+    """``(layer, suffix)`` of a block name: ``blocks.3.attn.hook_z`` -> ``(3, "attn.hook_z")``, a bare block
+    ``blocks.3`` -> ``(3, None)``; None for any other name. The one parser of ``blocks.{L}…`` names."""
+    m = _BLOCK.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def parse_site(name: str) -> Site:
     """Split a hook name into module, block layer and suffix (see `Site`). A name without a dot is a module
     with an empty suffix."""
-    m = _BLOCK.match(name)
-    if m:
-        return Site(name, "blocks", int(m.group(1)), m.group(2))
+    block = split_block(name)
+    if block is not None and block[1] is not None:
+        return Site(name, "blocks", block[0], block[1])
     module, _, suffix = name.partition(".")
     return Site(name, module, None, suffix)
 
@@ -63,8 +74,13 @@ def block_site(layer: int, suffix: str) -> str:
 
 def block_layer(name: str) -> int | None:
     """The block index of a ``blocks.{L}.…`` name, else None."""
-    m = _BLOCK.match(name)
-    return int(m.group(1)) if m else None
+    return parse_site(name).layer
+
+
+def is_attention_site(name: str) -> bool:
+    """Whether hook ``name`` (``blocks.3.attn.hook_pattern``, or a bare suffix ``hook_pattern``) is attention-shaped,
+    ``[batch, head, query, key]`` (`ATTENTION_SUFFIXES`), rather than token-indexed ``[batch, pos, ...]``."""
+    return name.endswith(ATTENTION_SUFFIXES)
 
 
 def site_layer(site: str) -> tuple[int, str]:
@@ -147,16 +163,19 @@ def last_block(names: Iterable[str]) -> int | None:
 
 
 __all__ = [
+    "ATTENTION_SUFFIXES",
     "BLOCK_COMPONENTS",
     "EMBED_COMPONENTS",
     "Site",
     "block_layer",
     "block_site",
     "forward_order",
+    "is_attention_site",
     "is_glob",
     "last_block",
     "match_sites",
     "matches",
     "parse_site",
     "site_layer",
+    "split_block",
 ]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from bertscope.experiments import activations as stage
 from bertscope.experiments.capture import CaptureError, capture, load_capture
-from bertscope.experiments.corpus import Corpus, load_corpus, word_pool
+from bertscope.experiments.corpus import Corpus, encode, load_corpus, word_pool
 
 from bertscope import models
 
@@ -233,3 +233,26 @@ def test_a_capture_is_read_by_row_slices(tiny, corpus, captured, monkeypatch) ->
     assert set(whole) == {"rows.sentence_index"}
     assert set(sliced) == {"rows.token_id", "blocks.1.hook_resid_post"}
     assert sliced.count("blocks.1.hook_resid_post") == N  # one slice per sentence
+
+
+def test_structure_word_vectors_come_from_the_stage_bit_for_bit(tiny, corpus) -> None:
+    """``structure``'s word vectors are the stage's ``pool="word"`` (issue 38.4): equal, bit for bit, to the
+    pooling it did by hand before (the sites stacked ``[site, pos, d]`` in float32, one ``word_pool`` per
+    sentence), so its tables do not move; every token site of a batch is pooled that way."""
+    from bertscope.experiments.structure.data import collect
+
+    sites = ["embed.hook_out", "blocks.0.hook_resid_post", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"]
+    encoded = encode(corpus, tiny.tokenizer, batch_size=BATCH, max_length=64)
+    n_words = [len(s) for s in corpus.sentences]
+    vectors, truncated = collect(tiny, encoded, sites, n_words)
+    assert truncated == []
+    by_hand = {}
+    for batch in encoded:
+        cache = stage.batch_activations(tiny, batch, sites, stop_early=False)
+        stacked = torch.stack([cache[s] for s in sites], dim=1).float()  # [batch, site, pos, d]
+        for r, si in enumerate(batch.sentence_index):
+            by_hand[si] = word_pool(stacked[r], batch.word_ids[r]).numpy()
+    words, lengths = vectors.take(list(range(len(n_words))))
+    assert lengths.tolist() == n_words
+    expected = torch.cat([torch.from_numpy(by_hand[i]) for i in range(len(n_words))], dim=1)
+    assert torch.equal(torch.from_numpy(words), expected)

@@ -1,6 +1,7 @@
-"""Issue 26.7: the import graph, read from the source (every ``import``, at module level and inside functions):
-no cycles between modules, the layer order that ``docs/architecture.md``'s layer table states, and no private
-name imported from another package. Type-only imports (under ``if TYPE_CHECKING:``) never run and are not read.
+"""Issue 26.7: the import graph, read from the source (every ``import``, at module level and inside functions,
+and the package ``__init__`` files each import runs first): no cycles between modules, the layer order that
+``docs/architecture.md``'s layer table states, and no private name imported from another package. Type-only
+imports (under ``if TYPE_CHECKING:``) never run and are not read.
 """
 
 from __future__ import annotations
@@ -48,9 +49,25 @@ def _imports(tree: ast.AST):
                 stack.append(child)
 
 
+def lazy_names(mods: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """``{package: {name: defining module}}`` for the package ``__init__`` files that import names on first use
+    (PEP 562): their ``_LAZY = {name: module}`` table, read from the source."""
+    out = {}
+    for mod, path in mods.items():
+        if path.name != "__init__.py":
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY" for t in node.targets):
+                table = eval(compile(ast.Expression(node.value), str(path), "eval"), {"__name__": mod})  # noqa: S307
+                out[mod] = {name: target for name, target in table.items() if target in mods}
+    return out
+
+
 def import_edges(mods: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
     """``(importer, imported module, imported name or None, line)`` for every bertscope import. ``from X import
-    Y`` imports module ``X.Y`` when that is a module (then name None), else name ``Y`` of module ``X``."""
+    Y`` imports module ``X.Y`` when that is a module (then name None), name ``Y`` of the module that defines it
+    when package ``X`` imports it on first use (its ``_LAZY`` table), else name ``Y`` of module ``X``."""
+    lazy = lazy_names(mods)
     edges = []
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
@@ -68,10 +85,26 @@ def import_edges(mods: dict[str, Path]) -> list[tuple[str, str, str | None, int]
                 if not base.startswith("bertscope"):
                     continue
                 if name is not None and f"{base}.{name}" in mods:
-                    edges.append((mod, f"{base}.{name}", None, node.lineno))
+                    target, edge = f"{base}.{name}", (mod, f"{base}.{name}", None, node.lineno)
+                elif name in lazy.get(base, {}):
+                    target, edge = lazy[base][name], (mod, lazy[base][name], name, node.lineno)
                 elif base in mods:
-                    edges.append((mod, base, name, node.lineno))
+                    target, edge = base, (mod, base, name, node.lineno)
+                else:
+                    continue
+                edges.append(edge)
+                edges.extend((mod, parent, None, node.lineno) for parent in parent_packages(target, mod, mods))
     return edges
+
+
+def parent_packages(target: str, importer: str, mods: dict[str, Path]) -> list[str]:
+    """The packages whose ``__init__`` importing ``target`` runs first, for ``importer``: every package above
+    ``target`` except those ``importer`` itself lies in (already running when ``importer`` runs). Importing
+    ``bertscope.hooks.sites`` from ``bertscope.models.encoder`` runs ``hooks/__init__.py``, so a loop through a
+    package ``__init__`` (it imports a module that imports the package back) is a loop of this graph."""
+    parts = target.split(".")
+    parents = [".".join(parts[:i]) for i in range(1, len(parts))]
+    return [p for p in parents if p in mods and importer != p and not importer.startswith(p + ".")]
 
 
 def cycles(edges) -> list[list[str]]:
@@ -159,6 +192,29 @@ def test_the_reader_sees_function_level_imports_and_skips_type_only_ones(tmp_pat
     assert ("bertscope.hooks.a", "bertscope.hooks.b", "g", 2) in edges
     assert not any(b == "bertscope.hooks.c" for _, b, _, _ in edges)
     assert cycles(edges) == [["bertscope.hooks.a", "bertscope.hooks.b"]]
+
+
+def test_the_reader_sees_loops_through_package_inits(tmp_path):
+    """``hooks/__init__`` imports ``hooks.a``, which imports ``models.x``, which imports ``hooks.sites``: importing
+    ``hooks.sites`` runs ``hooks/__init__`` first, so the three form a loop although no module names another's
+    package directly."""
+    for top in ("hooks", "models"):
+        (tmp_path / top).mkdir()
+    (tmp_path / "hooks" / "__init__.py").write_text("from bertscope.hooks.a import f\n")
+    (tmp_path / "hooks" / "a.py").write_text("from bertscope.models.x import g\n")
+    (tmp_path / "hooks" / "sites.py").write_text("from bertscope.hooks.b import z\n")
+    (tmp_path / "hooks" / "b.py").write_text("z = 1\n")
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "x.py").write_text("from bertscope.hooks.sites import h\n")
+    edges = import_edges(modules(tmp_path))
+    assert ("bertscope.models.x", "bertscope.hooks", None, 1) in edges
+    assert ("bertscope.hooks.sites", "bertscope.hooks", None, 1) not in edges  # its own package: runs first anyway
+    assert cycles(edges) == [["bertscope.hooks", "bertscope.hooks.a", "bertscope.models.x"]]
+    # A lazy __init__ (names imported on first use) breaks the loop; its names still count where they are used.
+    (tmp_path / "hooks" / "__init__.py").write_text('_LAZY = {"f": f"{__name__}.a", **dict.fromkeys(("z",), "x")}\n')
+    assert cycles(import_edges(modules(tmp_path))) == []
+    (tmp_path / "models" / "y.py").write_text("from bertscope.hooks import f\n")
+    assert ("bertscope.models.y", "bertscope.hooks.a", "f", 1) in import_edges(modules(tmp_path))
 
 
 def test_no_import_cycles(graph):

@@ -55,3 +55,52 @@ def test_every_model_hook_name_parses_and_residual_sites_are_the_block_component
     residual = [n for n in names if sites.parse_site(n).suffix in {f"hook_{c}" for c in sites.BLOCK_COMPONENTS}]
     assert residual == [sites.block_site(L, c) for L in range(2) for c in sites.BLOCK_COMPONENTS]
     assert sites.match_sites("blocks.*.attn.hook_pattern", names) == model.select_hooks("blocks.*.attn.hook_pattern")
+
+
+def test_split_block_reads_bare_blocks_and_named_sites():
+    assert sites.split_block("blocks.3") == (3, None)
+    assert sites.split_block("blocks.12.attn.hook_z") == (12, "attn.hook_z")
+    assert sites.split_block("embed.hook_out") is None and sites.split_block("blocks.x.hook_z") is None
+    assert sites.split_block("blocks.3.") is None
+    # parse_site and block_layer keep reading a bare block as no block site (its "module" is blocks.3)
+    assert sites.parse_site("blocks.3") == sites.Site("blocks.3", "blocks", None, "3")
+    assert sites.block_layer("blocks.3") is None
+
+
+def test_attention_shaped_sites_are_the_scores_and_the_pattern():
+    model = random_encoder(EncoderConfig(d_model=8, n_layers=1, n_heads=2, d_mlp=8))
+    _, cache = model.run_with_cache(
+        __import__("torch").tensor([[1, 2, 3, 4, 5]]), names_filter=lambda name: name.startswith("blocks.0"))
+    for name in cache:  # a site is attention-shaped exactly when its tensor is [batch, head, query, key]
+        t = cache[name]
+        square = t.ndim == 4 and t.shape[1] == 2 and t.shape[2] == t.shape[3] == 5
+        assert sites.is_attention_site(name) == square, name
+    assert sites.is_attention_site("hook_pattern") and not sites.is_attention_site("hook_z")
+
+
+# Files still to switch to sites.split_block / sites.is_attention_site (the dictionary package's, reworked on
+# another branch): experiments/sae.py (transcoder_sites, the attention check of its site widths),
+# probes/dictionary/evaluate.py (int(s.split(".")[1])). Empty this set once they do.
+NOT_YET = {"experiments/sae.py", "probes/dictionary/evaluate.py"}
+
+
+def test_block_names_and_attention_sites_are_read_only_in_sites_py():
+    """Issue 38.4: no other module parses ``blocks.{L}`` names by hand (a regex, ``split(".")[1]``) or writes its
+    own list of the attention-shaped hooks."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    by_hand = [re.compile(r"blocks\\\\?\.\(\\\\?d\+\)"), re.compile(r"""split\(["']\.["']\)\[1\]"""),
+               re.compile(r"""\(\s*["'](?:attn\.)?hook_(?:scores|pattern)["']\s*,\s*["'](?:attn\.)?hook_(?:scores|pattern)["']"""
+                          r"""\s*,?\s*\)""")]  # a tuple of just the two: an attention-shape list
+    found = []
+    for top in ("models", "hooks", "probes", "experiments", "bertscope"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in ("hooks/sites.py", *NOT_YET):
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if any(p.search(line) for p in by_hand):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, found

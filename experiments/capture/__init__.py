@@ -39,12 +39,21 @@ Modules: ``layout`` (file names, format, ``CaptureError``, hook selection), ``pl
 plan, rank assignment, fingerprint), ``writer`` (shards, folder checks, ``sentences.parquet``), ``stream``
 (``capture``), ``distributed`` (process group), ``load`` (``load_capture``, ``iter_capture``,
 ``read_index``), ``command`` (``bertscope capture``, ``--nproc``).
+
+**Layers.** ``layout``, ``plan`` and ``load`` are the on-disk format, below the activations stage
+(``experiments/activations.py`` reads a capture through them); ``writer``, ``stream``, ``distributed`` and
+``command`` write one through the stage and sit above it. This ``__init__`` imports the format only; the
+writer's and the command's names (``capture``, ``launch``, ``run_command``, ``EXIT_*``, ``COLLECTIVE_TIMEOUT``)
+are imported on first use (PEP 562), so the stage importing the format never runs the writer.
 """
+
+from __future__ import annotations
+
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
 
 from bertscope.experiments.io import parse_size
 
-from .command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, launch, run_command
-from .distributed import COLLECTIVE_TIMEOUT
 from .layout import (
     ATTENTION_SUFFIXES,
     DEFAULT_SHARD_SIZE,
@@ -57,7 +66,38 @@ from .layout import (
     select_hooks,
 )
 from .load import iter_capture, load_capture, read_index
-from .stream import capture
+
+if TYPE_CHECKING:
+    from .command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, launch, run_command
+    from .distributed import COLLECTIVE_TIMEOUT
+    from .stream import capture
+
+# The writer's and the command's names (above the activations stage), imported when first asked for.
+_LAZY = {
+    **dict.fromkeys(("EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "launch", "run_command"),
+                    f"{__name__}.command"),
+    "COLLECTIVE_TIMEOUT": f"{__name__}.distributed",
+    "capture": f"{__name__}.stream",
+}  # fmt: skip
+_SUBMODULES = ("command", "distributed", "stream", "writer")
+
+
+def __getattr__(name: str):
+    """The writer's and the command's names (``capture``, ``run_command`` ...) and their modules, imported when
+    first asked for."""
+    if name in _LAZY:
+        value = getattr(_import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = _import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+
 
 __all__ = [
     "ATTENTION_SUFFIXES", "COLLECTIVE_TIMEOUT", "DEFAULT_SHARD_SIZE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK",

@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bertscope.hooks.sites import ATTENTION_SUFFIXES  # noqa: F401 (re-exported: capture.ATTENTION_SUFFIXES, the one list)
+
 FORMAT = "bertscope-capture/1"
 INDEX = "index.json"
 SENTENCES = "sentences.parquet"
 SHARD_GLOB = "shard-*.safetensors"
 ROW_FIELDS = ("sentence_index", "position", "word_index", "token_id", "token_type", "seq_length")
-ATTENTION_SUFFIXES = ("hook_scores", "hook_pattern")
 DEFAULT_SHARD_SIZE = 256 * 2**20  # the largest shard the automatic size picks
 AUTO_SHARDS = 64  # the automatic size aims at this many shards (work to deal out among processes) ...
 MIN_AUTO_SHARD_SIZE = 32 * 2**20  # ... but no smaller shards than this, unless the whole capture is smaller

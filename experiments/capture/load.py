@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 from bertscope.experiments import io
-from bertscope.hooks import HookedModule
+from bertscope.hooks.hook_points import HookedModule
 
 from .layout import FORMAT, INDEX, SENTENCES, SHARD_GLOB, CaptureError, patterns
 

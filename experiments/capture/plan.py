@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from bertscope.hooks.sites import last_block
+from bertscope.hooks.sites import is_attention_site, last_block
 
 from .layout import (
-    ATTENTION_SUFFIXES,
     AUTO_SHARDS,
     DEFAULT_SHARD_SIZE,
     FORMAT,
@@ -71,7 +70,7 @@ def hook_specs(model: Any, names: list[str], batch: Any, key_width: int, device:
     specs = []
     for name in names:
         t = cache[name]
-        if name.endswith(ATTENTION_SUFFIXES):  # [1, head, query, key] -> row [head, key_width]
+        if is_attention_site(name):  # [1, head, query, key] -> row [head, key_width]
             specs.append(HookSpec(name, (int(t.shape[1]), key_width), t.dtype, True))
         else:  # [1, pos, ...] -> row [...]
             specs.append(HookSpec(name, tuple(int(d) for d in t.shape[2:]), t.dtype, False))

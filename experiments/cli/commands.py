@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from bertscope.experiments.options import RunOptions, UsageError
 from bertscope.experiments.registry import EXPERIMENTS
+from bertscope.hooks.sites import parse_site
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -227,9 +227,9 @@ def group_hook_names(names: Sequence[str]) -> list[str]:
     ``blocks.{0..5}.attn.hook_q`` (first-seen order)."""
     grouped: dict[str, list[int]] = {}
     for name in names:
-        m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
-        key = f"blocks.{{L}}.{m.group(2)}" if m else name
-        grouped.setdefault(key, []).append(int(m.group(1)) if m else -1)
+        site = parse_site(name)
+        key = name if site.layer is None else f"blocks.{{L}}.{site.suffix}"
+        grouped.setdefault(key, []).append(-1 if site.layer is None else site.layer)
     lines = []
     for key, layers in grouped.items():
         if "{L}" in key:

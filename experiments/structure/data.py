@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 from bertscope.experiments.activations import CaptureSource, batch_activations
-from bertscope.experiments.corpus import word_pool
 from bertscope.hooks.sites import BLOCK_COMPONENTS, site_layer  # noqa: F401 (one vocabulary; re-exported)
 
 EMBED_SITE = "embed.hook_out"
@@ -95,7 +94,8 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
             corpus: Sequence[Any] | None = None, capture: CaptureSource | None = None,
             progress: Any = None) -> tuple[WordVectors, list[int]]:
     """The activations of ``encoded``'s batches at ``sites`` (the activations stage: a forward of ``model``, or
-    ``capture``, then ``corpus`` is what ``encoded`` encodes), pieces mean-pooled into words. ``progress``
+    ``capture``, then ``corpus`` is what ``encoded`` encodes), pieces mean-pooled into words by the stage
+    (``pool="word"``). ``progress``
     optionally wraps the batches (e.g. ``lambda it: ctx.progress(it, "word vectors", total=len(encoded))``).
 
     Returns the packed `WordVectors` of the sentences in corpus order (``n_words``: the chosen sentences' word
@@ -105,14 +105,13 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
     truncated: list[int] = []
     with torch.no_grad():
         for batch in encoded if progress is None else progress(encoded):
-            cache = batch_activations(model, batch, list(sites), corpus=corpus, capture=capture, device=device,
-                                      stop_early=False)  # fmt: skip
-            stacked = torch.stack([cache[s] for s in sites], dim=1).float()  # [batch, site, pos, d]
+            words = batch_activations(model, batch, list(sites), corpus=corpus, capture=capture, device=device,
+                                      stop_early=False, pool="word")  # [batch, word, d] per site
             for r, si in enumerate(batch.sentence_index):
                 if batch.n_words[r] != n_words[si]:
                     truncated.append(si)
                     continue
-                pooled[si] = word_pool(stacked[r], batch.word_ids[r].to(stacked.device)).cpu().numpy()
+                pooled[si] = torch.stack([words[s][r, : n_words[si]] for s in sites]).float().cpu().numpy()
     lengths = np.array([pooled[i].shape[1] if i in pooled else 0 for i in range(len(n_words))], dtype=np.int64)
     words = np.concatenate([pooled[i] for i in range(len(n_words)) if i in pooled], axis=1)
     return WordVectors(words, lengths), sorted(truncated)

@@ -40,6 +40,7 @@ from bertscope.hooks.mixing import inputs as input_methods
 from bertscope.hooks.mixing import methods as _builtin  # noqa: F401 (registers the built-in methods)
 from bertscope.hooks.mixing.kernels import LayerParts, layer_methods
 from bertscope.hooks.mixing.table import TABLE, Method, register
+from bertscope.models.text import is_text
 
 LayerNormMode = Literal["exact", "reference", "unbiased"]
 #: ``progress(desc, total)`` -> a bar with ``update(n)`` and ``close()`` (tqdm's, or ``ctx.progress``'s)
@@ -114,8 +115,6 @@ def contributions(
     in value zeroing, per group of left-out tokens in ``loo``.
     Padding rows and columns are zero. Needs the model in eval mode.
     """
-    from bertscope.models.text import is_text
-
     if is_text(inputs):  # text, as model() and run_with_cache take it
         inputs = model.tokenize(list(inputs) if isinstance(inputs, tuple) else inputs)
     ids, mask, types = _unpack(model, inputs)
