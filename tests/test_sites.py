@@ -81,7 +81,7 @@ def test_attention_shaped_sites_are_the_scores_and_the_pattern():
 # Files still to switch to sites.split_block / sites.is_attention_site (the dictionary package's, reworked on
 # another branch): experiments/sae.py (transcoder_sites, the attention check of its site widths),
 # probes/dictionary/evaluate.py (int(s.split(".")[1])). Empty this set once they do.
-NOT_YET = {"experiments/sae.py", "probes/dictionary/evaluate.py"}
+NOT_YET: set[str] = set()
 
 
 def test_block_names_and_attention_sites_are_read_only_in_sites_py():

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bertscope.hooks.sites import parse_site
+from bertscope.hooks.sites import is_attention_site, split_block
 
 from .models import Dictionary
 from .saelens_format import DictionaryFormatError, is_dictionary, load_dictionary
@@ -29,7 +29,7 @@ def site_width(model: Any, site: str) -> int:
         raise KeyError(f"the model has no site {site!r}; `bertscope info` lists every hook name")
     if site.endswith(MLP_SUFFIXES):
         return int(model.config.d_mlp)
-    if site.endswith(("attn.hook_pattern", "attn.hook_scores", "hook_scale")) or ".attn.hook_" in site:
+    if is_attention_site(site) or site.endswith("hook_scale") or ".attn.hook_" in site:
         raise KeyError(f"site {site!r} is not a [batch, pos, d] site; dictionaries read residual, attention-output "
                        "or MLP sites")
     return int(model.config.d_model)
@@ -40,12 +40,12 @@ def transcoder_sites(model: Any, site: str, site_out: str | None = None) -> tupl
     (post-LN BERT: ``blocks.3.hook_resid_mid``; pre-LN: ``blocks.3.ln2.hook_normalized``, the MLP input up to
     LayerNorm's affine map, which the encoder absorbs); ``site_out`` defaults to the same block's
     ``hook_mlp_out``. ``KeyError`` (one line) when ``site`` names no block."""
-    parsed, bare = parse_site(site), parse_site(f"{site}.hook_")  # a hook of block L, or block L itself
-    layer = parsed.layer if parsed.layer is not None else bare.layer if bare.suffix == "hook_" else None
-    if layer is None:
+    block = split_block(site)  # a hook of block L, or block L itself
+    if block is None:
         raise KeyError(f"a transcoder reads a block's MLP input: give --site blocks.L (or a hook of block L), "
                        f"not {site!r}")
-    if parsed.layer is None:
+    layer, suffix = block
+    if suffix is None:
         post_ln = getattr(model.config, "norm_placement", "post") == "post"
         site = f"blocks.{layer}.hook_resid_mid" if post_ln else f"blocks.{layer}.ln2.hook_normalized"
     return site, site_out or f"blocks.{layer}.hook_mlp_out"
