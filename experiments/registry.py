@@ -169,8 +169,10 @@ class Experiment(Protocol):
       the capture ``check_capture`` accepts; returns its index.
     - ``check(inputs, settings) -> None``: raises `CannotRun` (one line naming an option that fixes it) when the
       inputs (`options.Inputs`: model, corpus) cannot give this experiment a result: no gold trees, too few
-      sentences or word pieces. Called before anything is written, so a refusal leaves nothing behind; it
-      must be cheap (no forward pass).
+      sentences or word pieces. Called before anything is written, with the run's ``--set`` settings, so a
+      refusal leaves nothing behind; it must be cheap (no forward pass). A setting that does not fit the model
+      (a layer it lacks, more active latents than latents) is a bad ``--set``: the check raises
+      `options.UsageError` for it (exit 2, in ``run all`` too).
     """
 
     NAME: str

@@ -84,12 +84,13 @@ def layers_of(model: Any) -> list[int]:
 
 
 def erase_layers(run: RunValues, settings: Any) -> list[int]:
-    """``settings.erase_layers`` that the model has (others are skipped with a log line; none left: layer 1)."""
+    """``settings.erase_layers``, each a layer the model has (``ValueError`` otherwise: the experiment's ``check``
+    refuses such a setting before the run, so the manifest's settings are the layers erased)."""
     n = run.model.config.n_layers
-    keep = [k for k in settings.erase_layers if 0 <= k <= n]
-    if len(keep) < len(settings.erase_layers):
-        run.log(f"erase layers {sorted(set(settings.erase_layers) - set(keep))} skipped: the model has layers 0..{n}")
-    return keep or [min(1, n)]
+    outside = [k for k in settings.erase_layers if not 0 <= k <= n]
+    if outside:
+        raise ValueError(f"erase layer {outside[0]} is outside 0..{n} (0 = embeddings, k = block k-1's output)")
+    return list(dict.fromkeys(settings.erase_layers))
 
 
 def prepare(run: RunValues, settings: Any, split: Split, probed: tuple[str, ...]) -> Prepared:
