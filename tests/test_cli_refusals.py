@@ -121,3 +121,38 @@ def test_positions_plan_matches_the_windows_it_cuts() -> None:
     assert plan_windows(100_000, s) == (32, 176, 48)
     assert plan_windows(60, s) == (4, 15, 6)
     assert plan_windows(47, s) is None
+
+
+def test_plain_text_run_all_skips_structure_and_erasure_up_front_and_exits_0(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, plain_text: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Issue 39 item 2: erasure on plain text ended in a traceback (`nothing to encode`) with a failed manifest,
+    so ``run all --corpus my.txt`` exited 1. Now erasure checks up front like structure: both are skipped with one
+    line each, no folder of theirs is written, and the run exits 0. (The fake experiment stands in for the six
+    that run on any text; `run all` of all eight on plain text takes minutes.)"""
+    fake = FakeExperiment()
+    monkeypatch.setitem(sys.modules, fake.module.__name__, fake.module)
+    for name in list(registry.EXPERIMENTS):
+        if name not in ("structure", "erasure"):
+            monkeypatch.delitem(registry.EXPERIMENTS, name)
+    monkeypatch.setitem(registry.EXPERIMENTS, "fake", fake.module.__name__)
+    out = tmp_path / "out"
+    code, stdout, err = bertscope(capsys, *_args(tiny_model_dir, plain_text, out))
+    assert code == 0, err
+    assert "Traceback" not in err + stdout
+    assert [line for line in err.splitlines() if "erasure" in line] == [
+        "bertscope: skipped erasure: needs sentences with gold dependency trees and UPOS (6 at least), and --corpus "
+        "'my' has no gold dependency trees and UPOS; use --corpus builtin or a .conllu file"]  # fmt: skip
+    assert "erasure      skipped: needs sentences with gold dependency trees" in stdout
+    assert "structure    skipped: needs gold dependency trees" in stdout
+    assert fake.runs == 1 and not (out / "erasure").exists() and not (out / "structure").exists()
+
+
+def test_erasure_alone_on_plain_text_refuses_in_one_line(
+    capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, plain_text: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    code, stdout, err = bertscope(capsys, *_args(tiny_model_dir, plain_text, out, "erasure"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "erasure: needs sentences with gold" in err
+    assert "Traceback" not in err + stdout and not out.exists()

@@ -30,7 +30,7 @@ BAD_SETTINGS = [
     ("structure", "structure.n_boot=0", "n_boot must be >= 1"),
     ("structure", "structure.ranks=0,2", "ranks must be positive"),
     ("structure", "structure.ci=1", "ci must be between 0 and 1"),
-    ("erasure", "erasure.erase_layers=9", "layer 9 is outside 0..2"),
+    ("erasure", "erasure.erase_layers=9", "erase layer 9 is outside 0..2"),
     ("erasure", "erasure.inlp_classifier=tree", "inlp_classifier must be one of"),
     ("erasure", "erasure.min_words=50", "min_words (50) must not exceed max_words (40)"),
     ("erasure", "erasure.alpha=-1", "alpha must be > 0"),
@@ -90,3 +90,5 @@ def test_erasure_erases_exactly_the_layers_its_settings_name() -> None:
     assert steps.erase_layers(run, Settings(erase_layers=(3, 1, 3))) == [3, 1]
     with pytest.raises(ValueError, match="erase layer 9 is outside 0..6"):
         steps.erase_layers(run, Settings(erase_layers=(9,)))
+    # the default layers (1, 3) on a 2-block model: layer 3 left out (said), not replaced
+    assert steps.layers_to_erase(Settings(), 2) == ([1], [3])

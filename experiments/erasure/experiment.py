@@ -113,11 +113,10 @@ def check(inputs: Any, settings: Settings) -> None:
     words in ``--corpus`` (unless EWT stands in for the builtin corpus) and in ``--eval-corpus`` when given."""
     from bertscope.experiments.options import UsageError
 
-    n = inputs.model.config.n_layers
-    outside = [k for k in settings.erase_layers if not 0 <= k <= n]
-    if outside:
-        raise UsageError(f"--set erasure.erase_layers={','.join(map(str, settings.erase_layers))}: layer "
-                         f"{outside[0]} is outside 0..{n} (0 = embeddings, k = block k-1's output)")
+    try:
+        steps.layers_to_erase(settings, inputs.model.config.n_layers)
+    except ValueError as e:
+        raise UsageError(f"--set erasure.erase_layers={','.join(map(str, settings.erase_layers))}: {e}") from None
     lo, hi = settings.min_words, settings.max_words
     eval_corpus = getattr(inputs, "eval_corpus", None)
     fix = "use --corpus builtin or a .conllu file"
@@ -150,6 +149,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                     more="--set erasure.n_train=N --set erasure.n_eval=N")
     ctx.log(f"train {len(split.train)} sentences of {split.train_name}, evaluate on {len(split.eval)} of "
             f"{split.eval_name} ({time.perf_counter() - t0:.1f}s)")
+    ctx.note("erase_layers", steps.layers_to_erase(settings, ctx.model.config.n_layers)[0])  # the layers erased
     probed = tuple(c for c in settings.probed if c != "xpos" or split.has_xpos)
     info = {"model": ctx.model_id, "train_corpus": split.train_name, "eval_corpus": split.eval_name,
             "split": "eval", "n_train": len(split.train), "n_eval": len(split.eval)}
