@@ -145,8 +145,8 @@ class Context:
             record["more"] = more
         self.notes["used"] = io.to_jsonable(record)
         if available is not None and total and available >= MUCH_LARGER * total:
-            parts = ", ".join(f"{k} {v:,}" for k, v in counts.items())
-            self.log(f"uses {total:,} {unit} ({parts}) of the {available:,} sentences of {self.corpus_id}"
+            parts = f" ({', '.join(f'{k} {v:,}' for k, v in counts.items())})" if len(counts) > 1 else ""
+            self.log(f"uses {total:,} {unit}{parts} of the {available:,} sentences of {self.corpus_id}"
                      + (f"; to use more: {more}" if more else ""))
 
     # -- inputs

@@ -40,10 +40,10 @@ def test_erasure_records_the_sentences_it_used_and_the_caveat_fires_from_them(
 
 
 def test_circuits_counts_pairs_not_sentences_in_the_report() -> None:
-    manifest = {"corpus": {"n_sentences": 3000}, "notes": {"used": {"unit": "pairs (one sentence each)",
-                                                                     "counts": {"TFC1 pairs": 16}}}}  # fmt: skip
+    manifest = {"corpus": {"n_sentences": 3000}, "notes": {"used": {"unit": "TFC1 pairs (one sentence each)",
+                                                                     "counts": {"pairs": 16}}}}  # fmt: skip
     size = sample_size(manifest)
-    assert size.smallest == 16 < SMALL_SAMPLE and size.text == "pairs (one sentence each): TFC1 pairs 16"
+    assert size.smallest == 16 < SMALL_SAMPLE and size.text == "TFC1 pairs (one sentence each): pairs 16"
 
 
 def test_a_corpus_much_larger_than_the_default_sizes_gets_one_line_and_a_manifest_record(

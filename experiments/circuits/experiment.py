@@ -98,7 +98,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     io.write_text(ctx.out_dir / "task.jsonl", "".join(_json(p) + "\n" for p in task.pairs))
     ctx.note("settings", asdict(settings))
     ctx.note("pairs", len(pairs))
-    ctx.record_used({"TFC1 pairs": len(pairs)}, available=n_scan, unit="pairs (one sentence each)",
+    ctx.record_used({"pairs": len(pairs)}, available=n_scan, unit="TFC1 pairs (one sentence each)",
                     more="--set circuits.n_pairs=N")  # what the intervals resample: pairs
     ctx.note("conventions", CONVENTIONS)
     known = {f.name for f in fields(measures.AnalysisSettings)}

@@ -375,13 +375,18 @@ def experiment_settings(module: Any, options: RunOptions) -> Any:
 
 
 def _refused(modules: dict[str, Any], inputs: Any, alone: bool, options: RunOptions | None = None) -> dict[str, str]:
-    """Check every experiment against the inputs, with its ``--set`` settings, before anything runs
-    (`registry.check_inputs`): an experiment asked for alone that cannot run is a `UsageError` (exit 2, nothing
-    written); in ``run all`` it is dropped from ``modules`` with one line saying why. A setting that does not fit
-    the model (a layer it lacks) is a `UsageError` raised by the check itself, in ``run all`` too. Returns
+    """Check every experiment against the inputs, with its ``--set`` settings, before anything runs: a setting
+    the model cannot take (`registry.check_settings`: a layer it lacks) is a `UsageError` (exit 2, nothing
+    written, in ``run all`` too); then `registry.check_inputs`: an experiment asked for alone that cannot run is a
+    `UsageError`; in ``run all`` it is dropped from ``modules`` with one line saying why. Returns
     ``{name: reason}`` of the dropped ones."""
-    from bertscope.experiments.registry import CannotRun, check_inputs
+    from bertscope.experiments.registry import CannotRun, check_inputs, check_settings
 
+    for module in modules.values():
+        try:
+            check_settings(module, inputs.model, None if options is None else experiment_settings(module, options))
+        except ValueError as e:
+            raise UsageError(f"--set {' '.join(str(e).split())}") from None
     refused = {}
     for name, module in list(modules.items()):
         try:

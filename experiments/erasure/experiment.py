@@ -102,21 +102,24 @@ class Settings:
             raise ValueError(f"source must be 'auto' or 'run', got {self.source!r}")
 
 
+def check_settings(model: Any, settings: Settings) -> None:
+    """Erasure layers the model has (`steps.layers_to_erase`): else ``ValueError`` naming the setting, which the CLI
+    refuses like any other bad ``--set`` (one line, exit 2) before anything is written."""
+    try:
+        steps.layers_to_erase(settings, model.config.n_layers)
+    except ValueError as e:
+        raise ValueError(f"erasure.erase_layers={','.join(map(str, settings.erase_layers))}: {e}") from None
+
+
 #: Sentences of the run's corpus (with gold trees and UPOS, of ``min_words``-``max_words`` words) the seeded split
 #: needs when no other corpus is used: a third (at least 2) evaluates, the rest (at least 2) trains.
 MIN_SENTENCES = 6
 
 
 def check(inputs: Any, settings: Settings) -> None:
-    """Before anything is written: erasure layers the model has (else `UsageError`, a bad ``--set``), and corpora
-    that can feed it (else `registry.CannotRun`): sentences with gold trees and UPOS of ``min_words``-``max_words``
-    words in ``--corpus`` (unless EWT stands in for the builtin corpus) and in ``--eval-corpus`` when given."""
-    from bertscope.experiments.options import UsageError
-
-    try:
-        steps.layers_to_erase(settings, inputs.model.config.n_layers)
-    except ValueError as e:
-        raise UsageError(f"--set erasure.erase_layers={','.join(map(str, settings.erase_layers))}: {e}") from None
+    """Before anything is written: corpora that can feed it (else `registry.CannotRun`): sentences with gold trees
+    and UPOS of ``min_words``-``max_words`` words in ``--corpus`` (unless EWT stands in for the builtin corpus) and
+    in ``--eval-corpus`` when given."""
     lo, hi = settings.min_words, settings.max_words
     eval_corpus = getattr(inputs, "eval_corpus", None)
     fix = "use --corpus builtin or a .conllu file"

@@ -115,7 +115,6 @@ def width_latents(width: str, d_in: int) -> int:
 def check(inputs: Any, settings: Settings) -> None:
     """The corpus needs enough sentences for three splits; ``--dictionaries DIR`` needs a dictionary of every site
     made for this model (`steps.load_site_dictionaries`)."""
-    _check_model_settings(inputs.model, settings)
     n = len(inputs.corpus)
     if n < 12:
         raise CannotRun(f"features needs at least 12 sentences for its train/dev/test splits, the corpus has {n}; "
@@ -128,23 +127,21 @@ def check(inputs: Any, settings: Settings) -> None:
             raise CannotRun(str(e)) from None
 
 
-def _check_model_settings(model: Any, settings: Settings) -> None:
-    """The settings that depend on the model (its blocks and width), checked before anything is written: a bad
-    one is a `UsageError` (exit 2), like any other bad ``--set``."""
-    from bertscope.experiments.options import UsageError
-
+def check_settings(model: Any, settings: Settings) -> None:
+    """The settings that depend on the model (its blocks and width): ``ValueError`` naming the setting, which the
+    CLI refuses like any other bad ``--set`` (one line, exit 2) before anything is written."""
     n_layers, d_model = model.config.n_layers, model.config.d_model
     bad_layers = [la for la in settings.layers if not 0 <= la < n_layers]
     if bad_layers:
-        raise UsageError(f"--set features.layers={','.join(map(str, settings.layers))}: block {bad_layers[0]} is "
+        raise ValueError(f"features.layers={','.join(map(str, settings.layers))}: block {bad_layers[0]} is "
                          f"outside 0..{n_layers - 1} (this model has {n_layers} blocks)")
     t = settings.transcoder_layer
     if t is not None and t >= n_layers:
-        raise UsageError(f"--set features.transcoder_layer={t}: block {t} is outside 0..{n_layers - 1} (this model "
+        raise ValueError(f"features.transcoder_layer={t}: block {t} is outside 0..{n_layers - 1} (this model "
                          f"has {n_layers} blocks; -1: no transcoder)")
     latents = width_latents(settings.width, d_model)
     if not settings.dictionaries and settings.k >= latents:
-        raise UsageError(f"--set features.k={settings.k}: TopK needs k below the dictionary's {latents} latents "
+        raise ValueError(f"features.k={settings.k}: TopK needs k below the dictionary's {latents} latents "
                          f"(width {settings.width} at d_model {d_model}); lower k or raise --set features.width")
 
 
