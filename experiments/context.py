@@ -130,6 +130,25 @@ class Context:
         """Record a fact about this run (a default chosen, a count) in the manifest's ``notes``."""
         self.notes[key] = io.to_jsonable(value)
 
+    def record_used(self, counts: dict[str, int], *, available: int | None = None, more: str | None = None,
+                    unit: str = "sentences") -> None:
+        """Record what this run really measured on, the one count the report reads (its "sentences used" and the
+        small-sample caveat): ``counts`` {part: number}, e.g. ``{"train": 150, "eval": 80}``, in ``unit``
+        (``sentences``, or ``pairs``...), as the manifest's ``notes["used"]``. ``available``: the sentences the
+        corpus offered; when it holds at least :data:`MUCH_LARGER` times what is used, one line says what is used
+        and how to use more (``more``: the option or ``--set`` that raises it), and the manifest records both."""
+        total = int(sum(counts.values()))
+        record: dict[str, Any] = {"unit": unit, "counts": {k: int(v) for k, v in counts.items()}}
+        if available is not None:
+            record["available"] = int(available)
+        if more:
+            record["more"] = more
+        self.notes["used"] = io.to_jsonable(record)
+        if available is not None and total and available >= MUCH_LARGER * total:
+            parts = f" ({', '.join(f'{k} {v:,}' for k, v in counts.items())})" if len(counts) > 1 else ""
+            self.log(f"uses {total:,} {unit}{parts} of the {available:,} sentences of {self.corpus_id}"
+                     + (f"; to use more: {more}" if more else ""))
+
     # -- inputs
     def encode(
         self,
@@ -286,6 +305,9 @@ class StepCache:
             np.savez(f, **arrays)
         return arrays
 
+
+#: `Context.record_used` says what is used when the corpus holds at least this many times as many sentences.
+MUCH_LARGER = 4
 
 #: Seconds between two progress lines in a log file (`Context.progress` when stderr is not a terminal).
 LOG_EVERY_S = 30.0

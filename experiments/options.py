@@ -104,19 +104,50 @@ def prepare_inputs(options: RunOptions) -> Inputs:
         )
     check_max_length(options.max_length, model)
     corpus = load_corpus_spec(options.corpus, model.tokenizer, options.max_sentences, options.seed)
+    corpus, skipped = drop_unencodable(corpus, model.tokenizer, options.max_length, "--corpus")
     from bertscope.experiments.corpus.coverage import warn_if_mostly_unknown
     from bertscope.experiments.naming import model_name
 
     warn_if_mostly_unknown(model.tokenizer, [s.text for s in corpus], model_name(str(model.source)))
-    inputs = Inputs(model, corpus, device, dtype, model_summary(model), corpus_summary(corpus))
+    inputs = Inputs(model, corpus, device, dtype, model_summary(model), {**corpus_summary(corpus), **skipped})
     if options.eval_corpus is not None:
         try:
-            inputs.eval_corpus = load_corpus_spec(options.eval_corpus, model.tokenizer, options.max_sentences,
-                                                  options.seed)
+            eval_corpus = load_corpus_spec(options.eval_corpus, model.tokenizer, options.max_sentences,
+                                           options.seed)
         except UsageError as e:
             raise UsageError(str(e).replace("--corpus", "--eval-corpus", 1)) from e
-        inputs.eval_corpus_info = corpus_summary(inputs.eval_corpus)
+        inputs.eval_corpus, skipped = drop_unencodable(eval_corpus, model.tokenizer, options.max_length,
+                                                       "--eval-corpus")
+        inputs.eval_corpus_info = {**corpus_summary(inputs.eval_corpus), **skipped}
     return inputs
+
+
+#: At most this many skipped sentence ids are listed in the manifest (the count is always complete).
+SKIPPED_IDS_LISTED = 20
+
+
+def drop_unencodable(corpus: Any, tokenizer: Any, max_length: int, option: str = "--corpus") -> tuple[Any, dict]:
+    """``corpus`` without the sentences no experiment can encode at ``--max-length`` (a one-word sentence that is
+    a 300-character URL; a word without word pieces: `corpus.unencodable`), and what the manifest records of them
+    (``{}`` when none: ``n_skipped_unencodable``, the first ids and why). One warning line on stderr says how many
+    were skipped (even with ``--quiet``); a corpus left with no sentence at all is a `UsageError`."""
+    import sys
+
+    from bertscope.experiments import corpus as corpus_mod
+
+    problems = corpus_mod.unencodable(corpus, tokenizer, max_length=max_length)
+    if not problems:
+        return corpus, {}
+    kept = [s for s in corpus if s.id not in problems]
+    first, why = next(iter(problems.items()))
+    said = (f"{option} {corpus.name}: skipped {len(problems)} of {len(corpus)} sentence(s) that cannot be encoded "
+            f"at --max-length {max_length} (e.g. {first!r}: {why})")
+    if not kept:
+        raise UsageError(f"{said}; nothing is left to run on")
+    print(f"bertscope: warning: {said}; raise --max-length to keep them", file=sys.stderr, flush=True)
+    listed = dict(list(problems.items())[:SKIPPED_IDS_LISTED])
+    return dataclasses.replace(corpus, sentences=kept), {"n_skipped_unencodable": len(problems),
+                                                         "skipped_unencodable": listed}
 
 
 def sentences_used(max_sentences: int | None, default: int | None, available: int) -> tuple[int, str]:

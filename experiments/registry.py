@@ -116,8 +116,8 @@ def _machine(path: Path) -> str:
 
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
-OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "activation_sites", "NO_ACTIVATIONS",
-                                     "check_capture", "capture_inputs")
+OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "check_settings", "activation_sites",
+                                     "NO_ACTIVATIONS", "check_capture", "capture_inputs")
 
 
 class CannotRun(Exception):
@@ -136,6 +136,14 @@ def check_inputs(module: Any, inputs: Any, settings: Any = None) -> None:
     check = getattr(module, "check", None)
     if check is not None:
         check(inputs, settings if settings is not None else module.Settings())
+
+
+def check_settings(module: Any, model: Any, settings: Any = None) -> None:
+    """Call the experiment's ``check_settings(model, settings)`` when it has one (``settings``: its ``Settings()``
+    by default); raises ``ValueError`` for a setting this model cannot take."""
+    check = getattr(module, "check_settings", None)
+    if check is not None:
+        check(model, settings if settings is not None else module.Settings())
 
 
 @runtime_checkable
@@ -169,8 +177,12 @@ class Experiment(Protocol):
       the capture ``check_capture`` accepts; returns its index.
     - ``check(inputs, settings) -> None``: raises `CannotRun` (one line naming an option that fixes it) when the
       inputs (`options.Inputs`: model, corpus) cannot give this experiment a result: no gold trees, too few
-      sentences or word pieces. Called before anything is written, so a refusal leaves nothing behind; it
-      must be cheap (no forward pass).
+      sentences or word pieces. Called before anything is written, with the run's ``--set`` settings, so a
+      refusal leaves nothing behind; it must be cheap (no forward pass).
+    - ``check_settings(model, settings) -> None``: raises ``ValueError`` (``"NAME.FIELD=VALUE: why"``) for a
+      setting the model cannot take (a layer it lacks, more active latents than latents): a bad ``--set``, which
+      the CLI refuses in one line (exit 2, in ``run all`` too) once the model is loaded, before any work
+      (`check_settings`). What ``Settings`` can check alone it checks in its ``__post_init__``.
     """
 
     NAME: str

@@ -85,10 +85,18 @@ class SampleSize:
 
 
 def sample_size(manifest: dict[str, Any]) -> SampleSize:
-    """The sentences an experiment used, read from its manifest's ``notes`` (``n_sentences_used``,
+    """The sentences an experiment used, read from its manifest's ``notes``: ``used`` (what the run measured on,
+    `Context.record_used`: its counts, in its unit) when recorded; else (older manifests) ``n_sentences_used``,
     ``n_sentences``, ``n_<what>_sentences``, ``sentences`` / ``sentences_per_corpus`` dicts, a train/dev/test
-    ``split``); else the corpus size."""
+    ``split``; else the corpus size."""
     notes = manifest.get("notes") or {}
+    used = notes.get("used")
+    if isinstance(used, dict) and isinstance(used.get("counts"), dict) and used["counts"]:
+        parts = {str(k): int(v) for k, v in used["counts"].items() if _is_count(v)}
+        if parts:
+            unit = str(used.get("unit") or "sentences")
+            text = "; ".join(f"{k.replace('_', ' ')} {n:,}" for k, n in parts.items())
+            return SampleSize(min(parts.values()), text if unit == "sentences" else f"{unit}: {text}")
     counts: list[tuple[str, int]] = []
     for key in ("n_sentences_used", "n_sentences"):
         if _is_count(notes.get(key)):

@@ -36,7 +36,14 @@ from bertscope.experiments import io
 from bertscope.experiments.context import STEPS, Context
 from bertscope.experiments.io import is_dataframe, now, relative_path
 from bertscope.experiments.options import Inputs, RunOptions, prepare_inputs, run_fingerprint
-from bertscope.experiments.registry import CannotRun, Experiment, check_experiment, check_inputs, code_sha256
+from bertscope.experiments.registry import (
+    CannotRun,
+    Experiment,
+    check_experiment,
+    check_inputs,
+    check_settings,
+    code_sha256,
+)
 from bertscope.experiments.settings import experiment_settings
 
 MANIFEST = "manifest.json"
@@ -162,6 +169,7 @@ def run_experiment(
         changed = (previous or {}).get("code_sha256") not in (None, code)
         changed = changed or (previous or {}).get("settings") not in (None, io.to_jsonable(_settings_dict(settings)))
         return RunResult(module.NAME, "skipped", out_dir, code_changed=changed)
+    check_settings(module, inputs.model, settings)  # a setting the model cannot take: ValueError, nothing written
     try:
         check_inputs(module, inputs, settings)  # before anything is written
     except CannotRun as e:

@@ -83,6 +83,45 @@ def apply_overrides(name: str, defaults: Any, texts: dict[str, Any] | None) -> A
         raise UsageError(f"--set {shown}: {' '.join(str(e).split())}") from None
 
 
+def require(settings: Any, *, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
+            fraction: Iterable[str] = (), choices: dict[str, Iterable[Any]] | None = None,
+            subsets: dict[str, Iterable[Any]] | None = None, non_empty: Iterable[str] = ()) -> None:
+    """Range checks a ``Settings.__post_init__`` runs on its own fields (``ValueError`` naming the field, its value
+    and what it takes; `apply_overrides` turns it into the one-line ``--set`` refusal). ``positive``: numbers
+    (or every number of a tuple) ``>= 1`` for ints and ``> 0`` for floats, ``None`` allowed; ``non_negative``:
+    ``>= 0``; ``fraction``: strictly between 0 and 1; ``choices``: field -> the values it takes; ``subsets``: a
+    tuple field -> the items it may hold; ``non_empty``: tuple fields that need at least one item."""
+    def numbers(name: str) -> list[Any]:
+        value = getattr(settings, name)
+        return [] if value is None else list(value) if isinstance(value, tuple) else [value]
+
+    for name in positive:
+        bad = [v for v in numbers(name) if isinstance(v, bool) or not (v >= 1 if isinstance(v, int) else v > 0)]
+        if bad:
+            raise ValueError(f"{name} must be {'>= 1' if isinstance(bad[0], int) else '> 0'}, got {bad[0]!r}")
+    for name in non_negative:
+        bad = [v for v in numbers(name) if v < 0]
+        if bad:
+            raise ValueError(f"{name} must be >= 0, got {bad[0]!r}")
+    for name in fraction:
+        bad = [v for v in numbers(name) if not 0 < v < 1]
+        if bad:
+            raise ValueError(f"{name} must be between 0 and 1 (exclusive), got {bad[0]!r}")
+    for name, allowed in (choices or {}).items():
+        allowed = tuple(allowed)
+        if getattr(settings, name) not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(settings, name)!r}")
+    for name, allowed in (subsets or {}).items():
+        allowed, value = tuple(allowed), tuple(getattr(settings, name))
+        unknown = [v for v in value if v not in allowed]
+        if unknown:
+            raise ValueError(f"{name} takes items among {', '.join(map(str, allowed))}; got unknown "
+                             f"{', '.join(map(repr, unknown))}")
+    for name in non_empty:
+        if not tuple(getattr(settings, name)):
+            raise ValueError(f"{name} needs at least one item, got none")
+
+
 def experiment_settings(module: Any, overrides: dict[str, dict[str, Any]] | None) -> Any:
     """The settings experiment ``module`` runs with: ``module.Settings()`` with its ``--set`` overrides
     (``overrides[module.NAME]``, see `apply_overrides`)."""

@@ -139,6 +139,16 @@ def check_classes(y: np.ndarray, *, name: str = "y", where: str = "") -> tuple[n
     return classes, y_idx.reshape(-1)
 
 
+def check_spread(y: np.ndarray, *, name: str = "y", where: str = "") -> None:
+    """Raise if a regression target ``y`` [n] has zero variance (every value equal): like a single-class
+    classification target, it leaves nothing to predict, and R^2 would be undefined (scored as 1.0)."""
+    if len(y) and np.ptp(y) == 0:
+        raise ValueError(
+            f"{name}{where} has zero variance (every value is {float(y[0])!r}); a regression probe needs a target "
+            "that varies. Check the target, or use more data."
+        )
+
+
 def check_groups(groups: Any, n: int, *, min_groups: int = 1, purpose: str = "") -> tuple[np.ndarray, int]:
     """Return (group_index [n] in 0..G-1, G). groups: [n] sentence/document ids of each row."""
     if isinstance(groups, torch.Tensor):

@@ -32,7 +32,15 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression, Ridge
 
 from . import _torch_solvers
-from ._checks import check_backend, check_classes, check_features, check_target, check_task, thread_limit
+from ._checks import (
+    check_backend,
+    check_classes,
+    check_features,
+    check_spread,
+    check_target,
+    check_task,
+    thread_limit,
+)
 
 
 class LinearProbe(BaseEstimator):
@@ -164,6 +172,8 @@ class LinearProbe(BaseEstimator):
         template.task_ = task
         if template._task == "classification":
             template.classes_, y_idx = check_classes(y)
+        else:
+            check_spread(y)
         Xs, device = template._standardized_tensor(X)
         if task == "regression":
             yt = torch.as_tensor(y, dtype=torch.float64, device=device)
@@ -201,6 +211,8 @@ class LinearProbe(BaseEstimator):
         y = check_target(y, n, self._task)
         if self._task == "classification":
             classes, y_idx = check_classes(y)
+        else:
+            check_spread(y)
         previous = self._previous_solution() if self.warm_start else None
         if previous is not None and previous[0].shape[1] != d:
             previous = None

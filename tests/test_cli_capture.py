@@ -223,14 +223,23 @@ def test_max_length_too_small_is_one_line_status_2_nothing_written(
     corpus = tmp_path / "long.txt"
     corpus.write_text("Antidisestablishmentarianism is long.\nThe cat sat.\n")  # first word: many pieces
     out = tmp_path / "out"
-    for max_length in ("3", "2"):
-        args = ["capture", "--model", str(tiny_model_dir), "--hooks", "embed.hook_out", "--corpus", str(corpus),
-                "--max-length", max_length, "--out", str(out)]  # fmt: skip
-        assert cli.main(args) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith("bertscope: error:"), err
-        assert "max_length" in err or "--max-length" in err, err
-        assert not out.exists()
+    args = ["capture", "--model", str(tiny_model_dir), "--hooks", "embed.hook_out", "--corpus", str(corpus),
+            "--max-length", "2", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bertscope: error:"), err
+    assert "max_length" in err or "--max-length" in err, err
+    assert not out.exists()
+    # --max-length 3 holds one word piece: the sentence whose first word needs 8 is skipped, said in one warning
+    # line and counted in the capture's index (issue 39 item 3: every command skips what it cannot encode)
+    assert cli.main([*args[:-3], "3", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "skipped" in line] == [
+        "bertscope: warning: --corpus long: skipped 1 of 2 sentence(s) that cannot be encoded at --max-length 3 "
+        "(e.g. 'long.txt:1': its first word is 8 word pieces, more than max_length=3 leaves room for); raise "
+        "--max-length to keep them"]  # fmt: skip
+    index = json.loads((out / "index.json").read_text())
+    assert index["corpus"]["n_skipped_unencodable"] == 1 and index["corpus"]["n_sentences"] == 1
 
 
 def test_default_shard_size_is_picked_from_the_capture_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -500,6 +500,11 @@ def test_bad_input_raises_clear_errors():
         LinearProbe().fit(X, np.zeros(len(X), dtype=int))  # integer labels: classification (floats: regression)
     with pytest.raises(ValueError, match="single class"):
         evaluate(X, np.full(len(X), "NOUN"), groups)
+    for backend in ("sklearn", "torch"):  # a float target: regression; a constant one is refused (issue 39 item 4)
+        with pytest.raises(ValueError, match="zero variance"):
+            LinearProbe(backend=backend).fit(X, np.zeros(len(X)))
+        with pytest.raises(ValueError, match="zero variance"):
+            LinearProbe(backend=backend).fit_path(X, np.full(len(X), 2.5), [0.1, 1.0])
     with pytest.raises(ValueError, match="only 10 distinct groups but n_folds=20"):
         evaluate(X, y, groups, n_folds=20)
     with pytest.raises(ValueError, match="needs numeric"):

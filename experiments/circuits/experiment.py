@@ -98,7 +98,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     io.write_text(ctx.out_dir / "task.jsonl", "".join(_json(p) + "\n" for p in task.pairs))
     ctx.note("settings", asdict(settings))
     ctx.note("pairs", len(pairs))
-    ctx.note("n_sentences", len(pairs))  # one pair per sentence: the sentences measured on
+    ctx.record_used({"pairs": len(pairs)}, available=n_scan, unit="TFC1 pairs (one sentence each)",
+                    more="--set circuits.n_pairs=N")  # what the intervals resample: pairs
     ctx.note("conventions", CONVENTIONS)
     known = {f.name for f in fields(measures.AnalysisSettings)}
     analysis = measures.AnalysisSettings(**{k: v for k, v in asdict(settings).items() if k in known},

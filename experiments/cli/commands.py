@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_activations(options, inputs, modules, alone=args.experiment != "all")
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
-    refused = _refused(modules, inputs, alone=args.experiment != "all")
+    refused = _refused(modules, inputs, alone=args.experiment != "all", options=options)
 
     results = []
     if inputs is not None:
@@ -378,16 +378,23 @@ def experiment_settings(module: Any, options: RunOptions) -> Any:
     return dataclasses.replace(module.Settings(), **options.settings.get(module.NAME, {}))
 
 
-def _refused(modules: dict[str, Any], inputs: Any, alone: bool) -> dict[str, str]:
-    """Check every experiment against the inputs before anything runs (`registry.check_inputs`): an experiment
-    asked for alone that cannot run is a `UsageError` (exit 2, nothing written); in ``run all`` it is dropped
-    from ``modules`` with one line saying why. Returns ``{name: reason}`` of the dropped ones."""
-    from bertscope.experiments.registry import CannotRun, check_inputs
+def _refused(modules: dict[str, Any], inputs: Any, alone: bool, options: RunOptions | None = None) -> dict[str, str]:
+    """Check every experiment against the inputs, with its ``--set`` settings, before anything runs: a setting
+    the model cannot take (`registry.check_settings`: a layer it lacks) is a `UsageError` (exit 2, nothing
+    written, in ``run all`` too); then `registry.check_inputs`: an experiment asked for alone that cannot run is a
+    `UsageError`; in ``run all`` it is dropped from ``modules`` with one line saying why. Returns
+    ``{name: reason}`` of the dropped ones."""
+    from bertscope.experiments.registry import CannotRun, check_inputs, check_settings
 
+    for module in modules.values():
+        try:
+            check_settings(module, inputs.model, None if options is None else experiment_settings(module, options))
+        except ValueError as e:
+            raise UsageError(f"--set {' '.join(str(e).split())}") from None
     refused = {}
     for name, module in list(modules.items()):
         try:
-            check_inputs(module, inputs)
+            check_inputs(module, inputs, None if options is None else experiment_settings(module, options))
         except CannotRun as e:
             if alone:
                 raise UsageError(f"{name}: {e}") from None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .base import Corpus, CorpusError, CorpusFileNotFoundError, Sentence, tree_problems
 from .builtin import BUILTIN_SIZE, generate_builtin
-from .encoding import Batch, Encoded, encode, word_attention, word_pool
+from .encoding import Batch, Encoded, encode, unencodable, word_attention, word_pool
 from .readers import SUFFIXES, read_conllu, read_corpus_file, read_jsonl, read_text, write_conllu
 from .repeated import DEFAULT_M, REPEATED_RANDOM_SIZE, repeated_random, single_piece_words
 
@@ -23,7 +23,7 @@ __all__ = [
     "BUILTIN_SIZE", "DEFAULT_M", "REPEATED_RANDOM_SIZE", "SUFFIXES", "Batch", "Corpus", "CorpusError",
     "CorpusFileNotFoundError", "Encoded", "Sentence", "encode", "generate_builtin", "load_corpus",
     "read_conllu", "read_corpus_file", "read_jsonl", "read_text", "repeated_random", "single_piece_words",
-    "tree_problems", "word_attention", "word_pool", "write_conllu",
+    "tree_problems", "unencodable", "word_attention", "word_pool", "write_conllu",
 ]
 
 CORPUS_NAMES = ("builtin", "repeated-random", "repeated-random:m=<int>")

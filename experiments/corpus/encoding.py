@@ -123,6 +123,23 @@ def encode(corpus: Corpus | Sequence[Sentence], tokenizer, *, max_length: int = 
     return encoded
 
 
+def unencodable(corpus: Corpus | Sequence[Sentence], tokenizer, *, max_length: int = 128) -> dict[str, str]:
+    """The sentences `encode` cannot take on their own at ``max_length``: ``{sentence id: why}``, for a first word
+    longer than ``max_length`` leaves room for (a 300-character URL) or a word that gives no word pieces. Callers
+    leave them out, count them and say so (`options.prepare_inputs` does it for every command's corpus)."""
+    sentences = list(corpus)
+    if not sentences:
+        return {}
+    problems: dict[str, str] = {}
+    pieces = _word_pieces(sentences, tokenizer, problems)
+    budget = max_length - sum(kind == "special" for kind, _, _ in special_template(tokenizer, False))
+    for s, words in zip(sentences, pieces, strict=True):
+        if words is not None and len(words[0]) > budget:
+            problems[s.id] = (f"its first word is {len(words[0])} word pieces, more than max_length={max_length} "
+                              "leaves room for")
+    return problems
+
+
 def word_attention(pattern: torch.Tensor, word_ids: torch.Tensor | Sequence[int], *,
                    include_special: bool = False, renormalize: bool = False) -> torch.Tensor:
     """Word-level attention map of ONE sequence.
@@ -224,14 +241,17 @@ def _word_prefix(tokenizer) -> str:
     return " "
 
 
-def _word_pieces(sentences: list[Sentence], tokenizer) -> list[list[list[int]]]:
+def _word_pieces(sentences: list[Sentence], tokenizer,
+                 problems: dict[str, str] | None = None) -> list[list[list[int]]]:
     """Piece ids per word per sentence; every word must give at least one piece.
 
     A sentence with multiword tokens (`Sentence.multiword`, e.g. `don't` = `do` + `n't`) is tokenised from its
     surface tokens; the pieces of a multiword token go to its syntactic words by character offset (the piece
     starting at a character of `do` belongs to `do`; boundaries from the words' forms when they spell the
     surface form, else in proportion to their lengths). Where the surface form gives fewer pieces than it has
-    words (`its` = `it` + `s` as one piece), that token falls back to its syntactic words' own pieces."""
+    words (`its` = `it` + `s` as one piece), that token falls back to its syntactic words' own pieces.
+    ``problems`` given: a sentence with a word that gives no pieces is recorded there (id -> why) and gets ``None``
+    instead of raising `CorpusError`."""
     prefix = _word_prefix(tokenizer)
     units = [[(form, idx) for form, idx in s.surface_tokens()] for s in sentences]
     enc = tokenizer([[prefix + form for form, _ in u] for u in units], is_split_into_words=True,
@@ -256,6 +276,10 @@ def _word_pieces(sentences: list[Sentence], tokenizer) -> list[list[list[int]]]:
             for j, part in zip(idx, split, strict=True):
                 words[j] += part
         empty = [j for j, p in enumerate(words) if not p]
+        if empty and problems is not None:
+            problems[s.id] = f"word {empty[0] + 1} ({s.words[empty[0]]!r}) gives no word pieces"
+            out.append(None)  # type: ignore[arg-type]
+            continue
         if empty:
             raise CorpusError(f"sentence {s.id!r}: word {empty[0] + 1} ({s.words[empty[0]]!r}) gives no word "
                               "pieces with this tokenizer (e.g. only control or zero-width characters); "

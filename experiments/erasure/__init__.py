@@ -6,9 +6,18 @@ Files by role: ``experiment`` (Settings, run), ``data`` (which sentences train a
 ``plots`` (figures from the tables), ``findings`` (sentences from the tables).
 """
 
-from bertscope.experiments.erasure.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run
+from bertscope.experiments.erasure.experiment import (
+    DIRNAME,
+    NAME,
+    SUMMARY_TABLES,
+    Settings,
+    check,
+    check_settings,
+    run,
+)
 from bertscope.experiments.erasure.experiment import activation_sites as activation_sites
 from bertscope.experiments.erasure.findings import CAPTIONS, findings
 from bertscope.experiments.erasure.plots import plot
 
-__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "findings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "check_settings", "findings", "plot",
+           "run"]

@@ -79,8 +79,18 @@ class Settings:
     source: str = "auto"  # "auto" (EWT when the run's corpus is builtin and EWT is here) or "run" (the run's corpus)
 
     def __post_init__(self) -> None:
+        from bertscope.experiments.settings import require
+
         if self.n_train < 2 or self.n_eval < 2:
             raise ValueError("n_train and n_eval must be >= 2")
+        require(self, positive=("min_words", "max_words", "inlp_iterations", "inlp_max_rows", "alpha",
+                                "max_position", "max_depth", "structural_rank", "structural_epochs", "mlm_every",
+                                "n_boot"),
+                non_negative=("erase_layers",), fraction=("ci",),
+                choices={"inlp_classifier": ("svm", "sgd-log", "logistic")},
+                non_empty=("concepts", "probed", "methods", "erase_layers"))
+        if self.min_words > self.max_words:
+            raise ValueError(f"min_words ({self.min_words}) must not exceed max_words ({self.max_words})")
         unknown = set(self.concepts + self.probed) - set(measures.CONCEPTS)
         if unknown:
             raise ValueError(f"unknown concepts {sorted(unknown)}; choose from {measures.CONCEPTS}")
@@ -92,6 +102,42 @@ class Settings:
             raise ValueError(f"source must be 'auto' or 'run', got {self.source!r}")
 
 
+def check_settings(model: Any, settings: Settings) -> None:
+    """Erasure layers the model has (`steps.layers_to_erase`): else ``ValueError`` naming the setting, which the CLI
+    refuses like any other bad ``--set`` (one line, exit 2) before anything is written."""
+    try:
+        steps.layers_to_erase(settings, model.config.n_layers)
+    except ValueError as e:
+        raise ValueError(f"erasure.erase_layers={','.join(map(str, settings.erase_layers))}: {e}") from None
+
+
+#: Sentences of the run's corpus (with gold trees and UPOS, of ``min_words``-``max_words`` words) the seeded split
+#: needs when no other corpus is used: a third (at least 2) evaluates, the rest (at least 2) trains.
+MIN_SENTENCES = 6
+
+
+def check(inputs: Any, settings: Settings) -> None:
+    """Before anything is written: corpora that can feed it (else `registry.CannotRun`): sentences with gold trees
+    and UPOS of ``min_words``-``max_words`` words in ``--corpus`` (unless EWT stands in for the builtin corpus) and
+    in ``--eval-corpus`` when given."""
+    lo, hi = settings.min_words, settings.max_words
+    eval_corpus = getattr(inputs, "eval_corpus", None)
+    fix = "use --corpus builtin or a .conllu file"
+    if eval_corpus is not None:
+        wanted = {"--corpus": (inputs.corpus, 2), "--eval-corpus": (eval_corpus, 2)}
+    elif settings.source == "auto" and inputs.corpus.name == "builtin":
+        return  # the builtin corpus has trees, and EWT (when found) stands in for it
+    else:
+        wanted = {"--corpus": (inputs.corpus, MIN_SENTENCES)}
+    for option, (corpus, need) in wanted.items():
+        found = len(data.usable(corpus, lo, hi))
+        if found < need:
+            what = "has no gold dependency trees and UPOS" if not corpus.has_syntax else (
+                f"has {found} sentence(s) with gold trees and UPOS of {lo}-{hi} words")
+            raise CannotRun(f"needs sentences with gold dependency trees and UPOS ({need} at least), and {option} "
+                            f"{corpus.name!r} {what}; {fix}")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table."""
     settings = ctx.use_settings(settings)
@@ -100,8 +146,13 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     split = _choose_sentences(ctx, settings)
     ctx.note("corpora", {"train": split.train_name, "eval": split.eval_name, "n_train": len(split.train),
                          "n_eval": len(split.eval)})
+    ours = split.train_name in (ctx.corpus_id, f"{ctx.corpus_id}:train-part")  # else EWT, read in part
+    ctx.record_used({"train": len(split.train), "eval": len(split.eval)},
+                    available=len(ctx.corpus) + len(getattr(ctx.inputs, "eval_corpus", None) or []) if ours else None,
+                    more="--set erasure.n_train=N --set erasure.n_eval=N")
     ctx.log(f"train {len(split.train)} sentences of {split.train_name}, evaluate on {len(split.eval)} of "
             f"{split.eval_name} ({time.perf_counter() - t0:.1f}s)")
+    ctx.note("erase_layers", steps.layers_to_erase(settings, ctx.model.config.n_layers)[0])  # the layers erased
     probed = tuple(c for c in settings.probed if c != "xpos" or split.has_xpos)
     info = {"model": ctx.model_id, "train_corpus": split.train_name, "eval_corpus": split.eval_name,
             "split": "eval", "n_train": len(split.train), "n_eval": len(split.eval)}
@@ -177,13 +228,15 @@ def _fits(ctx: Any, sentences: list) -> list:
     """The sentences that fit --max-length whole (the others are left out and counted in the manifest)."""
     import warnings
 
-    from bertscope.experiments.corpus import encode
+    from bertscope.experiments.corpus import encode, unencodable
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        enc = encode(sentences, ctx.model.tokenizer, max_length=ctx.options.max_length, batch_size=64)
-    if not enc.n_truncated:
-        return sentences
-    cut = set(enc.truncated_ids)
-    ctx.note("n_left_out_too_long", ctx.notes.get("n_left_out_too_long", 0) + len(cut))
+    cut = set(unencodable(sentences, ctx.model.tokenizer, max_length=ctx.options.max_length))  # EWT read here
+    fit = [s for s in sentences if s.id not in cut]
+    if fit:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enc = encode(fit, ctx.model.tokenizer, max_length=ctx.options.max_length, batch_size=64)
+        cut |= set(enc.truncated_ids)
+    if cut:
+        ctx.note("n_left_out_too_long", ctx.notes.get("n_left_out_too_long", 0) + len(cut))
     return [s for s in sentences if s.id not in cut]

@@ -84,12 +84,23 @@ def layers_of(model: Any) -> list[int]:
 
 
 def erase_layers(run: RunValues, settings: Any) -> list[int]:
-    """``settings.erase_layers`` that the model has (others are skipped with a log line; none left: layer 1)."""
-    n = run.model.config.n_layers
-    keep = [k for k in settings.erase_layers if 0 <= k <= n]
-    if len(keep) < len(settings.erase_layers):
-        run.log(f"erase layers {sorted(set(settings.erase_layers) - set(keep))} skipped: the model has layers 0..{n}")
-    return keep or [min(1, n)]
+    """The layers erased: `layers_to_erase` of the model (a log line names default layers it lacks)."""
+    keep, dropped = layers_to_erase(settings, run.model.config.n_layers)
+    if dropped:
+        run.log(f"default erase layers {dropped} left out: the model has layers 0..{run.model.config.n_layers}")
+    return keep
+
+
+def layers_to_erase(settings: Any, n_layers: int) -> tuple[list[int], list[int]]:
+    """(layers erased, default layers left out). Layers given with ``--set erasure.erase_layers`` are erased
+    exactly, each one the model must have (``ValueError`` otherwise; the experiment's ``check`` refuses it before
+    the run); the default layers a small model lacks are left out (layer 1 stays: every model has it)."""
+    layers = list(dict.fromkeys(settings.erase_layers))
+    outside = [k for k in layers if not 0 <= k <= n_layers]
+    if outside and tuple(settings.erase_layers) != type(settings)().erase_layers:
+        raise ValueError(f"erase layer {outside[0]} is outside 0..{n_layers} (0 = embeddings, k = block k-1's "
+                         "output)")
+    return [k for k in layers if k not in outside], outside
 
 
 def prepare(run: RunValues, settings: Any, split: Split, probed: tuple[str, ...]) -> Prepared:

@@ -8,8 +8,17 @@ Files by role: ``experiment`` (Settings, run), ``labels`` (known variables as bi
 from the tables), ``findings`` (sentences from the tables).
 """
 
-from bertscope.experiments.features.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run
+from bertscope.experiments.features.experiment import (
+    DIRNAME,
+    NAME,
+    SUMMARY_TABLES,
+    Settings,
+    check,
+    check_settings,
+    run,
+)
 from bertscope.experiments.features.findings import CAPTIONS, findings
 from bertscope.experiments.features.plots import plot
 
-__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "findings", "plot", "run"]
+__all__ = ["CAPTIONS", "DIRNAME", "NAME", "SUMMARY_TABLES", "Settings", "check", "check_settings", "findings", "plot",
+           "run"]

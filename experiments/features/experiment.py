@@ -84,6 +84,32 @@ class Settings:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.tokens < 1 or self.k < 1:
             raise ValueError("tokens and k must be positive")
+        from bertscope.experiments.settings import require
+
+        variables = [v for family in labels.FAMILIES.values() for v in family]
+        require(self, positive=("batch_size", "buffer_rows", "lr", "ks", "min_positives", "max_per_class", "n_top",
+                                "n_boot"), non_negative=("layers", "n_promoted"), fraction=("ci",),
+                subsets={"probe_variables": variables})
+        width_latents(self.width, 1)  # "abc", "0x", "-3": refused here, before the model is loaded
+        if self.transcoder_layer is not None and self.transcoder_layer < -1:
+            raise ValueError(f"transcoder_layer must be a block number, -1 (none) or none, got {self.transcoder_layer}")
+
+
+def width_latents(width: str, d_in: int) -> int:
+    """The number of latents ``width`` gives at a site ``d_in`` wide (``2x``: twice ``d_in``; ``3072``: 3072);
+    ``ValueError`` unless it is a positive multiple or a positive number."""
+    from bertscope.experiments.sae import parse_width
+
+    try:
+        text = str(width).strip().lower()
+        positive = float(text[:-1] if text.endswith("x") else text) > 0
+        n = parse_width(width, d_in)
+    except ValueError:
+        positive, n = False, 0
+    if not positive:
+        raise ValueError(f"width must be a positive multiple of the site's width such as 2x, or a number of latents; "
+                         f"got {width!r}")
+    return max(n, 1)
 
 
 def check(inputs: Any, settings: Settings) -> None:
@@ -101,6 +127,24 @@ def check(inputs: Any, settings: Settings) -> None:
             raise CannotRun(str(e)) from None
 
 
+def check_settings(model: Any, settings: Settings) -> None:
+    """The settings that depend on the model (its blocks and width): ``ValueError`` naming the setting, which the
+    CLI refuses like any other bad ``--set`` (one line, exit 2) before anything is written."""
+    n_layers, d_model = model.config.n_layers, model.config.d_model
+    bad_layers = [la for la in settings.layers if not 0 <= la < n_layers]
+    if bad_layers:
+        raise ValueError(f"features.layers={','.join(map(str, settings.layers))}: block {bad_layers[0]} is "
+                         f"outside 0..{n_layers - 1} (this model has {n_layers} blocks)")
+    t = settings.transcoder_layer
+    if t is not None and t >= n_layers:
+        raise ValueError(f"features.transcoder_layer={t}: block {t} is outside 0..{n_layers - 1} (this model "
+                         f"has {n_layers} blocks; -1: no transcoder)")
+    latents = width_latents(settings.width, d_model)
+    if not settings.dictionaries and settings.k >= latents:
+        raise ValueError(f"features.k={settings.k}: TopK needs k below the dictionary's {latents} latents "
+                         f"(width {settings.width} at d_model {d_model}); lower k or raise --set features.width")
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table (one row per labelled unit)."""
     settings = ctx.use_settings(settings)
@@ -108,6 +152,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("settings", dataclasses.asdict(settings))
     split = _choose_sentences(ctx, settings)
     ctx.note("sentences", {k: len(v) for k, v in split.items()})
+    ctx.record_used({k: len(v) for k, v in split.items()}, available=len(ctx.corpus),
+                    more="--set features.n_train=N (and features.n_dev, features.n_test)")
     ctx.log(f"train {len(split['train'])}, dev {len(split['dev'])}, test {len(split['test'])} sentences")
     sites = steps.default_sites(ctx.model.config.n_layers, settings.layers or None, settings.transcoder_layer)
     info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "syntax": labels.has_syntax(

@@ -83,6 +83,15 @@ class Settings:
     pruning_random_orders: int = 20  # random pruning orders (interval over sentences crossed with orders)
     top_k: int = 5  # most important heads reported held-out (top_heads.csv)
 
+    def __post_init__(self) -> None:
+        from bertscope.experiments.settings import require
+
+        require(self, positive=("max_sentences", "distance_sentences", "importance_sentences", "importance_batch",
+                                "workers", "gradient_batch", "n_boot", "offset_bins", "n_projections",
+                                "pruning_points", "pruning_random_orders", "top_k"),
+                non_negative=("syntax_min_arcs", "role_min_arcs", "role_min_sentences"), fraction=("ci", "role_fdr"),
+                subsets={"methods": imp.METHODS}, non_empty=("methods",))
+
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Compute every table of the experiment (see the module docstring); returns the results table."""
@@ -98,6 +107,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("n_sentences", len(corpus))
     ctx.note("n_distance_sentences", min(len(corpus), settings.distance_sentences))
     ctx.note("n_importance_sentences", len(importance_corpus))
+    ctx.record_used({"attention and syntax": len(corpus), "distances": min(len(corpus), settings.distance_sentences),
+                     "importance": len(importance_corpus)}, available=len(ctx.corpus),
+                    more="--set heads.max_sentences=N (and heads.distance_sentences, heads.importance_sentences)")
     ctx.note("queries", "all real tokens of a sentence ([CLS] and [SEP] included); each sentence weighted equally")
     label = {"model": ctx.model_id, "corpus": ctx.corpus_id}
     n_layers, n_heads = model.config.n_layers, model.config.n_heads

@@ -64,6 +64,14 @@ class Settings:
     example_max_tokens: int = 14  # longest example sentence, special tokens included
     n_boot: int = 1000  # bootstrap resamples behind every interval
 
+    def __post_init__(self) -> None:
+        from bertscope.experiments.settings import require
+        from bertscope.hooks.mixing.inputs import BASELINES
+
+        require(self, positive=("max_sentences", "costly_sentences", "ig_steps", "n_examples", "example_max_tokens",
+                                "n_boot"), choices={"baseline": BASELINES},
+                subsets={"methods": table.per_layer(), "costly_methods": table.per_layer()})
+
 
 CONVENTIONS = {
     "mixing_ratio": "mean over real tokens of 1 - C_ii / sum_j C_ij at block L's output; residual_norm: "
@@ -128,6 +136,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     targets = faithfulness_target(model)
     ctx.note("settings", asdict(settings))
     ctx.note("sentences", {"per_layer_methods": len(corpus), "costly_methods_and_faithfulness": len(subset)})
+    ctx.record_used({"per-layer methods": len(corpus), "costly methods and faithfulness": len(subset)},
+                    available=len(ctx.corpus), more="--set mixing.max_sentences=N --set mixing.costly_sentences=N")
     ctx.note("faithfulness_targets", targets)
     ctx.note("conventions", CONVENTIONS)
 

@@ -117,6 +117,12 @@ class Settings:
     n_jobs: int | None = None
 
     def __post_init__(self) -> None:
+        from bertscope.experiments.settings import require
+
+        require(self, positive=("max_windows", "tune_windows", "max_sentences", "alphas", "ridge_alphas", "n_boot",
+                                "sweep_alphas", "sweep_boot", "pairs_per_window", "table_pairs", "mdl_blocks",
+                                "batch_size", "blas_threads"),
+                non_empty=("alphas", "ridge_alphas", "sweep_alphas"))
         if self.window_len < 4:
             raise ValueError(f"window_len must be >= 4, got {self.window_len}")
         if self.repeats < 1:
@@ -187,6 +193,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                          seed=ctx.seed, jobs=jobs)  # fmt: skip
     ctx.note("n_windows", len(windows))
     ctx.note("n_tune_windows", len(tuning))
+    ctx.record_used({"sentences": len(sentences)}, available=len(ctx.corpus),
+                    more="--set positions.max_sentences=N (windows: positions.max_windows)")
     ctx.note("n_sentences", len(sentences))
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
             f"{len(sentences)} sentences ({plan.why})")

@@ -32,6 +32,7 @@ head, weighting, metric, value, ci_low, ci_high, null, null_kind, ratio, ...; ra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -66,6 +67,15 @@ class Settings:
     random_corpus: str = RANDOM_CORPUS  # the second corpus, measured beside --corpus (with its control)
     top_k: int = 5  # heads chosen held-out per criterion
     ci: float = 0.95  # level of every percentile interval
+
+    def __post_init__(self) -> None:
+        from bertscope.experiments.settings import require
+
+        require(self, positive=("max_sentences", "random_sentences", "n_boot", "vocab_sample", "example_max_tokens",
+                                "top_k"), fraction=("ci",))
+        if not re.fullmatch(r"repeated-random(:m=\d+)?", self.random_corpus):
+            raise ValueError(f"random_corpus must be repeated-random or repeated-random:m=<int>, got "
+                             f"{self.random_corpus!r}")
 
 
 CONVENTIONS = {
@@ -111,6 +121,8 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("n_boot", settings.n_boot)
     ctx.note("vocab_sample", settings.vocab_sample)
     ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
+    ctx.record_used({c.name: len(c) for c in corpora}, available=len(ctx.corpus),
+                    more="--set same-token.max_sentences=N")
     random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
     ctx.note("repeated_random_meta", dict(random.meta) if random is not None else None)
     ctx.note("conventions", CONVENTIONS)

@@ -76,6 +76,9 @@ class Settings:
     workers: int = 2
 
     def __post_init__(self) -> None:
+        from bertscope.experiments.settings import require
+
+        require(self, positive=("lr", "n_boot", "threads"), non_negative=("n_examples",), fraction=("ci",))
         for name in ("n_train", "n_dev", "n_test"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
@@ -139,6 +142,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         parts = _local_parts(split, set(truncated))
         ctx.note("n_left_out_truncated", len(truncated))
         ctx.note("split", {k: len(v) for k, v in parts.items()})
+        ctx.record_used({k: len(v) for k, v in parts.items()}, available=len(ctx.corpus) + (
+            0 if eval_corpus is None else len(eval_corpus)), more="--set structure.n_train=N (and structure.n_dev, "
+                        "structure.n_test)")  # fmt: skip
         ctx.log(f"{len(chosen)} sentences: {', '.join(f'{k} {len(v)}' for k, v in parts.items())}; word vectors "
                 f"at {sum(map(len, site_names.values()))} sites ({time.perf_counter() - t0:.1f}s)")
         heads, punct = [list(s.heads) for s in chosen], data.punct_masks(chosen)
