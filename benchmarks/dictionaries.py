@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from benchutils import EWT, target_lines
 from bertscope.experiments.corpus import load_corpus
-from bertscope.experiments.sae import CorpusActivations, summary
+from bertscope.experiments.dictionary import CorpusActivations, summary
 from bertscope.probes.dictionary import (
     ActivationBatch,
     DictionaryConfig,

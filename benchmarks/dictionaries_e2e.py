@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from benchutils import EWT, target_lines
 from bertscope.experiments.corpus import load_corpus
-from bertscope.experiments.sae import summary
+from bertscope.experiments.dictionary import summary
 from bertscope.probes.dictionary import (
     SPECIAL_CLASSES,
     E2ESettings,

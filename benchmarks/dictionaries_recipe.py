@@ -38,7 +38,7 @@ def rows(cache: Path, model_name: str, split: str) -> dict:
     if path.exists():
         return torch.load(path)
     from bertscope.experiments.corpus import load_corpus
-    from bertscope.experiments.sae import CorpusActivations
+    from bertscope.experiments.dictionary import CorpusActivations
 
     import bertscope
 

@@ -66,7 +66,7 @@ def row_sentences(sentences, tokenizer, classes: list[str]) -> np.ndarray:
     """The corpus sentence of every cached row ``[rows]``: the rows were written in the order of
     ``encode(sentences, batch_size=64)`` (batches sorted by length), row-major over [batch, pos], special tokens
     and padding left out. Checked against the cached token classes (word / continuation / punct)."""
-    from bertscope.experiments.sae import _piece_classes
+    from bertscope.experiments.dictionary import _piece_classes
 
     pieces = _piece_classes(tokenizer)
     special = set(tokenizer.all_special_ids)

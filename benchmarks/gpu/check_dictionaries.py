@@ -31,7 +31,7 @@ def main() -> int:
     from bertscope.experiments.activations import open_capture
     from bertscope.experiments.cli import main as cli
     from bertscope.experiments.options import load_corpus_spec
-    from bertscope.experiments.sae import STAGE_SPECIAL, CorpusActivations
+    from bertscope.experiments.dictionary import STAGE_SPECIAL, CorpusActivations
     from bertscope.models import load
     from bertscope.probes.dictionary import DictionaryConfig, TrainSettings, train_dictionaries
 

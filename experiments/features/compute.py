@@ -102,7 +102,7 @@ def _dictionaries(train: S.Collected, sites: Sequence[S.Site], settings: Any, ru
             return S.load_site_dictionaries(run.model, settings.dictionaries, sites)
         except ValueError as e:  # `check` found none of this up front only if the folder changed since
             raise CannotRun(str(e)) from None
-    from bertscope.experiments.sae import parse_width
+    from bertscope.experiments.dictionary import parse_width
 
     widths = {s.name: parse_width(settings.width, train.acts[s.name].shape[1]) for s in sites}
     run.log(f"training {len(sites)} dictionaries on the {enc_name} model ({settings.tokens} rows each)")

@@ -98,7 +98,7 @@ class Settings:
 def width_latents(width: str, d_in: int) -> int:
     """The number of latents ``width`` gives at a site ``d_in`` wide (``2x``: twice ``d_in``; ``3072``: 3072);
     ``ValueError`` unless it is a positive multiple or a positive number."""
-    from bertscope.experiments.sae import parse_width
+    from bertscope.experiments.dictionary import parse_width
 
     try:
         text = str(width).strip().lower()
