@@ -30,8 +30,8 @@ def main() -> int:
     import torch
     from bertscope.experiments.activations import open_capture
     from bertscope.experiments.cli import main as cli
-    from bertscope.experiments.options import load_corpus_spec
     from bertscope.experiments.dictionary import STAGE_SPECIAL, CorpusActivations
+    from bertscope.experiments.options import load_corpus_spec
     from bertscope.models import load
     from bertscope.probes.dictionary import DictionaryConfig, TrainSettings, train_dictionaries
 
