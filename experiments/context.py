@@ -20,6 +20,7 @@ import json
 import sys
 import zlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,6 +34,29 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 STEPS = "steps"
+
+
+@dataclass(frozen=True)
+class RunValues:
+    """What measurement code takes from the run, as plain values (the run context stays in ``experiment.run``):
+    built by :meth:`Context.run_values`, one class for every experiment.
+
+    ``model``; ``seed`` (``--seed``); ``progress`` and ``log`` (the run's progress-bar and log callables);
+    ``encode`` (``encode(sentences) -> EncodedCorpus`` with the run's ``--max-length`` and ``--batch-size``);
+    ``max_length`` (``--max-length``); ``capture_train`` / ``capture_eval``: with ``--activations``, a
+    `CaptureSource` serving the clean pass of the training / evaluation sentences when they come from the run's
+    corpus (None: run the model); ``save_dictionaries``: where trained dictionaries are saved (``<site>/``), if
+    anywhere."""
+
+    model: Any
+    seed: int
+    progress: Callable[..., Any]
+    log: Callable[[str], None]
+    encode: Callable[[list], Any] | None = None
+    max_length: int = 128
+    capture_train: Any = None
+    capture_eval: Any = None
+    save_dictionaries: Path | None = None
 
 
 class Context:
@@ -71,6 +95,12 @@ class Context:
         self.steps = StepCache(self.out_dir, self.fingerprint, code_sha256, settings, used=self.steps_used,
                                log=self.log)  # fmt: skip
         self.started_at = io.now()
+
+    def run_values(self, **extra: Any) -> RunValues:
+        """The run's plain values for measurement code (:class:`RunValues`): model, ``--seed``, progress and log,
+        ``encode``, ``--max-length``; ``extra`` sets the optional fields (``capture_train``, ``save_dictionaries``)."""
+        return RunValues(model=self.model, seed=self.seed, progress=self.progress, log=self.log, encode=self.encode,
+                         max_length=self.options.max_length, **extra)
 
     def use_settings(self, settings: T | None) -> T:
         """The experiment's settings for this run: ``settings`` if given (it replaces ``ctx.settings``, so the

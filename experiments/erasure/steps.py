@@ -18,21 +18,7 @@ from bertscope.probes.structural import StructuralProbe
 SELECTION = "none: fixed probe alpha and eraser settings; fitted on the training sentences only"
 
 
-@dataclass(frozen=True)
-class RunValues:
-    """What the steps take from the run, as plain values (the run context stays in ``experiment.run``): the model,
-    how a list of sentences is encoded (``encode(sentences) -> EncodedCorpus``), ``--seed``, and the progress-bar and
-    log callables."""
-
-    model: Any
-    encode: Callable[[list], Any]
-    seed: int
-    progress: Callable[..., Any]
-    log: Callable[[str], None]
-    # --activations: a `CaptureSource` for the clean pass of the training / evaluation sentences when they come
-    # from the run's corpus (what the capture holds); None: run the model
-    capture_train: Any = None
-    capture_eval: Any = None
+from bertscope.experiments.context import RunValues  # noqa: E402 - one class, built by `Context.run_values`
 
 
 @dataclass

@@ -20,17 +20,7 @@ SELECTION = ("label, firing rule and best baseline unit chosen by MCC on dev sen
              "k-sparse probes: units by mean difference and the probe fitted on train sentences, scored on test")
 
 
-@dataclass(frozen=True)
-class RunValues:
-    """What the steps take from the run, as plain values (the run context stays in ``experiment.run``): the model,
-    ``--seed``, the progress-bar and log callables, ``--max-length``."""
-
-    model: Any
-    seed: int
-    progress: Callable[..., Any]
-    log: Callable[[str], None]
-    max_length: int = 128
-    save_dictionaries: Path | None = None  # where the trained model's dictionaries are saved (<site>/), if anywhere
+from bertscope.experiments.context import RunValues  # noqa: E402 - one class, built by `Context.run_values`
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ output as 0, so its k is labelled k - 1); sublayer sites sit half a step before 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +33,14 @@ COMPONENT_STYLE = {
 }
 
 
-def plot(out_dir: Path) -> list[Path]:
-    """Every figure of the experiment from the tables in ``out_dir``; returns the written files."""
+def plot(out_dir: Path, formats: Sequence[str] | None = None) -> list[Path]:
+    """Every figure of the experiment from the tables in ``out_dir``, as ``formats`` (``io.FIGURE_FORMATS`` by
+    default); returns the written files."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     out_dir = Path(out_dir)  # a str works too
+    formats = tuple(formats or io.FIGURE_FORMATS)
     results_path = out_dir / "results.parquet"
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} is missing; run `bertscope run positions` first")
@@ -64,7 +67,7 @@ def plot(out_dir: Path) -> list[Path]:
         )
     paths: list[Path] = []
     for name, build in figures.items():
-        paths += io.save_figure(build(), out_dir / name)
+        paths += io.save_figure(build(), out_dir / name, formats=formats)
     return paths
 
 

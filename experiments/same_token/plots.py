@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,29 +25,31 @@ METRIC_LABEL = {"qk_self_top1": "share of tokens whose own key scores highest",
 SITE_LABEL = {"hook_word": "word embeddings", "hook_out": "embedding output"}
 
 
-def plot(out_dir: Path) -> list[Path]:
-    """Redraw every figure from ``out_dir/results.parquet`` (and ``example_maps.parquet`` if present)."""
+def plot(out_dir: Path, formats: Sequence[str] | None = None) -> list[Path]:
+    """Redraw every figure from ``out_dir/results.parquet`` (and ``example_maps.parquet`` if present), as
+    ``formats`` (``io.FIGURE_FORMATS`` by default)."""
     import matplotlib
 
     matplotlib.use("Agg")
     out_dir = Path(out_dir)
+    formats = tuple(formats or io.FIGURE_FORMATS)
     results = pd.read_parquet(out_dir / "results.parquet")
     paths: list[Path] = []
     heads = results[results.source == "head"]
     for corpus in sorted(heads.loc[heads.weighting != "weights", "corpus"].unique()):
         if corpus != CONTROL:  # the control's per-head mass is a panel of copy_specific
-            paths += io.save_figure(heatmaps(results, corpus), out_dir / f"heatmaps_{_slug(corpus)}")
-    paths += io.save_figure(raw_vs_learned(results), out_dir / "raw_vs_learned")
+            paths += io.save_figure(heatmaps(results, corpus), out_dir / f"heatmaps_{_slug(corpus)}", formats=formats)
+    paths += io.save_figure(raw_vs_learned(results), out_dir / "raw_vs_learned", formats=formats)
     if (results.metric == "duplicate_copy_specific").any():
-        paths += io.save_figure(copy_specific_figure(results), out_dir / "copy_specific")
+        paths += io.save_figure(copy_specific_figure(results), out_dir / "copy_specific", formats=formats)
     if (results.weighting == "weights").any():
-        paths += io.save_figure(weight_heatmaps(results), out_dir / "weights_self_preference")
+        paths += io.save_figure(weight_heatmaps(results), out_dir / "weights_self_preference", formats=formats)
     maps_path = out_dir / "example_maps.parquet"
     if maps_path.is_file():
         maps = pd.read_parquet(maps_path)
         for corpus in sorted(maps.corpus.unique()) if len(maps) else []:
             figure = example_figure(maps[maps.corpus == corpus])
-            paths += io.save_figure(figure, out_dir / f"example_maps_{_slug(corpus)}")
+            paths += io.save_figure(figure, out_dir / f"example_maps_{_slug(corpus)}", formats=formats)
     return paths
 
 

@@ -7,6 +7,7 @@ sites inside a block sit between its input and its output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -20,25 +21,27 @@ SUBLAYER_STYLE = {"attn_out": dict(color="C1", marker="^"), "resid_mid": dict(co
                   "mlp_out": dict(color="C6", marker="v")}
 
 
-def plot(out_dir: Path) -> list[Path]:
-    """Every figure of the experiment from the tables in ``out_dir``; returns the written files."""
+def plot(out_dir: Path, formats: Sequence[str] | None = None) -> list[Path]:
+    """Every figure of the experiment from the tables in ``out_dir``, as ``formats`` (``FORMATS`` by default);
+    returns the written files."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     out_dir = Path(out_dir)  # a str works too
+    formats = tuple(formats or FORMATS)
     path = out_dir / "results.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; run `bertscope run structure` first")
     results = pd.read_parquet(path)
-    written = _layers(results, out_dir)
+    written = _layers(results, out_dir, formats)
     if (out_dir / "rank_sweep.parquet").is_file():
         sweep = pd.read_parquet(out_dir / "rank_sweep.parquet")
         if "encoder" in sweep:
             sweep = sweep[sweep["encoder"] == "trained"]
-        written += _ranks(sweep[sweep["metric"] == "uuas"], out_dir)
+        written += _ranks(sweep[sweep["metric"] == "uuas"], out_dir, formats)
     if (out_dir / "example_edges.parquet").is_file():
         written += _trees(pd.read_parquet(out_dir / "examples.parquet"),
-                          pd.read_parquet(out_dir / "example_edges.parquet"), out_dir)
+                          pd.read_parquet(out_dir / "example_edges.parquet"), out_dir, formats)
     return written
 
 
@@ -47,7 +50,7 @@ def _band(ax, x, g, **style) -> None:
     ax.fill_between(x, g["ci_low"], g["ci_high"], color=style.get("color"), alpha=0.15, lw=0)
 
 
-def _layers(results: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _layers(results: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
 
@@ -85,10 +88,10 @@ def _layers(results: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.suptitle(f"Structural probes per layer: {model_name(str(model))} on {corpus} "
                  f"(test: {n_test} sentences; bands: 95% bootstrap over sentences)", fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, out_dir / "structure_layers", formats=FORMATS)
+    return save_figure(fig, out_dir / "structure_layers", formats=formats)
 
 
-def _ranks(sweep: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _ranks(sweep: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
 
@@ -106,7 +109,7 @@ def _ranks(sweep: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    return save_figure(fig, out_dir / "structure_rank", formats=FORMATS)
+    return save_figure(fig, out_dir / "structure_rank", formats=formats)
 
 
 def _arcs(ax, edges: pd.DataFrame, sign: float, color: str, gold: set) -> None:
@@ -130,7 +133,7 @@ def _tree_legend() -> list:
             Line2D([], [], color="0.6", marker="s", ls="none", label="punctuation (grey; left out)")]
 
 
-def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
 
@@ -161,6 +164,6 @@ def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path) -> list[Path
                  f"distances (below), residual stream {layer}", fontsize=10)
     fig.legend(handles=_tree_legend(), loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06 / len(examples) ** 0.5, 1, 1))
-    return save_figure(fig, out_dir / "structure_trees", formats=FORMATS)
+    return save_figure(fig, out_dir / "structure_trees", formats=formats)
 
 
