@@ -4,7 +4,6 @@ evaluation sentences per (concept, erasure layer, method) and per equal-rank ran
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 

@@ -4,7 +4,7 @@ labelling and k-sparse probing tables and the feature browser's tables."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ SELECTION = ("label, firing rule and best baseline unit chosen by MCC on dev sen
              "k-sparse probes: units by mean difference and the probe fitted on train sentences, scored on test")
 
 
-from bertscope.experiments.context import RunValues  # noqa: E402 - one class, built by `Context.run_values`
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Experiment `heads` (see :mod:`bertscope.experiments.heads.experiment` for what it measures and writes).
 
-The package exposes what :class:`bertscope.experiments.registry.Experiment` asks for; files by role:
-``experiment`` (Settings, run: the one place that sees the run context), ``passes`` (the model passes on
-plain arguments), ``statistics`` (per-sentence
-attention statistics), ``syntax`` (head-by-relation accuracy), ``importance`` (ablation, gradients, pruning),
-``similarity`` (head distances, MDS), ``roles`` (rule-based head roles), ``plots`` (figures from the tables),
-``findings`` (the report's sentences and figure captions, from the saved tables).
+The package exposes what :class:`bertscope.experiments.registry.Experiment` asks for; files by role: ``experiment``
+(Settings, run: the one place that sees the run context), ``data`` (the model passes on plain arguments; old name
+``passes``), ``measures`` (the long tables from the passes' arrays), ``statistics`` (per-sentence attention
+statistics), ``syntax`` (head-by-relation accuracy), ``importance`` (ablation, gradients, pruning), ``similarity``
+(head distances, MDS), ``roles`` (rule-based head roles), ``plots`` (figures from the tables), ``findings`` (the
+report's sentences and figure captions, from the saved tables).
 """
 
 from bertscope.experiments.heads.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, run

@@ -26,28 +26,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import einops
 import numpy as np
 import pandas as pd
 from bertscope.experiments.activations import open_capture
+from bertscope.experiments.heads import data, measures
 from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
-from bertscope.experiments.heads import passes
 from bertscope.experiments.heads import similarity as sim
-from bertscope.experiments.heads import statistics as hs
 from bertscope.experiments.heads import syntax as syn
 from bertscope.experiments.heads.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, role_summary
-from bertscope.experiments.naming import head_name
 from bertscope.experiments.options import sentences_used
-from bertscope.probes.bootstrap import group_bootstrap, mean_of_groups
 
 NAME = "heads"
 DIRNAME = "heads"
 SUMMARY_TABLES = ["roles_by_head", "syntax", "top_heads", "pruning"]
-RESULT_COLUMNS = ["model", "corpus", "layer", "head", "metric", "value", "ci_low", "ci_high", "n"]
-PUNCTUATION = passes.PUNCTUATION
-SCALARS = passes.SCALARS  # per-sentence statistics, in array order
+RESULT_COLUMNS = measures.RESULT_COLUMNS
+PUNCTUATION = data.PUNCTUATION
+SCALARS = data.SCALARS  # per-sentence statistics, in array order
 
 
 @dataclass(frozen=True)
@@ -96,8 +92,27 @@ class Settings:
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Compute every table of the experiment (see the module docstring); returns the results table."""
     settings = ctx.use_settings(settings)
-    model = ctx.model
-    if getattr(model.config, "attention_projections", True) is False:
+    n_layers, n_heads = ctx.model.config.n_layers, ctx.model.config.n_heads
+    corpus, importance_corpus = _record_inputs(ctx, settings)
+    arrays, reported, eval_name = _attention_passes(ctx, settings, corpus)
+    frames = [measures.attention_table(reported["scalars"], reported["offsets"], settings, ctx.seed),
+              measures.ratio_rows(reported["distances"], n_layers, n_heads, settings, ctx.seed)]
+    syntax_tab, syntax_gains = None, None
+    if "head_hits" in arrays and len(arrays["head_hits"]):
+        syntax_rows, syntax_tab, syntax_gains = _syntax(ctx, settings, arrays, reported, eval_name)
+        frames.append(syntax_rows)
+    else:
+        ctx.log("corpus has no gold dependencies: syntax scores and the syntactic role are skipped")
+    importance = _importance_pass(ctx, settings, importance_corpus)
+    frames.append(measures.importance_rows(importance, settings, ctx.seed))
+    results = measures.results_table(frames, {"model": ctx.model_id, "corpus": ctx.corpus_id}, eval_name)
+    _write_side_tables(ctx, results, syntax_gains, syntax_tab, reported["distances"], importance, settings)
+    return results
+
+
+def _record_inputs(ctx: Any, settings: Settings) -> tuple[Any, Any]:
+    """The sentences of the attention pass and of the importance pass, logged and noted (part of ``run``)."""
+    if getattr(ctx.model.config, "attention_projections", True) is False:
         ctx.log("raw attention (no projections): W_O is a fixed head selection; norm-weighted masses use it")
     n_used, why = sentences_used(ctx.options.max_sentences, settings.max_sentences, len(ctx.corpus))
     corpus = ctx.corpus[:n_used]
@@ -111,54 +126,61 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                      "importance": len(importance_corpus)}, available=len(ctx.corpus),
                     more="--set heads.max_sentences=N (and heads.distance_sentences, heads.importance_sentences)")
     ctx.note("queries", "all real tokens of a sentence ([CLS] and [SEP] included); each sentence weighted equally")
-    label = {"model": ctx.model_id, "corpus": ctx.corpus_id}
-    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    return corpus, importance_corpus
 
+
+def _attention_passes(ctx: Any, settings: Settings, corpus: Any) -> tuple[dict, dict, str | None]:
+    """The cached attention pass over ``corpus`` and, with ``--eval-corpus``, over the evaluation sentences:
+    ``(arrays, reported, eval_name)``, ``reported`` being the arrays every reported number comes from."""
+    model = ctx.model
     batches = list(ctx.encode(corpus).batches)
     arrays = ctx.step_arrays(
-        "attention_pass", lambda: passes.attention_pass(model, batches, corpus, settings, progress=ctx.progress,
-                                                        capture=open_capture(ctx.options.activations, model))
+        "attention_pass", lambda: data.attention_pass(model, batches, corpus, settings, progress=ctx.progress,
+                                                      capture=open_capture(ctx.options.activations, model))
     )
     if int(arrays["n_truncated"]):
         ctx.warn(f"{int(arrays['n_truncated'])} truncated sentences left out of the syntax scores")
     eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
-    reported, eval_name = arrays, None  # the arrays every reported number comes from
-    if eval_corpus is not None:  # --eval-corpus: select on --corpus (above), report on these sentences
-        eval_name = str(eval_corpus.name)
-        n_eval, _ = sentences_used(None, settings.max_sentences, len(eval_corpus))
-        evaluated = eval_corpus[:n_eval]
-        ctx.log(f"reporting on {n_eval} sentences of {eval_name} (--eval-corpus); every selection uses "
-                f"{ctx.corpus_id}")
-        ctx.note("eval_corpus", {"name": eval_name, "n_sentences": n_eval})
-        eval_batches = list(ctx.encode(evaluated).batches)  # a capture holds --corpus only: run the model
-        reported = ctx.step_arrays("attention_pass_eval", lambda: passes.attention_pass(
-            model, eval_batches, evaluated, settings, progress=ctx.progress))  # fmt: skip
-        if int(reported["n_truncated"]):
-            ctx.warn(f"{int(reported['n_truncated'])} truncated --eval-corpus sentences left out of the syntax scores")
-    frames = [attention_table(reported["scalars"], reported["offsets"], settings, ctx.seed)]
-    distances = reported["distances"]  # [sentence, layer*head, layer*head]
-    frames.append(_ratio_rows(distances, n_layers, n_heads, settings, ctx.seed))
+    if eval_corpus is None:
+        return arrays, arrays, None
+    eval_name = str(eval_corpus.name)  # --eval-corpus: select on --corpus (above), report on these sentences
+    n_eval, _ = sentences_used(None, settings.max_sentences, len(eval_corpus))
+    evaluated = eval_corpus[:n_eval]
+    ctx.log(f"reporting on {n_eval} sentences of {eval_name} (--eval-corpus); every selection uses "
+            f"{ctx.corpus_id}")
+    ctx.note("eval_corpus", {"name": eval_name, "n_sentences": n_eval})
+    eval_batches = list(ctx.encode(evaluated).batches)  # a capture holds --corpus only: run the model
+    reported = ctx.step_arrays("attention_pass_eval", lambda: data.attention_pass(
+        model, eval_batches, evaluated, settings, progress=ctx.progress))  # fmt: skip
+    if int(reported["n_truncated"]):
+        ctx.warn(f"{int(reported['n_truncated'])} truncated --eval-corpus sentences left out of the syntax scores")
+    return arrays, reported, eval_name
 
-    syntax_gains, syntax_tab = None, None
-    if "head_hits" in arrays and len(arrays["head_hits"]):
-        hits = _arc_hits(arrays)
-        eval_hits = None
-        if eval_name is not None:
-            if "head_hits" not in reported or not len(reported["head_hits"]):
-                from bertscope.experiments.registry import CannotRun
 
-                raise CannotRun(f"--eval-corpus {eval_name!r} has no scorable gold dependency arcs")
-            eval_hits = _arc_hits(reported)
-        frames.append(_syntax_rows(syn.head_relation_accuracy(hits if eval_hits is None else eval_hits)))
-        syntax_tab, syntax_gains = _syntax_selection(ctx, hits, settings, eval_hits, eval_name)
-    else:
-        ctx.log("corpus has no gold dependencies: syntax scores and the syntactic role are skipped")
+def _syntax(ctx: Any, settings: Settings, arrays: dict, reported: dict,
+            eval_name: str | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Syntax rows of ``results``, the held-out syntax table and the per-head gains (part of ``run``)."""
+    hits = measures.arc_hits(arrays)
+    eval_hits = None
+    if eval_name is not None:
+        if "head_hits" not in reported or not len(reported["head_hits"]):
+            from bertscope.experiments.registry import CannotRun
 
-    n_ablated = n_layers * n_heads
+            raise CannotRun(f"--eval-corpus {eval_name!r} has no scorable gold dependency arcs")
+        eval_hits = measures.arc_hits(reported)
+    rows = measures.syntax_rows(syn.head_relation_accuracy(hits if eval_hits is None else eval_hits))
+    syntax_tab, syntax_gains = _syntax_selection(ctx, hits, settings, eval_hits, eval_name)
+    return rows, syntax_tab, syntax_gains
+
+
+def _importance_pass(ctx: Any, settings: Settings, importance_corpus: Any) -> dict[str, np.ndarray]:
+    """The cached ablation, gradient and pruning pass on the importance sentences, with its notes."""
+    model = ctx.model
+    n_ablated = model.config.n_layers * model.config.n_heads
     ctx.log(f"ablating {n_ablated} heads x {len(settings.methods)} methods on {len(importance_corpus)} sentences")
     importance_batches = list(ctx.encode(importance_corpus, batch_size=settings.importance_batch).batches)
     gradient_batches = list(ctx.encode(importance_corpus, batch_size=settings.gradient_batch).batches)
-    importance = ctx.step_arrays("importance", lambda: passes.importance_pass(
+    importance = ctx.step_arrays("importance", lambda: data.importance_pass(
         model, importance_batches, settings, seed=ctx.seed, rng=ctx.rng("pruning"), progress=ctx.progress,
         gradient_batches=gradient_batches,
     ))  # fmt: skip
@@ -169,18 +191,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     if not imp.has_mlm_head(model):
         ctx.log("the model has no masked-LM head: no mlm_loss_change; gradient importance uses a projection "
                 "objective, a consistency check kept out of the findings (not Michel et al.'s score)")
-    frames.append(_importance_rows(importance, settings, ctx.seed))
-
-    n_reported = len(frames) - 1  # attention statistics, ratios and syntax rows: from --eval-corpus when given
-    results = pd.concat(frames, ignore_index=True)
-    for key, value in label.items():
-        results[key] = value
-    if eval_name is not None:  # the corpus column says which split each row comes from
-        results.loc[: sum(len(f) for f in frames[:n_reported]) - 1, "corpus"] = eval_name
-    results = _tidy(results)
-
-    _write_side_tables(ctx, results, syntax_gains, syntax_tab, distances, importance, settings)
-    return results
+    return importance
 
 
 def check(inputs: Any, settings: Settings) -> None:
@@ -198,11 +209,6 @@ def check(inputs: Any, settings: Settings) -> None:
                         f"{inputs.corpus.name!r} has: give a .conllu evaluation corpus")
 
 
-def _arc_hits(arrays: dict[str, np.ndarray]) -> syn.ArcHits:
-    return syn.ArcHits(arrays["head_hits"], arrays["offset_hits"], arrays["relations"].astype(object),
-                       arrays["arc_sentences"])  # fmt: skip
-
-
 def _write_side_tables(
     ctx: Any,
     results: pd.DataFrame,
@@ -215,18 +221,18 @@ def _write_side_tables(
     """Roles, syntax, distances, MDS, pruning and roles-by-head tables (part of ``run``: it writes files)."""
     n_layers, n_heads = ctx.model.config.n_layers, ctx.model.config.n_heads
     mean_distance = distances.mean(0)
-    head_stats = head_stats_wide(results)
+    head_stats = measures.head_stats_wide(results)
     roles = assign_roles(head_stats, syntax_gains, min_arcs=settings.role_min_arcs, fdr=settings.role_fdr)
     ctx.write_table(roles, "roles", formats=("csv",))
     if syntax_tab is not None:
         ctx.write_table(syntax_tab, "syntax", formats=("csv",))
         ctx.write_table(syntax_gains, "syntax_heads", formats=("csv",))
-    ctx.write_table(_distance_table(mean_distance, n_layers, n_heads, len(distances)), "distances",
+    ctx.write_table(measures.distance_table(mean_distance, n_layers, n_heads, len(distances)), "distances",
                     formats=("parquet",))  # fmt: skip
     coords = sim.mds_embedding(mean_distance, seed=ctx.seed)
-    ctx.write_table(_mds_table(coords, n_layers, n_heads, roles), "mds", formats=("csv",))
-    pruning_tab = _pruning_table(importance, settings, ctx.seed)
-    top = _top_heads_table(importance, n_heads, settings, ctx.seed)
+    ctx.write_table(measures.mds_table(coords, n_layers, n_heads, roles), "mds", formats=("csv",))
+    pruning_tab = measures.pruning_table(importance, settings, ctx.seed)
+    top = measures.top_heads_table(importance, n_heads, settings, ctx.seed)
     if getattr(ctx.inputs, "eval_corpus", None) is not None:  # the importance pass stays on --corpus (halves)
         pruning_tab["corpus"] = top["corpus"] = ctx.corpus_id
     ctx.write_table(pruning_tab, "pruning", formats=("csv",))
@@ -236,74 +242,12 @@ def _write_side_tables(
     ctx.log("roles: " + ", ".join(f"{r}={c}" for r, c in summary["primary_role"].value_counts().items()))
 
 
-
 def activation_sites(model: Any) -> list[str]:
     """The sites the attention pass reads (what ``--activations`` must hold); the importance and gradient
     passes intervene on the model, so they always run it."""
-    return passes.attention_sites(model.config.n_layers)
+    return data.attention_sites(model.config.n_layers)
 
 
-def attention_table(scalars: np.ndarray, offsets: np.ndarray, settings: Settings, seed: int = 0) -> pd.DataFrame:
-    """Long rows ``layer, head, metric, value, ci_low, ci_high, n`` from per-sentence statistics.
-
-    Args:
-        scalars: ``[sentence, layer, head, metric]`` in the order ``SCALARS``.
-        offsets: ``[sentence, layer, head, 2 * max_offset + 1]`` argmax-offset fractions.
-    """
-    offsets = offsets.astype(np.float64)
-    n_layers, n_heads = scalars.shape[1:3]
-    rows = [_rows_from(scalars, list(SCALARS), settings, seed)]
-    max_offset = (offsets.shape[-1] - 1) // 2
-    k = settings.offset_bins
-    if max_offset <= k:  # short sentences: pad so that the reported bins and both tails exist
-        offsets = np.pad(offsets, [(0, 0)] * 3 + [(k + 1 - max_offset,) * 2])
-        max_offset = k + 1
-    centre = offsets[..., max_offset - k : max_offset + k + 1]
-    below = offsets[..., : max_offset - k].sum(-1, keepdims=True)
-    above = offsets[..., max_offset + k + 1 :].sum(-1, keepdims=True)
-    hist = np.concatenate([below, centre, above], axis=-1)
-    names = [f"argmax_offset<{-k}", *(f"argmax_offset={o}" for o in range(-k, k + 1)), f"argmax_offset>{k}"]
-    rows.append(_rows_from(hist, names, settings, seed))
-    # Most frequent argmax offset (over all offsets, not only the reported bins) and its share.
-    top_bin = offsets.mean(0).argmax(-1)  # [layer, head]
-    index = np.broadcast_to(top_bin[None, ..., None], (len(offsets), n_layers, n_heads, 1))
-    share = np.take_along_axis(offsets, index, -1)
-    rows.append(_rows_from(share, ["top_offset_fraction"], settings, seed))
-    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
-    rows.append(pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "metric": "top_offset",
-                              "value": (top_bin - max_offset).ravel().astype(float), "n": len(offsets)}))  # fmt: skip
-    return pd.concat(rows, ignore_index=True)
-
-
-def head_stats_wide(results: pd.DataFrame) -> pd.DataFrame:
-    """Wide table (one row per head: ``layer, head`` and one column per metric) of what the role rules read."""
-    wanted = [*hs.MASS_METRICS, "entropy_ratio", "top_offset", "top_offset_fraction"]
-    sel = results[results["metric"].isin(wanted) & results["head"].notna()]
-    wide = sel.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    return wide.astype({"layer": int, "head": int})
-
-
-# ------------------------------------------------------------------------------------------ table builders
-
-
-def _ratio_rows(distances: np.ndarray, n_layers: int, n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
-    """Within/between-layer distance ratio, overall and per layer, bootstrapped over sentences."""
-    layer_of = np.repeat(np.arange(n_layers), n_heads)
-    s = len(distances)
-    flat = distances.reshape(s, -1).astype(np.float64)
-    point = sim.within_between_ratio(distances.mean(0), layer_of)  # from the mean_distance of distances.parquet
-
-    def ratios(counts: np.ndarray) -> np.ndarray:  # [m, sentence] -> [m, key]
-        means = (counts @ flat / s).reshape(-1, *distances.shape[1:])
-        return np.asarray([list(sim.within_between_ratio(m, layer_of).values()) for m in means])
-
-    out = group_bootstrap(ratios, s, n_boot=settings.n_boot, level=settings.ci, seed=seed)
-    return pd.DataFrame([
-        {"layer": key, "head": None, "metric": "within_between_distance_ratio", "value": point[key],
-         "ci_low": out.low[i], "ci_high": out.high[i], "n": s}
-        for i, key in enumerate(point)
-    ])  # fmt: skip
 
 
 def _syntax_selection(ctx: Any, hits: syn.ArcHits, settings: Settings, eval_hits: syn.ArcHits | None = None,
@@ -333,135 +277,3 @@ def _syntax_selection(ctx: Any, hits: syn.ArcHits, settings: Settings, eval_hits
     return table, gains
 
 
-def _syntax_rows(acc: pd.DataFrame) -> pd.DataFrame:
-    out = acc.assign(metric="syntax:" + acc["relation"] + ":" + acc["direction"], value=acc["accuracy"])
-    return out[["layer", "head", "metric", "value", "n"]]
-
-
-def _importance_rows(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
-    effects = importance["effects"]  # [sentence, method, layer, head, measure]
-    methods, measures = importance["methods"].tolist(), importance["measures"].tolist()
-    flat = einops.rearrange(effects, "s a l h m -> s l h (a m)")
-    names = [f"ablation:{a}:{m}" for a in methods for m in measures]
-    objective = str(importance["objective"])
-    rows = [_rows_from(flat, names, settings, seed)]
-    if objective == "mlm":  # Michel et al.: pooled over tokens, L2-normalised per layer
-        rows.append(_michel_rows(importance["michel_sums"], importance["michel_tokens"], settings, seed))
-    else:
-        rows.append(_rows_from(importance["grad"][..., None], [f"grad_importance:{objective}"], settings, seed))
-    grad_mean = importance["grad"].mean(0)
-    for a in methods:
-        for m in measures:
-            effect_mean = effects[:, methods.index(a), :, :, measures.index(m)].mean(0)
-            rows.append(pd.DataFrame([{
-                "layer": None, "head": None, "metric": f"spearman:grad_importance:{objective}~ablation:{a}:{m}",
-                "value": imp.spearman(grad_mean, effect_mean), "n": effects.shape[0],
-            }]))  # fmt: skip
-    return pd.concat(rows, ignore_index=True)
-
-
-def _michel_rows(sums: np.ndarray, tokens: np.ndarray, settings: Settings, seed: int) -> pd.DataFrame:
-    """``grad_importance:mlm`` per head: Michel et al.'s score with a bootstrap over sentences (normalised in
-    every replicate)."""
-    s, shape = len(tokens), sums.shape[1:]
-    flat = sums.reshape(s, -1)
-
-    def score(counts: np.ndarray) -> np.ndarray:  # [m, sentence] -> [m, layer*head]
-        pooled = (counts @ flat) / (counts @ tokens)[:, None]
-        return grads.michel_normalise(pooled.reshape(-1, *shape)).reshape(len(counts), -1)
-
-    out = group_bootstrap(score, s, n_boot=settings.n_boot, level=settings.ci, seed=seed)
-    point, low, high = (a.reshape(shape) for a in (out.value, out.low, out.high))
-    layer, head = np.meshgrid(np.arange(point.shape[0]), np.arange(point.shape[1]), indexing="ij")
-    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "metric": "grad_importance:mlm",
-                         "value": point.ravel(), "ci_low": low.ravel(), "ci_high": high.ravel(), "n": s})  # fmt: skip
-
-
-def _pruning_table(importance: dict[str, np.ndarray], settings: Settings, seed: int) -> pd.DataFrame:
-    """Pruning curves: held-out importance orders (bootstrap over sentences) and the mean random order
-    (bootstrap over sentences crossed with orders)."""
-    curves = importance["pruning"]  # [sentence, order, count, measure]
-    orders, counts = importance["pruning_orders"].tolist(), importance["pruning_counts"].tolist()
-    mean, low, high, n = _mean_over_sentences(curves, settings, seed)
-    random = importance["pruning_random"]  # [sentence, random order, count, measure]
-    r_mean, r_low, r_high = hs.crossed_bootstrap_mean(random, n_boot=settings.n_boot, ci=settings.ci, seed=seed)
-    n_random = random.shape[1]
-    rows = []
-    for o, order in enumerate([*orders, f"random (mean of {n_random} orders)"]):
-        for c, count in enumerate(counts):
-            for m, measure in enumerate(imp.OUTPUT_MEASURES):
-                if o < len(orders):
-                    value = (mean[o, c, m], low[o, c, m], high[o, c, m], int(n[o, c, m]))
-                    selection, variance = "held-out", "sentences"
-                else:
-                    value = (r_mean[c, m], r_low[c, m], r_high[c, m], random.shape[0])
-                    selection, variance = "none", f"sentences x {n_random} orders"
-                rows.append({"order": order, "n_removed": count, "measure": measure, "value": value[0],
-                             "ci_low": value[1], "ci_high": value[2], "n": value[3], "selection": selection,
-                             "interval_covers": variance})  # fmt: skip
-    return pd.DataFrame(rows)
-
-
-def _top_heads_table(importance: dict[str, np.ndarray], n_heads: int, settings: Settings, seed: int) -> pd.DataFrame:
-    """Most important heads chosen on one half of the importance sentences, reported on the other."""
-    effects = importance["effects"]
-    methods = importance["methods"].tolist()
-    zero = methods.index("zero") if "zero" in methods else 0
-    rankings = {f"ablation:{methods[zero]}:pooled_cos": effects[:, zero, :, :, imp.OUTPUT_MEASURES.index("pooled_cos")]}
-    if str(importance["objective"]) == "mlm":
-        rankings["grad_importance:mlm (per-sentence token mean)"] = importance["grad"]
-    fold = hs.heldout_folds(len(effects), seed)
-    rows = []
-    for name, values in rankings.items():
-        for rec in hs.heldout_top(values.reshape(len(values), -1), fold, settings.top_k, n_boot=settings.n_boot,
-                                  ci=settings.ci, seed=seed):  # fmt: skip
-            for key in ("chosen_on_0", "chosen_on_1", "chosen_all"):
-                layer, head = divmod(rec.pop(key), n_heads)
-                rec[key] = head_name(layer, head)
-            rows.append({"ranking": name, **rec, "selection": "held-out"})
-    return pd.DataFrame(rows)
-
-
-def _mean_over_sentences(values: np.ndarray, settings: Settings, seed: int) -> tuple[np.ndarray, ...]:
-    """``values [sentence, ...]`` (NaN = undefined) -> (mean, ci_low, ci_high, n), each ``[...]``."""
-    out, n = mean_of_groups(values, n_boot=settings.n_boot, level=settings.ci, seed=seed)
-    return out.value, out.low, out.high, n
-
-
-def _rows_from(values: np.ndarray, names: list[str], settings: Settings, seed: int) -> pd.DataFrame:
-    """``values [sentence, layer, head, metric]`` -> long rows with bootstrap CIs."""
-    mean, low, high, n = _mean_over_sentences(values, settings, seed)
-    n_layers, n_heads, n_metrics = mean.shape
-    layer, head, metric = np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(n_metrics), indexing="ij")
-    return pd.DataFrame({
-        "layer": layer.ravel(), "head": head.ravel(), "metric": np.asarray(names)[metric.ravel()],
-        "value": mean.ravel(), "ci_low": low.ravel(), "ci_high": high.ravel(), "n": n.ravel(),
-    })  # fmt: skip
-
-
-def _tidy(results: pd.DataFrame) -> pd.DataFrame:
-    out = results.reindex(columns=RESULT_COLUMNS)
-    for col in ("layer", "head", "n"):
-        out[col] = pd.array(out[col].astype("Float64").round(), dtype="Int64")
-    for col in ("value", "ci_low", "ci_high"):
-        out[col] = out[col].astype(float)
-    return out
-
-
-def _distance_table(mean_distance: np.ndarray, n_layers: int, n_heads: int, n: int) -> pd.DataFrame:
-    total = n_layers * n_heads
-    a, b = np.meshgrid(np.arange(total), np.arange(total), indexing="ij")
-    return pd.DataFrame({
-        "layer_a": a.ravel() // n_heads, "head_a": a.ravel() % n_heads,
-        "layer_b": b.ravel() // n_heads, "head_b": b.ravel() % n_heads,
-        "distance": mean_distance.ravel(), "n": n,
-    })  # fmt: skip
-
-
-def _mds_table(coords: np.ndarray, n_layers: int, n_heads: int, roles: pd.DataFrame) -> pd.DataFrame:
-    primary = roles.groupby(["layer", "head"])["primary_role"].first()
-    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
-    return pd.DataFrame({
-        "layer": layer, "head": head, "x": coords[:, 0], "y": coords[:, 1],
-        "primary_role": [primary.get((int(L), int(h)), "other") for L, h in zip(layer, head, strict=True)],
-    })  # fmt: skip

@@ -1,10 +1,9 @@
 """Experiment `positions` (see :mod:`bertscope.experiments.positions.experiment` for what it measures and writes).
 
-The package exposes what :class:`bertscope.experiments.registry.Experiment` asks for; files by role:
-``experiment`` (Settings, run: the one place that sees the run context), ``design`` (the probe steps of
-one run), ``data`` (windows, sentences, activations), ``windows`` (the sequence sets
-of a run and their capture), ``measures`` (probe-free measures, pairs),
-``plots`` (figures from the tables).
+The package exposes what :class:`bertscope.experiments.registry.Experiment` asks for; files by role: ``experiment``
+(Settings, run: the one place that sees the run context), ``steps`` and ``steps_more`` (the probe steps of one run;
+old names ``design``, ``design_more``), ``data`` (windows, sentences, activations), ``windows`` (the sequence sets
+of a run and their capture), ``measures`` (probe-free measures, pairs), ``plots`` (figures from the tables).
 """
 
 from bertscope.experiments.positions.experiment import DIRNAME, NAME, SUMMARY_TABLES, Settings, check, run

@@ -60,9 +60,9 @@ import numpy as np
 import pandas as pd
 from bertscope.experiments.positions.data import Activations, main_sites, position_sites
 from bertscope.experiments.positions.data import collect as collect_activations
-from bertscope.experiments.positions.design import COLUMNS, ProbeDesign
 from bertscope.experiments.positions.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.positions.probing import position_table_views
+from bertscope.experiments.positions.steps import COLUMNS, ProbeDesign
 from bertscope.experiments.positions.windows import ZERO_POSITIONS, capture_positions, check, plan_inputs
 from bertscope.experiments.positions.windows import check_capture as check_windows
 from bertscope.experiments.positions.windows import plan_windows as plan_windows  # its home before `windows`
@@ -162,35 +162,63 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table (the framework writes it).
 
     Every expensive step is cached (each activation set, the alpha choices, each probe), so an interrupted
-    run resumes with what it finished. Longer than 60 lines: it is the one function that wires each cached step
-    to the run context, in the order the steps run; the measurements themselves live in the other modules."""
+    run resumes with what it finished. The plan: the sequence sets (``windows``), their activations (``data``),
+    the probe steps (``steps``), the summary tables."""
     settings = ctx.use_settings(settings)
     t0 = time.perf_counter()
     ctx.note("settings", dataclasses.asdict(settings))
-    model = ctx.model
-    model.eval()
-    n_layers = model.config.n_layers
+    ctx.model.eval()
     check(ctx.inputs, settings)
-    sites, residual = position_sites(n_layers), main_sites(n_layers)
-    plan = plan_inputs(model, ctx.corpus, settings, seed=ctx.seed, max_sentences=ctx.options.max_sentences,
+    plan, train_plan, reported_on = _plans(ctx, settings)
+    design = _design(ctx, plan, reported_on)
+    acts, tuning_acts = _activations(ctx, design, plan, train_plan)
+    tables = _position_table(ctx)
+    ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
+    ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
+    # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
+    with threadpool_limits(limits=plan.settings.blas_threads):
+        design.tune(tuning_acts)
+        design.tune_capacity(tuning_acts)
+        parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, plan.settings).items()}
+    for key, value in design.notes.items():
+        ctx.note(key, value)
+    confusion = parts.pop("confusion")
+    results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
+    _write_tables(ctx, results, confusion, tables, reported_on if train_plan is not None else None)
+    ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
+    ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
+    return results
+
+
+def _plans(ctx: Any, settings: Settings) -> tuple[Any, Any, str]:
+    """The run's plan of sequence sets (`windows.plan_inputs`) and, with ``--eval-corpus``, the ``--corpus`` plan
+    the probes are fit on: ``(plan, train_plan or None, the corpus every number is reported on)``."""
+    plan = plan_inputs(ctx.model, ctx.corpus, settings, seed=ctx.seed, max_sentences=ctx.options.max_sentences,
                        max_length=ctx.options.max_length, encode=lambda kept: ctx.encode(kept, sort_by_length=True))
     for warning in plan.warnings:  # a short corpus gets shorter windows
         ctx.warn(warning)
     eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
-    reported_on, train_plan = ctx.corpus_id, None
-    if eval_corpus is not None:  # tuning windows (every choice) from --corpus, everything reported from the other
-        train_plan = plan  # its probed windows and sentences are what the probes are fit on
-        plan, reported_on = _eval_plan(ctx, plan, eval_corpus), str(eval_corpus.name)
-        ctx.note("eval_corpus", reported_on)
-        ctx.log(f"alphas and the sweep's operating point chosen on {len(plan.tuning)} windows of {ctx.corpus_id}; "
-                f"window, sentence and [CLS]/[SEP] probes fit on {ctx.corpus_id}'s {len(train_plan.windows)} "
-                f"windows and {len(train_plan.sentences)} sentences; every reported number from {reported_on}")
+    if eval_corpus is None:
+        return plan, None, ctx.corpus_id
+    # tuning windows (every choice) from --corpus, everything reported from the other
+    train_plan = plan  # its probed windows and sentences are what the probes are fit on
+    plan, reported_on = _eval_plan(ctx, plan, eval_corpus), str(eval_corpus.name)
+    ctx.note("eval_corpus", reported_on)
+    ctx.log(f"alphas and the sweep's operating point chosen on {len(plan.tuning)} windows of {ctx.corpus_id}; "
+            f"window, sentence and [CLS]/[SEP] probes fit on {ctx.corpus_id}'s {len(train_plan.windows)} "
+            f"windows and {len(train_plan.sentences)} sentences; every reported number from {reported_on}")
+    return plan, train_plan, reported_on
+
+
+def _design(ctx: Any, plan: Any, reported_on: str) -> ProbeDesign:
+    """The run's `steps.ProbeDesign` (probes on CPU jobs), with the counts of the plan noted and logged."""
     settings, windows, tuning, sentences = plan.settings, plan.windows, plan.tuning, plan.sentences
     ctx.note("window_len", settings.window_len)
     # the probes run on CPU whatever the model's device, so they may always go to forked workers
     jobs = ctx.jobs(workers=settings.n_jobs, threads=settings.blas_threads, device="cpu")
-    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": reported_on}, sites, residual,
-                         seed=ctx.seed, jobs=jobs)  # fmt: skip
+    n_layers = ctx.model.config.n_layers
+    design = ProbeDesign(settings, {"model": ctx.model_id, "corpus": reported_on}, position_sites(n_layers),
+                         main_sites(n_layers), seed=ctx.seed, jobs=jobs)  # fmt: skip
     ctx.note("n_windows", len(windows))
     ctx.note("n_tune_windows", len(tuning))
     ctx.record_used({"sentences": len(sentences)}, available=len(ctx.corpus),
@@ -198,51 +226,61 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.note("n_sentences", len(sentences))
     ctx.log(f"{len(windows)} windows of {settings.window_len} pieces (+{len(tuning)} for tuning alphas), "
             f"{len(sentences)} sentences ({plan.why})")
+    return design
+
+
+#: Sequence set of a plan -> the ``(data, condition)`` key of its activations in the probe steps.
+ACTIVATION_KEYS = {"windows": ("windows", "none"), "windows_shuffled": ("windows", "shuffled"),
+                   "sentences": ("sentences", "none"), "sentences_shuffled": ("sentences", "shuffled"),
+                   "windows_zeroed_positions": ("windows", "zeroed_positions")}  # fmt: skip
+
+
+def _activations(ctx: Any, design: ProbeDesign, plan: Any, train_plan: Any) -> tuple[dict, Any]:
+    """Each sequence set's activations, one cached step each (a capture's, with ``--activations``); with
+    ``--eval-corpus`` the ``--corpus`` sets go to ``design.train_acts``. Returns ``(acts, tuning_acts)``."""
+    settings = plan.settings
     source = _capture_source(ctx, ctx.settings)  # --activations naming a positions capture, else None
 
     def collect(name: str, seqs: Any, at: list[str], hooks: tuple) -> Activations:
         def compute() -> dict[str, np.ndarray]:
-            return collect_activations(model, seqs, at, batch_size=settings.batch_size, fwd_hooks=hooks,
+            return collect_activations(ctx.model, seqs, at, batch_size=settings.batch_size, fwd_hooks=hooks,
                                        capture=source, name=name, max_length=ctx.options.max_length).to_arrays()
 
         return Activations.from_arrays(ctx.step_arrays("activations", compute, data=name, sites=at))
 
-    keys = {"windows": ("windows", "none"), "windows_shuffled": ("windows", "shuffled"),
-            "sentences": ("sentences", "none"), "sentences_shuffled": ("sentences", "shuffled"),
-            "windows_zeroed_positions": ("windows", "zeroed_positions")}  # fmt: skip
     acts, tuning_acts = {}, None
     for name, seqs, at, hooks in plan.datasets(design.tuning_sites):
         if name == "tuning":
             tuning_acts = collect(name, seqs, at, hooks)
         else:
-            acts[keys[name]] = collect(name, seqs, at, hooks)
+            acts[ACTIVATION_KEYS[name]] = collect(name, seqs, at, hooks)
     if train_plan is not None:  # --eval-corpus: the --corpus sets the probes are fit on
-        design.train_acts = {keys[name]: collect(f"train_{name}", seqs, at, hooks)
+        design.train_acts = {ACTIVATION_KEYS[name]: collect(f"train_{name}", seqs, at, hooks)
                              for name, seqs, at, hooks in train_plan.datasets(design.tuning_sites) if name != "tuning"}
     if not plan.zeroed:
         ctx.warn("the model adds no position embeddings (rotary or relative positions): the zeroed-position null "
                  "is skipped")
-    # row i = the i-th token's position (RoBERTa's offset rows dropped); None without an absolute table
-    tables = None if model.W_pos_tokens is None else {"W_pos": _numpy(model.W_pos_tokens)}
+    return acts, tuning_acts
+
+
+def _position_table(ctx: Any) -> dict[str, np.ndarray] | None:
+    """``{"W_pos": table}``, row i = the i-th token's position (RoBERTa's offset rows dropped); None (said in a
+    warning) without an absolute table."""
+    tables = None if ctx.model.W_pos_tokens is None else {"W_pos": _numpy(ctx.model.W_pos_tokens)}
     if tables is None:
         ctx.warn("the model has no absolute position table (rotary or relative positions): the CKA with the "
                  "table and the position-table probes are skipped")
-    ctx.note("seconds_activations", round(time.perf_counter() - t0, 1))
-    ctx.log(f"activations cached ({time.perf_counter() - t0:.1f}s)")
-    # Many small fits: BLAS threads buy little on them and thrash when the cores are shared.
-    with threadpool_limits(limits=settings.blas_threads):
-        design.tune(tuning_acts)
-        design.tune_capacity(tuning_acts)
-        parts = {name: _timed(ctx, name, fn) for name, fn in _steps(design, acts, tables, settings).items()}
-    for key, value in design.notes.items():
-        ctx.note(key, value)
-    confusion = parts.pop("confusion")
-    results = pd.concat(parts.values(), ignore_index=True)[COLUMNS]
-    if eval_corpus is not None:  # which corpus chose each alpha / operating point (runs without it keep their columns)
+    return tables
+
+
+def _write_tables(ctx: Any, results: pd.DataFrame, confusion: pd.DataFrame, tables: dict | None,
+                  reported_on: str | None) -> None:
+    """The side tables (confusion, position-table views, the two summaries); ``reported_on``: the
+    ``--eval-corpus`` name (its columns added to ``results`` too), None without one."""
+    if reported_on is not None:  # which corpus chose each alpha / operating point (runs without it keep columns)
         results["selection_corpus"] = ctx.corpus_id
         results["trained_on"] = trained_on(results, ctx.corpus_id, reported_on)
-
-    if eval_corpus is not None:  # its probes are fit on --corpus's windows, every eval window predicted
+        # its probes are fit on --corpus's windows, every eval window predicted
         confusion = confusion.assign(selection_corpus=ctx.corpus_id, trained_on=ctx.corpus_id)
     ctx.write_table(confusion, "confusion")
     if tables is not None:
@@ -251,12 +289,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         ctx.write_table(cosine, "position_table_cosine", formats=("parquet",))
     summaries = {"summary_absolute": summary_absolute(results), "capacity_sweep": capacity_sweep(results)}
     for name, table in summaries.items():  # both tables' probes (and memorisation ceilings) are fit on --corpus
-        if eval_corpus is not None:
+        if reported_on is not None:
             table = table.assign(corpus=reported_on, selection_corpus=ctx.corpus_id, trained_on=ctx.corpus_id)
         ctx.write_table(table, name)
-    ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
-    ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
-    return results
 
 
 def _steps(design: ProbeDesign, acts: dict, tables: dict | None, settings: Settings) -> dict[str, Any]:
@@ -274,7 +309,6 @@ def _steps(design: ProbeDesign, acts: dict, tables: dict | None, settings: Setti
         steps["mdl"] = lambda: design.mdl(acts)
     steps["confusion"] = lambda: design.confusion(acts)
     return steps
-
 
 
 def trained_on(results: pd.DataFrame, train_corpus: str, eval_corpus: str) -> pd.Series:

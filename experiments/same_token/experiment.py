@@ -22,12 +22,12 @@ mass; on every corpus the duplicate mass is also type-balanced (:mod:`.balance`)
 held-out (:mod:`.held_out`). Every interval is a percentile group bootstrap (:mod:`bertscope.probes.bootstrap`)
 over sentences (tokens for the weight view).
 
-Files by role: ``collect`` (the model pass and the long table), ``measures`` (per-query metrics, tallies,
-nulls), ``balance``, ``control``, ``held_out``, ``weights`` (the W_QK view), ``examples`` (maps for the
-figures), ``plots``, ``findings``. Tables: ``results`` (long: model, corpus, source ``raw|head``, site, layer,
-head, weighting, metric, value, ci_low, ci_high, null, null_kind, ratio, ...; raw rows have ``head = -1`` and
-``layer = -1`` for the embedding sites, else the layer whose ``hook_resid_post`` was used), ``held_out``,
-``summary`` and ``example_maps`` (attention maps of a repeated sentence for the figures).
+Files by role: ``data`` (the model pass and the long table; old name ``collect``), ``measures`` (per-query metrics,
+tallies, nulls), ``balance``, ``control``, ``held_out``, ``weights`` (the W_QK view), ``examples`` (maps for the
+figures), ``plots``, ``findings``. Tables: ``results`` (long: model, corpus, source ``raw|head``, site, layer, head,
+weighting, metric, value, ci_low, ci_high, null, null_kind, ratio, ...; raw rows have ``head = -1`` and ``layer =
+-1`` for the embedding sites, else the layer whose ``hook_resid_post`` was used), ``held_out``, ``summary`` and
+``example_maps`` (attention maps of a repeated sentence for the figures).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from typing import Any
 import pandas as pd
 from bertscope.experiments.activations import open_capture
 from bertscope.experiments.options import sentences_used
-from bertscope.experiments.same_token.collect import Progress, collect, tables
-from bertscope.experiments.same_token.collect import sites as collect_sites
 from bertscope.experiments.same_token.control import CONTROL_CORPUS, RANDOM_CORPUS, control_corpus, copy_specific
+from bertscope.experiments.same_token.data import Progress, collect, tables
+from bertscope.experiments.same_token.data import sites as collect_sites
 from bertscope.experiments.same_token.examples import example_maps
 from bertscope.experiments.same_token.held_out import held_out_table
 from bertscope.experiments.same_token.measures import DUPLICATE_METRICS
@@ -115,20 +115,11 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     control) plus the weight view; write ``example_maps``, ``held_out`` and ``summary``; return the long
     results table."""
     settings = ctx.use_settings(settings)
-    model = ctx.model
     corpora = _corpora(ctx, settings)
-    ctx.note("settings", asdict(settings))
-    ctx.note("n_boot", settings.n_boot)
-    ctx.note("vocab_sample", settings.vocab_sample)
-    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
-    ctx.record_used({c.name: len(c) for c in corpora}, available=len(ctx.corpus),
-                    more="--set same-token.max_sentences=N")
-    random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
-    ctx.note("repeated_random_meta", dict(random.meta) if random is not None else None)
-    ctx.note("conventions", CONVENTIONS)
+    random = _record_inputs(ctx, settings, corpora)
     stats = {"n_boot": settings.n_boot, "seed": ctx.seed, "level": settings.ci}
     stores, frames = {}, []
-    source = open_capture(ctx.options.activations, model)  # --activations: the run's corpus from a capture
+    source = open_capture(ctx.options.activations, ctx.model)  # --activations: the run's corpus from a capture
     for corpus in corpora:
         stores[corpus.name] = _collect_step(ctx, corpus, source if corpus is corpora[0] else None)
         ctx.log(f"{corpus.name}: self and duplicate masses with {settings.n_boot} bootstrap draws")
@@ -138,23 +129,42 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
                                                                       **stats)))  # fmt: skip
     ctx.log("held-out head choice (chosen on one half of the sentences, reported on the other); weight view")
     held_out = ctx.step("held_out", lambda: held_out_table(stores, main=ctx.corpus.name, k=settings.top_k, **stats))
-    frames.append(ctx.step("weights", lambda: weight_view(model, n_tokens=settings.vocab_sample, **stats)))
+    frames.append(ctx.step("weights", lambda: weight_view(ctx.model, n_tokens=settings.vocab_sample, **stats)))
     results = pd.concat(frames, ignore_index=True)
     results.insert(0, "model", ctx.model_id)
+    _log_null_fallback(ctx, results)
+    ctx.log("example attention maps")
+    maps = ctx.step(
+        "example_maps", lambda: example_maps(ctx.model, corpora, results, max_tokens=settings.example_max_tokens)
+    )
+    ctx.write_table(maps, "example_maps", formats=("parquet",))
+    ctx.write_table(held_out.assign(model=ctx.model_id), "held_out")
+    ctx.write_table(summary_table(results, held_out), "summary")
+    return results
+
+
+def _record_inputs(ctx: Any, settings: Settings, corpora: list) -> Any:
+    """Note the settings and the sentences of each corpus (part of ``run``); returns repeated-random (or None)."""
+    ctx.note("settings", asdict(settings))
+    ctx.note("n_boot", settings.n_boot)
+    ctx.note("vocab_sample", settings.vocab_sample)
+    ctx.note("sentences_per_corpus", {c.name: len(c) for c in corpora})
+    ctx.record_used({c.name: len(c) for c in corpora}, available=len(ctx.corpus),
+                    more="--set same-token.max_sentences=N")
+    random = next((c for c in corpora if c.name == RANDOM_CORPUS), None)
+    ctx.note("repeated_random_meta", dict(random.meta) if random is not None else None)
+    ctx.note("conventions", CONVENTIONS)
+    return random
+
+
+def _log_null_fallback(ctx: Any, results: pd.DataFrame) -> None:
+    """Say, per corpus, where the offset-matched null was undefined and the uniform null stood in."""
     fallback = results[results.metric.isin(DUPLICATE_METRICS) & (results.null_kind == "uniform")]
     for corpus in sorted(fallback.corpus.unique()):
         ctx.log(
             f"{corpus}: some copies sit at offsets where every content pair is a copy, so the offset-matched "
             "null is undefined there (null_offset = NaN); null/ratio use the uniform null (null_kind)"
         )
-    ctx.log("example attention maps")
-    maps = ctx.step(
-        "example_maps", lambda: example_maps(model, corpora, results, max_tokens=settings.example_max_tokens)
-    )
-    ctx.write_table(maps, "example_maps", formats=("parquet",))
-    ctx.write_table(held_out.assign(model=ctx.model_id), "held_out")
-    ctx.write_table(summary_table(results, held_out), "summary")
-    return results
 
 
 def measure(
@@ -172,7 +182,7 @@ def measure(
 
     encoded: the batches of ``corpus.encode`` (each with input_ids, attention_mask, token_type_ids,
     special_mask [batch, pos]). Returns the long table for this corpus (no ``model`` column):
-    :func:`.collect.collect` then :func:`.collect.tables`.
+    :func:`.data.collect` then :func:`.data.tables`.
     """
     arrays = collect(model, encoded, progress=progress, shadow_m=shadow_m)
     return tables(arrays, corpus=corpus, n_boot=n_boot, seed=seed, level=level)
@@ -235,7 +245,7 @@ def activation_sites(model: Any) -> list[str]:
 
 
 def _collect_step(ctx: Any, corpus: Any, capture: Any = None) -> dict[str, Any]:
-    """The cached model pass over one corpus (:func:`.collect.collect`); the control needs only the heads, read
+    """The cached model pass over one corpus (:func:`.data.collect`); the control needs only the heads, read
     at its would-be copies. ``capture``: a `CaptureSource` to read instead of running the model."""
     encoded = ctx.encode(corpus)
     control = corpus.name == CONTROL_CORPUS

@@ -1,7 +1,8 @@
 """Experiment `structure`: structural probes (Hewitt & Manning 2019) per layer and sublayer, with controls (see
 :mod:`bertscope.experiments.structure.experiment`).
 
-Files by role: ``experiment`` (Settings, run), ``data`` (sites, split, word vectors), ``measures`` (metrics with
+Files by role: ``experiment`` (Settings, run), ``data`` (sites, split, word vectors), ``steps``
+(the training passes; old name ``passes``), ``measures`` (metrics with
 intervals, baselines), ``plots`` (figures from the tables), ``findings`` (sentences from the tables).
 """
 

@@ -30,6 +30,13 @@ def sublayer_sites(n_layers: int, components: Sequence[str] = BLOCK_COMPONENTS[:
     return [f"blocks.{layer}.hook_{c}" for layer in range(n_layers) for c in BLOCK_COMPONENTS[:3] if c in components]
 
 
+def trained_sites(n_layers: int, sublayers: bool | Sequence[str]) -> list[str]:
+    """The trained model's probed sites: every residual site, then the sublayer sites of ``Settings.sublayers``
+    (True: ``attn_out``, ``resid_mid``, ``mlp_out``; False: none; else those components)."""
+    components = (BLOCK_COMPONENTS[:3] if sublayers is True else () if sublayers is False else tuple(sublayers))
+    return residual_sites(n_layers) + sublayer_sites(n_layers, components)
+
+
 @dataclass(frozen=True)
 class Split:
     """Sentence indices (into the corpus) of the train, dev (early stopping) and test sets."""

@@ -4,7 +4,7 @@ For every site (the embedding output, each block's output, and inside each block
 and ``mlp_out`` with ``Settings(sublayers=True)``) a distance probe (UUAS, DSpr) and a depth probe (root accuracy,
 NSpr) are trained on word vectors (mean of each word's pieces) of ``n_train`` sentences, early-stopped on ``n_dev``
 others and scored on ``n_test`` held-out sentences (a seeded split by sentence, stated in every row). Conventions:
-`bertscope.probes.structural` (the authors' loss, regimen and reporter). Training: three batched passes (`passes`),
+`bertscope.probes.structural` (the authors' loss, regimen and reporter). Training: three batched passes (`steps`),
 every site, kind and rank of a pass at once, each probe trained to early stopping.
 
 Controls: the embedding layer (non-contextual: layer 0); the same architecture with random weights
@@ -35,10 +35,10 @@ import pandas as pd
 import torch
 from bertscope.experiments.activations import open_capture
 from bertscope.experiments.options import sentences_used
-from bertscope.experiments.structure import data, measures, passes
+from bertscope.experiments.structure import data, measures, steps
 from bertscope.experiments.structure.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.probes.structural import mst_edges, tree_distances
-from bertscope.probes.structural_fit import ProbeSpec, Sentences
+from bertscope.probes.structural_fit import ProbeSpec
 
 NAME = "structure"
 DIRNAME = "structure"
@@ -112,12 +112,43 @@ def check(inputs: Any, settings: Settings) -> None:
 
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     """Run the experiment into ``ctx.out_dir``; returns the main long table. Word vectors and each training
-    pass are cached steps, so an interrupted run resumes with what it finished."""
+    pass are cached steps, so an interrupted run resumes with what it finished. The plan: the sentence split,
+    word vectors per site (``data``), the training passes and their scores (``steps``), the tables."""
     settings = ctx.use_settings(settings)
     t0 = time.perf_counter()
     check(ctx.inputs, settings)
     ctx.note("settings", dataclasses.asdict(settings))
-    n_layers = ctx.model.config.n_layers
+    split, chosen, test_corpus = _choose_sentences(ctx, settings)
+    site_names = {"trained": data.trained_sites(ctx.model.config.n_layers, settings.sublayers)}
+    if settings.random_weights:
+        site_names["random_weights"] = data.residual_sites(ctx.model.config.n_layers)
+    old_threads = torch.get_num_threads()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    try:
+        vectors, parts = _vectors(ctx, split, chosen, site_names, t0)
+        heads, punct = [list(s.heads) for s in chosen], data.punct_masks(chosen)
+        info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "split": "test", "test_corpus": test_corpus,
+                "n_train": len(parts["train"]), "n_dev": len(parts["dev"]), "n_test": len(parts["test"])}
+        rows, dev_rows, training, full = _train_and_score(ctx, settings, vectors, site_names, parts, heads, punct,
+                                                          info)  # fmt: skip
+    finally:
+        torch.set_num_threads(old_threads)
+    ctx.note("test_corpus", test_corpus)
+    results = _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True),
+                                             pd.concat(dev_rows, ignore_index=True)),
+                     pd.concat(training, ignore_index=True))  # fmt: skip
+    examples, edges = _examples(results, full, parts["test"], chosen, heads, punct, settings.n_examples)
+    ctx.write_table(examples, "examples")
+    ctx.write_table(edges, "example_edges")
+    ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
+    ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
+    return results
+
+
+def _choose_sentences(ctx: Any, settings: Settings) -> tuple[data.Split, list, str]:
+    """The train / dev / test split (test from ``--eval-corpus`` when given), the chosen sentences in that order
+    and the test corpus's name (part of ``run``: it logs)."""
     eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
     split = data.split_sentences(len(ctx.corpus), settings.n_train, settings.n_dev, settings.n_test,
                                  ctx.rng("split"), n_eval_available=None if eval_corpus is None else len(eval_corpus))
@@ -128,69 +159,57 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     _, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
     ctx.log(f"{len(chosen)} sentences (train {len(split.train)}, dev {len(split.dev)} of {ctx.corpus_id}; test "
             f"{len(split.test)} of {test_corpus}) drawn from {len(ctx.corpus)} of {ctx.corpus_id} ({why})")
-    components = (data.BLOCK_COMPONENTS[:3] if settings.sublayers is True
-                  else () if settings.sublayers is False else tuple(settings.sublayers))
-    site_names = {"trained": data.residual_sites(n_layers) + data.sublayer_sites(n_layers, components)}
-    if settings.random_weights:
-        site_names["random_weights"] = data.residual_sites(n_layers)
-    old_threads = torch.get_num_threads()
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    try:
-        n_fit = len(split.train) + len(split.dev)  # training-corpus sentences, encoded apart from the test ones
-        vectors, truncated = _features(ctx, chosen, site_names, n_fit if eval_corpus is not None else None)
-        parts = _local_parts(split, set(truncated))
-        ctx.note("n_left_out_truncated", len(truncated))
-        ctx.note("split", {k: len(v) for k, v in parts.items()})
-        ctx.record_used({k: len(v) for k, v in parts.items()}, available=len(ctx.corpus) + (
-            0 if eval_corpus is None else len(eval_corpus)), more="--set structure.n_train=N (and structure.n_dev, "
-                        "structure.n_test)")  # fmt: skip
-        ctx.log(f"{len(chosen)} sentences: {', '.join(f'{k} {len(v)}' for k, v in parts.items())}; word vectors "
-                f"at {sum(map(len, site_names.values()))} sites ({time.perf_counter() - t0:.1f}s)")
-        heads, punct = [list(s.heads) for s in chosen], data.punct_masks(chosen)
-        info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "split": "test", "test_corpus": test_corpus,
-                "n_train": len(parts["train"]), "n_dev": len(parts["dev"]), "n_test": len(parts["test"])}
-        test = parts["test"]
-        scored = {name: (parts[name], measures.resample_weights(len(parts[name]), settings.n_boot, [ctx.seed, seed]))
-                  for name, seed in (("test", 18), ("dev", 19))}  # the dev split chooses, the test split reports
-        rows, dev_rows, training, full = [], [], [], {}
-        pass_list = _passes(settings, site_names, ctx.model.config.d_model)
-        t1 = time.perf_counter()
-        # one thread per pass wherever it trains (identical results); one worker: this process on `threads`
-        jobs = ctx.jobs(workers=settings.workers, threads=1 if settings.workers > 1 else settings.threads)
-        trained = passes.train(jobs, settings, pass_list, vectors, site_names, parts, heads, seed=ctx.seed,
-                               device=ctx.device)  # fmt: skip
-        ctx.log(f"{len(pass_list)} training passes ({time.perf_counter() - t1:.1f}s)")
-        for p, arrays in zip(pass_list, trained, strict=True):
-            t1 = time.perf_counter()
-            for name, (idx, weights) in scored.items():
-                words, lengths = passes.pass_words(p, vectors, site_names, idx)
-                r, tr, f = passes.score(p, arrays, Sentences(words, lengths, None, ctx.device),
-                                        [heads[i] for i in idx], [punct[i] for i in idx], weights, settings.ci,
-                                        {**info, "split": name})
-                if name == "test":
-                    rows.append(r)
-                    training.append(tr)
-                    full.update(f)
-                else:
-                    dev_rows.append(r)
-            ctx.log(f"{p.name} pass: {len(p.specs)} probes at {len(p.sites)} sites, "
-                    f"{int(tr['stopped_epoch'].max())} epochs at most (scored in {time.perf_counter() - t1:.1f}s)")
-        rows.append(_baseline_rows([heads[i] for i in test], [punct[i] for i in test], scored["test"][1],
-                                   settings.ci, info))
-    finally:
-        torch.set_num_threads(old_threads)
-    ctx.note("test_corpus", test_corpus)
-    results = _write(ctx, settings, with_dev(pd.concat(rows, ignore_index=True),
-                                             pd.concat(dev_rows, ignore_index=True)),
-                     pd.concat(training, ignore_index=True))  # fmt: skip
-    examples, edges = _examples(results, full, test, chosen, heads, punct, settings.n_examples)
-    ctx.write_table(examples, "examples")
-    ctx.write_table(edges, "example_edges")
-    ctx.note("seconds_compute", round(time.perf_counter() - t0, 1))
-    ctx.log(f"done in {time.perf_counter() - t0:.1f}s")
-    return results
+    return split, chosen, test_corpus
 
+
+def _vectors(ctx: Any, split: data.Split, chosen: list, site_names: dict[str, list[str]],
+             t0: float) -> tuple[dict, dict]:
+    """Word vectors per encoder (cached steps) and the split's local indices without the truncated sentences,
+    noted and recorded as what the run used."""
+    eval_corpus = getattr(ctx.inputs, "eval_corpus", None)
+    n_fit = len(split.train) + len(split.dev)  # training-corpus sentences, encoded apart from the test ones
+    vectors, truncated = _features(ctx, chosen, site_names, n_fit if eval_corpus is not None else None)
+    parts = _local_parts(split, set(truncated))
+    ctx.note("n_left_out_truncated", len(truncated))
+    ctx.note("split", {k: len(v) for k, v in parts.items()})
+    ctx.record_used({k: len(v) for k, v in parts.items()}, available=len(ctx.corpus) + (
+        0 if eval_corpus is None else len(eval_corpus)), more="--set structure.n_train=N (and structure.n_dev, "
+                    "structure.n_test)")  # fmt: skip
+    ctx.log(f"{len(chosen)} sentences: {', '.join(f'{k} {len(v)}' for k, v in parts.items())}; word vectors "
+            f"at {sum(map(len, site_names.values()))} sites ({time.perf_counter() - t0:.1f}s)")
+    return vectors, parts
+
+
+def _train_and_score(ctx: Any, settings: Settings, vectors: dict, site_names: dict[str, list[str]], parts: dict,
+                     heads: list, punct: list, info: dict) -> tuple[list, list, list, dict]:
+    """The training passes (jobs, each a cached step) scored on the test and dev splits, and the baselines:
+    ``(test rows, dev rows, training records, full-rank predictions)``."""
+    scored = {name: (parts[name], measures.resample_weights(len(parts[name]), settings.n_boot, [ctx.seed, seed]))
+              for name, seed in (("test", 18), ("dev", 19))}  # the dev split chooses, the test split reports
+    rows, dev_rows, training, full = [], [], [], {}
+    pass_list = _passes(settings, site_names, ctx.model.config.d_model)
+    t1 = time.perf_counter()
+    # one thread per pass wherever it trains (identical results); one worker: this process on `threads`
+    jobs = ctx.jobs(workers=settings.workers, threads=1 if settings.workers > 1 else settings.threads)
+    trained = steps.train(jobs, settings, pass_list, vectors, site_names, parts, heads, seed=ctx.seed,
+                          device=ctx.device)  # fmt: skip
+    ctx.log(f"{len(pass_list)} training passes ({time.perf_counter() - t1:.1f}s)")
+    for p, arrays in zip(pass_list, trained, strict=True):
+        t1 = time.perf_counter()
+        by_split = steps.score_splits(p, arrays, vectors, site_names, scored, heads, punct, settings.ci, info,
+                                      ctx.device)  # fmt: skip
+        r, tr, f = by_split["test"]
+        rows.append(r)
+        training.append(tr)
+        full.update(f)
+        dev_rows.append(by_split["dev"][0])
+        tr = by_split["dev"][1]
+        ctx.log(f"{p.name} pass: {len(p.specs)} probes at {len(p.sites)} sites, "
+                f"{int(tr['stopped_epoch'].max())} epochs at most (scored in {time.perf_counter() - t1:.1f}s)")
+    test = parts["test"]
+    rows.append(_baseline_rows([heads[i] for i in test], [punct[i] for i in test], scored["test"][1],
+                               settings.ci, info))
+    return rows, dev_rows, training, full
 
 
 # ------------------------------------------------------------------------------------------------ pieces
@@ -237,26 +256,23 @@ def _features(ctx: Any, chosen: list, site_names: dict[str, list[str]],
 def activation_sites(model: Any) -> list[str]:
     """The sites the trained model's word vectors come from (what ``--activations`` must hold; the random-weights
     control is another model, so its forward always runs)."""
-    settings, n_layers = Settings(), model.config.n_layers
-    components = (data.BLOCK_COMPONENTS[:3] if settings.sublayers is True
-                  else () if settings.sublayers is False else tuple(settings.sublayers))
-    return data.residual_sites(n_layers) + data.sublayer_sites(n_layers, components)
+    return data.trained_sites(model.config.n_layers, Settings().sublayers)
 
 
-def _passes(settings: Settings, site_names: dict[str, list[str]], d: int) -> list[passes.Pass]:
+def _passes(settings: Settings, site_names: dict[str, list[str]], d: int) -> list[steps.Pass]:
     """The residual pass (the trained model's residual sites: full-rank probes and the rank sweep), the
     random-weights pass (its residual sites: full-rank probes) and the sublayer pass (the trained model's
     sublayer sites: full-rank probes)."""
     full = (ProbeSpec("distance"), ProbeSpec("depth"))
     sweep = tuple(ProbeSpec("distance", k) for k in settings.ranks if k < d)
     residual = [s for s in site_names["trained"] if data.site_layer(s)[1] in ("embed", "resid_post")]
-    out = [passes.Pass("residual", tuple(("trained", s) for s in residual), full + sweep)]
+    out = [steps.Pass("residual", tuple(("trained", s) for s in residual), full + sweep)]
     if site_names.get("random_weights"):
-        out.append(passes.Pass("random_weights", tuple(("random_weights", s) for s in site_names["random_weights"]),
+        out.append(steps.Pass("random_weights", tuple(("random_weights", s) for s in site_names["random_weights"]),
                                full))
     sub = [("trained", s) for s in site_names["trained"] if s not in residual]
     if sub:
-        out.append(passes.Pass("sublayer", tuple(sub), full))
+        out.append(steps.Pass("sublayer", tuple(sub), full))
     return out
 
 

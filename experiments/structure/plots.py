@@ -133,7 +133,8 @@ def _tree_legend() -> list:
             Line2D([], [], color="0.6", marker="s", ls="none", label="punctuation (grey; left out)")]
 
 
-def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
+def _trees(words: pd.DataFrame, edges: pd.DataFrame, out_dir: Path,
+           formats: Sequence[str] = FORMATS) -> list[Path]:
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
 
