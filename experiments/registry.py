@@ -115,6 +115,20 @@ def _machine(path: Path) -> str:
         return "unknown machine"
 
 
+#: The role names of an experiment's computation modules and what each holds (docs/architecture.md, "The experiment
+#: template"); ``tests/test_experiment_template.py`` checks every experiment uses them. ``data`` and ``measures``
+#: are in every experiment, ``steps`` where the run has resumable stages of its own; a role module split by size
+#: keeps its role as a prefix (``steps_more.py``).
+ROLE_MODULES: dict[str, str] = {
+    "data": "what is read from the model and the corpus: sites, splits, sequences, the forward passes; arrays out",
+    "measures": "plain arrays in, tables out: statistics, scores and intervals; no forward pass",
+    "steps": "the resumable stages of a long run: each a unit run caches or sends as jobs",
+}
+
+#: Names computation modules had before the role names; each that exists is an alias module (the very module of its
+#: new name).
+RETIRED_MODULES: tuple[str, ...] = ("collect", "passes", "design", "design_more", "compute")
+
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
 OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "check_settings", "activation_sites",
                                      "NO_ACTIVATIONS", "check_capture", "capture_inputs")

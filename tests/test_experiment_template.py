@@ -1,5 +1,6 @@
 """Every registered experiment follows the one template written down in docs/architecture.md ("The experiment
-template"): file roles, where ``plot`` and ``CAPTIONS`` live, summary table names, the run context only in
+template"): file roles, the computation modules' role names, ``run`` as a short plan, one ``plot`` signature, the
+optional members documented, where ``plot`` and ``CAPTIONS`` live, summary table names, the run context only in
 ``run``, one job service, one exception for inputs an experiment cannot use."""
 
 from __future__ import annotations
@@ -73,3 +74,89 @@ def test_no_experiment_reads_back_a_table_it_wrote() -> None:
                     and node.func.attr in ("read_parquet", "read_csv"):  # fmt: skip
                 offenders.append(f"{d.relative_to(ROOT)}/experiment.py:{node.lineno}")
     assert not offenders, offenders
+
+
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
+MAX_RUN_LINES = 40
+
+
+@pytest.mark.parametrize("name", list(registry.EXPERIMENTS))
+def test_computation_modules_have_the_role_names(name: str) -> None:
+    """``data.py`` and ``measures.py`` in every experiment; a retired name (``collect``, ``passes``, ``design``,
+    ``compute``, ...) is only an alias module giving the very module of its new name."""
+    pkg = PACKAGES[name]
+    folder = Path(pkg.__file__).parent
+    for role in ("data", "measures"):
+        assert (folder / f"{role}.py").is_file(), f"{name} has no {role}.py"
+    for old in registry.RETIRED_MODULES:
+        path = folder / f"{old}.py"
+        if path.is_file():
+            text = path.read_text()
+            assert "sys.modules[__name__]" in text and len(text.splitlines()) <= 10, f"{path} is not an alias module"
+            alias = importlib.import_module(f"{pkg.__name__}.{old}")
+            assert alias.__name__.rsplit(".", 1)[-1].split("_")[0] in registry.ROLE_MODULES, alias
+
+
+def test_the_roles_are_stated_in_the_docs() -> None:
+    for role in registry.ROLE_MODULES:
+        assert f"| `{role}.py`" in ARCHITECTURE, role
+    for old in registry.RETIRED_MODULES[:-1]:  # compute: features' (its alias follows the merge)
+        assert f"{old}.py`" in ARCHITECTURE, old
+
+
+@pytest.mark.parametrize("name", list(registry.EXPERIMENTS))
+def test_run_reads_as_a_short_plan(name: str) -> None:
+    lines, _ = inspect.getsourcelines(PACKAGES[name].run)
+    assert len(lines) <= MAX_RUN_LINES, f"{name}: run is {len(lines)} lines (at most {MAX_RUN_LINES})"
+
+
+@pytest.mark.parametrize("name", list(registry.EXPERIMENTS))
+def test_one_plot_signature(name: str) -> None:
+    params = inspect.signature(PACKAGES[name].plot).parameters
+    assert list(params) == ["out_dir", "formats"], f"{name}: plot{inspect.signature(PACKAGES[name].plot)}"
+    assert params["formats"].default is None
+
+
+#: The signature each optional member has when an experiment defines it (parameter names, in order, of callables).
+OPTIONAL_SIGNATURES = {
+    "findings": ["out_dir"],
+    "check": ["inputs", "settings"],
+    "check_settings": ["model", "settings"],
+    "activation_sites": ["model"],
+    "check_capture": ["source", "inputs", "options", "settings"],
+    "capture_inputs": ["inputs", "options", "settings"],
+}
+
+
+def test_every_optional_member_is_documented() -> None:
+    """Each member of ``registry.OPTIONAL_MEMBERS`` has a row in the architecture page's table and a line in the
+    protocol's docstring, and the page names the run-values class."""
+    assert set(OPTIONAL_SIGNATURES) | {"CAPTIONS", "NO_ACTIVATIONS"} == set(registry.OPTIONAL_MEMBERS)
+    doc = registry.Experiment.__doc__ or ""
+    for member in registry.OPTIONAL_MEMBERS:
+        assert f"| `{member}" in ARCHITECTURE, f"docs/architecture.md has no row for {member}"
+        assert f"``{member}" in doc, f"registry.Experiment's docstring does not describe {member}"
+    assert "ctx.run_values(" in ARCHITECTURE
+
+
+@pytest.mark.parametrize("name", list(registry.EXPERIMENTS))
+def test_optional_members_have_the_documented_signature(name: str) -> None:
+    pkg = PACKAGES[name]
+    for member, params in OPTIONAL_SIGNATURES.items():
+        if hasattr(pkg, member):
+            got = list(inspect.signature(getattr(pkg, member)).parameters)
+            assert got[: len(params)] == params, f"{name}.{member}{got}"
+    if hasattr(pkg, "NO_ACTIVATIONS"):
+        assert isinstance(pkg.NO_ACTIVATIONS, str) and pkg.NO_ACTIVATIONS
+    if hasattr(pkg, "CAPTIONS"):
+        assert isinstance(pkg.CAPTIONS, dict)
+
+
+def test_one_run_values_class_built_by_the_context() -> None:
+    from bertscope.experiments import context
+    from bertscope.experiments.erasure import steps as erasure_steps
+    from bertscope.experiments.features import steps as features_steps
+
+    assert erasure_steps.RunValues is features_steps.RunValues is context.RunValues
+    names = {n for n in dir(context.Context) if not n.startswith("_")}
+    assert "run_values" in names

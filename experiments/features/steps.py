@@ -20,6 +20,7 @@ SELECTION = ("label, firing rule and best baseline unit chosen by MCC on dev sen
              "k-sparse probes: units by mean difference and the probe fitted on train sentences, scored on test")
 
 
+from bertscope.experiments.context import RunValues  # noqa: E402, F401 - one class, built by `Context.run_values`
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import pandas as pd
-import torch
-from bertscope.experiments.activations import iter_activations, open_capture
-from bertscope.experiments.mixing import measures
+from bertscope.experiments.activations import open_capture
+from bertscope.experiments.mixing import data, measures
+from bertscope.experiments.mixing.data import MAP_COLUMNS  # noqa: F401 (its home before `data`)
 from bertscope.experiments.mixing.plots import plot
 from bertscope.experiments.options import sentences_used
 from bertscope.hooks.mixing import (
-    contributions,
-    graph,
     needed_sites,
-    per_layer_contributions,
     table,
     undefined_reason,
 )
@@ -42,7 +38,6 @@ NAME = "mixing"
 DIRNAME = "mixing"
 SUMMARY_TABLES = ["summary"]
 RESULT_COLUMNS = ["model", "corpus", "method", "layer", "metric", "value", "ci_low", "ci_high", "n"]
-MAP_COLUMNS = ["sentence", "method", "layer", "query", "key", "query_token", "key_token", "value"]
 __all__ = ["NAME", "DIRNAME", "SUMMARY_TABLES", "RESULT_COLUMNS", "Settings", "run", "plot", "faithfulness_target",
            "activation_sites"]  # fmt: skip
 
@@ -145,9 +140,10 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     if source is not None:
         ctx.log(f"per-layer methods and value zeroing read {ctx.options.activations}; {FORWARD_ONLY}")
         ctx.note("activations", {"capture": str(ctx.options.activations), "forward_still_runs_for": FORWARD_ONLY})
-    cheap = ctx.step("per_layer", lambda: per_layer_pass(ctx, corpus, settings.methods, source))
-    costly = ctx.step("costly", lambda: costly_pass(ctx, subset, settings, targets, source))
-    maps = ctx.step("examples", lambda: example_maps(ctx, corpus, settings))
+    cheap = ctx.step("per_layer", lambda: data.per_layer_pass(ctx.run_values(), corpus, settings.methods, source))
+    costly = ctx.step("costly", lambda: data.costly_pass(ctx.run_values(), subset, settings, targets,
+                                                         ctx.rng("mlm-mask"), source))  # fmt: skip
+    maps = ctx.step("examples", lambda: data.example_maps(ctx.model, corpus, settings))
     per_sentence = pd.concat([cheap, costly], ignore_index=True)
     results = measures.summarize(per_sentence, n_boot=settings.n_boot, seed=ctx.seed)
     results.insert(0, "corpus", ctx.corpus_id)
@@ -155,114 +151,6 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.write_table(maps, "example_maps", formats=("parquet",))
     ctx.write_table(summary_table(results), "summary")
     return results[RESULT_COLUMNS]
-
-
-def per_layer_pass(ctx: Any, corpus: Any, methods: tuple[str, ...], source: Any = None) -> pd.DataFrame:
-    """Mixing ratio and group shares per sentence for ``methods`` and their rollouts over ``corpus``, from the
-    hooked tensors of the activations stage (a forward, or the capture ``source``)."""
-    model = ctx.model
-    encoded = ctx.encode(corpus)
-    sites = needed_sites(methods, range(model.config.n_layers))
-    frames = []
-    batches = iter_activations(model, corpus, sites, capture=source, encoded=encoded) if methods else ()
-    for acts in ctx.progress(batches, "per-layer methods", total=len(encoded.batches)):
-        frames += _layer_frames(model, _inputs(acts.batch, model.device), acts.batch.sentence_index, methods,
-                                cache=acts.tensors)[0]  # fmt: skip
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, str], source: Any = None
-                ) -> pd.DataFrame:  # fmt: skip
-    """On ``corpus`` (the first sentences): the costly per-layer methods' statistics and every method's
-    faithfulness against ``loo``. The per-layer methods read the activations stage (a forward, or the capture
-    ``source``; value zeroing re-runs each block from its ``hook_resid_pre``); the input attributions run the
-    model on perturbed inputs."""
-    model = ctx.model
-    encoded = ctx.encode(corpus)
-    sites = activation_sites(model, settings)
-    last = model.config.n_layers - 1
-    mlm = targets["loo"] == "mlm_loss"
-    rng = ctx.rng("mlm-mask")
-    frames = []
-    # Progress counts each batch's five stages (costly methods, loo, the other methods, grad x input, integrated
-    # gradients): on long sequences one stage takes minutes, and the whole corpus is often one batch.
-    bar = ctx.progress(None, "costly methods and faithfulness (5 stages per batch)", total=5 * len(encoded.batches))
-
-    def sub_bar(desc: str, total: int) -> Any:  # finer progress inside a stage (value zeroing, loo)
-        return ctx.progress(None, desc, total=total)
-
-    for acts in iter_activations(model, corpus, sites, capture=source, encoded=encoded):
-        batch, cache = acts.batch, acts.tensors
-        inputs = _inputs(batch, model.device)
-        sentences = batch.sentence_index
-        mask = inputs["attention_mask"]
-        layer_frames, known = _layer_frames(model, inputs, sentences, settings.costly_methods, progress=sub_bar,
-                                            cache=cache)  # fmt: skip
-        bar.update(1)
-        frames += layer_frames
-        if mlm:  # one content token per sentence masked: the loss there is the target, its row is read out
-            inputs, labels, rows = _mask_one(inputs, batch.special_mask.to(model.device), model.tokenizer, rng)
-        else:
-            labels, rows = None, mask / mask.sum(-1, keepdim=True)
-        ref = contributions(model, inputs, "loo", target=targets["loo"], baseline=settings.baseline,
-                            labels=labels, progress=sub_bar)[:, 0]  # fmt: skip
-        bar.update(1)
-        attributions = {"loo": ref}
-        every = (*settings.methods, *settings.costly_methods)
-        if mlm:  # masked input (no capture holds it): recompute, all methods from one pass
-            known = per_layer_contributions(model, inputs, every)
-        else:  # the costly methods are known already; the cheap ones are computed on these sentences
-            known = {**per_layer_contributions(model, inputs, [m for m in every if m not in known], cache=cache),
-                     **known}  # fmt: skip
-        for m in every:
-            c = known[m]
-            attributions[m] = measures.read_out(c[:, last], rows)
-            attributions[f"rollout:{m}"] = measures.read_out(graph.rollout(c, mask, m)[:, last], rows)
-        bar.update(1)
-        attributions["grad_x_input"] = contributions(model, inputs, "grad_x_input", target=targets["grad_x_input"],
-                                                     labels=labels)[:, 0]  # fmt: skip
-        bar.update(1)
-        attributions["integrated_gradients"] = contributions(
-            model, inputs, "integrated_gradients", target=targets["integrated_gradients"],
-            baseline=settings.baseline, n_steps=settings.ig_steps, labels=labels,
-        )[:, 0]  # fmt: skip
-        bar.update(1)
-        for m, a in attributions.items():
-            frames.append(measures.spearman_rows(m, a, ref, mask, sentences, last))
-    bar.close()
-    return pd.concat(frames, ignore_index=True)
-
-
-def example_maps(ctx: Any, corpus: Any, settings: Settings) -> pd.DataFrame:
-    """Last-layer contribution shares ``[query, key]`` of the first ``n_examples`` sentences of at most
-    ``example_max_tokens`` tokens, per per-layer method and for ``rollout:attention`` / ``rollout:alti``."""
-    from bertscope.experiments.corpus import Corpus, encode
-
-    model, tok = ctx.model, ctx.model.tokenizer
-    picked = [s for s in corpus if len(tok(list(s.words), is_split_into_words=True)["input_ids"])
-              <= settings.example_max_tokens][: settings.n_examples]  # fmt: skip
-    last = model.config.n_layers - 1
-    frames = []
-    for sentence in picked:
-        batch = next(iter(encode(Corpus(corpus.name, corpus.source, [sentence]), tok,
-                                 max_length=model.config.max_length)))  # the model's usable length (RoBERTa: 2 less)
-        inputs = _inputs(batch, model.device)
-        tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
-        n = len(tokens)
-        grids = {}
-        every = (*settings.methods, *settings.costly_methods)
-        for m, c in per_layer_contributions(model, inputs, every).items():
-            grids[m] = measures.shares(c[0, last])
-            if m in ("attention", "alti"):
-                grids[f"rollout:{m}"] = graph.rollout(c, inputs["attention_mask"], m)[0, last]
-        q, k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-        for m, grid in grids.items():
-            frames.append(pd.DataFrame({
-                "sentence": sentence.id, "method": m, "layer": last, "query": q.ravel(), "key": k.ravel(),
-                "query_token": [tokens[i] for i in q.ravel()], "key_token": [tokens[j] for j in k.ravel()],
-                "value": grid.double().cpu().numpy().ravel(),
-            }))  # fmt: skip
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=MAP_COLUMNS)
 
 
 def summary_table(results: pd.DataFrame) -> pd.DataFrame:
@@ -278,45 +166,17 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _inputs(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": batch.input_ids.to(device),
-        "attention_mask": batch.attention_mask.to(device),
-        "token_type_ids": batch.token_type_ids.to(device),
-    }
+def per_layer_pass(ctx: Any, corpus: Any, methods: tuple[str, ...], source: Any = None) -> pd.DataFrame:
+    """Old entry point taking the run context: `data.per_layer_pass` with the context's run values."""
+    return data.per_layer_pass(ctx.run_values(), corpus, methods, source)
 
 
-def _layer_frames(
-    model: Any, inputs: dict, sentences: list[int], methods: tuple[str, ...], progress: Any = None,
-    cache: Any = None,
-) -> tuple[list[pd.DataFrame], dict[str, torch.Tensor]]:
-    """Per-sentence rows of ``methods`` and their rollouts, and the contributions computed (reused by callers);
-    ``progress``: the bar factory for the long loops inside, ``cache``: the hooked tensors the methods read
-    (``per_layer_contributions``)."""
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    groups = measures.token_groups(ids, mask, model.tokenizer)
-    frames = []
-    wanted = [*methods, *(["ratio:residual_norm"] if "residual_norm" in methods else [])]
-    computed = per_layer_contributions(model, inputs, wanted, progress=progress, cache=cache)
-    ratio = computed.pop("ratio:residual_norm", None)
-    for m in methods:
-        c = computed[m]
-        frames.append(measures.layer_rows(m, c, mask, groups, sentences, ratio=ratio if m == "residual_norm" else None))
-        frames.append(measures.layer_rows(f"rollout:{m}", graph.rollout(c, mask, m), mask, groups, sentences))
-    return frames, computed
+def costly_pass(ctx: Any, corpus: Any, settings: Settings, targets: dict[str, str], source: Any = None
+                ) -> pd.DataFrame:  # fmt: skip
+    """Old entry point taking the run context: `data.costly_pass` with the context's run values."""
+    return data.costly_pass(ctx.run_values(), corpus, settings, targets, ctx.rng("mlm-mask"), source)
 
 
-def _mask_one(inputs: dict, special: torch.Tensor, tokenizer: Any, rng: np.random.Generator):
-    """Replace one seeded content token per sentence by [MASK]: ``(inputs, labels [b, p], rows [b, p])`` with
-    the original token as the label and a one-hot row at the masked position."""
-    ids = inputs["input_ids"].clone()
-    content = inputs["attention_mask"].bool() & ~special
-    labels = torch.full_like(ids, -100)
-    rows = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    for i in range(ids.shape[0]):
-        where = torch.nonzero(content[i]).flatten().cpu().numpy()
-        if len(where) == 0:
-            raise ValueError("mlm faithfulness needs a content token in every sentence")
-        j = int(rng.choice(where))
-        labels[i, j], ids[i, j], rows[i, j] = ids[i, j], tokenizer.mask_token_id, 1.0
-    return {**inputs, "input_ids": ids}, labels, rows
+def example_maps(ctx: Any, corpus: Any, settings: Settings) -> pd.DataFrame:
+    """Old entry point taking the run context: `data.example_maps` on the context's model."""
+    return data.example_maps(ctx.model, corpus, settings)
