@@ -5,8 +5,14 @@
   the step cache), ``runner`` (``run_experiment``, manifests), ``registry`` (``EXPERIMENTS``, the
   ``Experiment`` protocol), ``report`` (the offline HTML report), ``cli`` (``bertscope`` itself).
 - ``experiments.io``: atomic file writes; ``experiments.capture``: activations to safetensors shards.
-- ``experiments.same_token`` / ``heads`` / ``positions``: one package per experiment (``NAME``, ``DIRNAME``,
-  ``SUMMARY_TABLES``, ``Settings``, ``run``, ``plot``), imported lazily by the CLI.
+- one package per experiment (``NAME``, ``DIRNAME``, ``SUMMARY_TABLES``, ``Settings``, ``run``, ``plot``;
+  computation in ``data``, ``measures`` and ``steps``), imported lazily by the CLI: ``same_token``, ``heads``,
+  ``positions``, ``mixing``, ``structure``, ``erasure``, ``circuits``, ``features``.
+
+Eight experiments (``experiments.registry.EXPERIMENTS``, by CLI name): ``same-token`` (raw vs learned attention on
+identical tokens), ``heads`` (what each head does, how much it matters), ``positions`` (position information per
+layer), ``mixing`` (context mixing and its faithfulness), ``structure`` (structural probes), ``erasure`` (amnesic
+probing), ``circuits`` (a bi-encoder's term-frequency circuit) and ``features`` (sparse-dictionary latents).
 
 Importing this package is cheap: nothing heavy (torch, pandas) is imported until a command needs it.
 """

@@ -1,5 +1,10 @@
-"""From-scratch BERT-family encoders that load real checkpoints (BERT, RoBERTa, XLM-R, DistilBERT, ALBERT, ELECTRA)
-and reproduce transformers' own models."""
+"""From-scratch BERT-family encoders that load real checkpoints and reproduce transformers' own models.
+
+Eight families (``models.FAMILIES``, by ``model_type``): BERT (``bert``), RoBERTa (``roberta``), XLM-R
+(``xlm-roberta``), DistilBERT (``distilbert``), ALBERT (``albert``), ELECTRA (``electra``), DeBERTa-v2/v3
+(``deberta-v2``) and ModernBERT (``modernbert``).
+Adding a family: one ``Family`` entry in ``models/families.py`` (docs/architecture.md, "Where each kind of change
+goes")."""
 
 from bertscope.models.config import EncoderConfig
 from bertscope.models.encoder import Encoder, sinusoidal_table

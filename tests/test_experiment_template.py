@@ -160,3 +160,15 @@ def test_one_run_values_class_built_by_the_context() -> None:
     assert erasure_steps.RunValues is features_steps.RunValues is context.RunValues
     names = {n for n in dir(context.Context) if not n.startswith("_")}
     assert "run_values" in names
+
+
+def test_package_docstrings_list_every_family_and_experiment() -> None:
+    import bertscope
+    from bertscope import experiments, models
+
+    for module in (bertscope, experiments):
+        for name in registry.EXPERIMENTS:
+            assert f"``{name}``" in (module.__doc__ or ""), f"{module.__name__}'s docstring lacks {name}"
+    for module in (bertscope, models):
+        for model_type in models.FAMILIES:
+            assert f"``{model_type}``" in (module.__doc__ or ""), f"{module.__name__}'s docstring lacks {model_type}"
