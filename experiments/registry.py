@@ -168,7 +168,9 @@ class Experiment(Protocol):
     shows, by name without suffix (``"summary"``: ``summary.parquet`` or ``summary.csv``); ``Settings``: a
     frozen dataclass of the experiment's defaults (part of the step-cache key);
     ``run(ctx, settings=None)``: computes everything, writes side tables with ``ctx.write_table`` and returns
-    the main long table; ``plot(out_dir)``: redraws the figures from the saved tables only.
+    the main long table; ``plot(out_dir, formats=None)``: redraws the figures from the saved tables only, as ``formats``
+    (``io.FIGURE_FORMATS`` by default), and returns the written paths. The computation modules have the role
+    names of :data:`ROLE_MODULES`; ``run`` reads as a short plan of named stages.
 
     Optional members (``OPTIONAL_MEMBERS``; the report and the CLI use them when present):
 
@@ -208,7 +210,7 @@ class Experiment(Protocol):
         """Compute the experiment; returns the main long table (a pandas DataFrame)."""
         ...
 
-    def plot(self, out_dir: Path) -> list[Path]:  # pragma: no cover - protocol
+    def plot(self, out_dir: Path, formats: Sequence[str] | None = None) -> list[Path]:  # pragma: no cover - protocol
         """Draw the figures from the tables in ``out_dir``; returns the written paths."""
         ...
 

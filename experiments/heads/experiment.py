@@ -34,6 +34,7 @@ from bertscope.experiments.heads import gradients as grads
 from bertscope.experiments.heads import importance as imp
 from bertscope.experiments.heads import similarity as sim
 from bertscope.experiments.heads import syntax as syn
+from bertscope.experiments.heads.measures import attention_table, head_stats_wide  # noqa: F401 (homes before)
 from bertscope.experiments.heads.plots import plot  # noqa: F401 (old name `experiment.plot`; it lives in plots)
 from bertscope.experiments.heads.roles import SYNTAX_THRESHOLD, assign_roles, role_summary
 from bertscope.experiments.options import sentences_used
