@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.hooks.naming import head_of
 
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
@@ -72,7 +73,7 @@ def _position(node: str, n_layers: int) -> tuple[float, float]:
         return 0.0, 2 * n_layers
     if node.startswith("m"):
         return 7.0, 2 * int(node[1:]) + 1
-    layer, head = node[1:].split(".h")
+    layer, head = head_of(node)
     return int(head) - 5.5, 2 * int(layer)
 
 
@@ -80,7 +81,7 @@ def plot_circuit(circuit: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
     import matplotlib.pyplot as plt
 
     nodes = sorted(set(circuit.sender) | set(circuit.receiver))
-    layers = [int(n[1:].split(".")[0]) for n in nodes if n[0] in "am"]
+    layers = [head_of(n)[0] if head_of(n) else int(n[1:]) for n in nodes if head_of(n) or n.startswith("m")]
     n_layers = (max(layers) + 1) if layers else 1
     pos = {n: _position(n, n_layers) for n in nodes}
     fig, ax = plt.subplots(figsize=(7, 1.0 + 0.6 * n_layers))

@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_activations(options, inputs, modules, alone=args.experiment != "all")
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
-    refused = _refused(modules, inputs, alone=args.experiment != "all")
+    refused = _refused(modules, inputs, alone=args.experiment != "all", overrides=options.settings)
 
     results = []
     if inputs is not None:
@@ -374,16 +374,19 @@ def experiment_settings(module: Any, options: RunOptions) -> Any:
     return dataclasses.replace(module.Settings(), **options.settings.get(module.NAME, {}))
 
 
-def _refused(modules: dict[str, Any], inputs: Any, alone: bool) -> dict[str, str]:
-    """Check every experiment against the inputs before anything runs (`registry.check_inputs`): an experiment
-    asked for alone that cannot run is a `UsageError` (exit 2, nothing written); in ``run all`` it is dropped
-    from ``modules`` with one line saying why. Returns ``{name: reason}`` of the dropped ones."""
+def _refused(modules: dict[str, Any], inputs: Any, alone: bool,
+             overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
+    """Check every experiment against the inputs, with the settings it will run with (``overrides``: the typed
+    ``--set`` values), before anything runs (`registry.check_inputs`): an experiment asked for alone that cannot
+    run is a `UsageError` (exit 2, nothing written); in ``run all`` it is dropped from ``modules`` with one line
+    saying why. Returns ``{name: reason}`` of the dropped ones."""
     from bertscope.experiments.registry import CannotRun, check_inputs
+    from bertscope.experiments.settings import experiment_settings
 
     refused = {}
     for name, module in list(modules.items()):
         try:
-            check_inputs(module, inputs)
+            check_inputs(module, inputs, experiment_settings(module, overrides))
         except CannotRun as e:
             if alone:
                 raise UsageError(f"{name}: {e}") from None

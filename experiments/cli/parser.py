@@ -32,7 +32,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_report(sub)
     _add_explore(sub)
     _add_clean(sub)
-    add_circuits(sub)
+    add_circuits(sub, argv)
     _add_sae(sub)
     return parser
 
