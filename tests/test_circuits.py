@@ -40,7 +40,7 @@ def _task(clean: torch.Tensor, corrupted: torch.Tensor, u: torch.Tensor) -> Task
 
 def planted_model() -> tuple[Encoder, Task]:
     """Two layers of two heads, all weights zero except: embeddings live in dims 0-3 (zero-mean patterns, so
-    centring leaves them alone); head A = a0.h0 copies dims 0-3 to 4-7; head B = a1.h1 copies 4-7 to 8-11; the
+    centring leaves them alone); head A = L0H0 copies dims 0-3 to 4-7; head B = L1H1 copies 4-7 to 8-11; the
     metric reads dims 8-11. Queries and keys are zero (uniform attention), MLPs write nothing."""
     torch.manual_seed(0)
     cfg = EncoderConfig(vocab_size=12, d_model=D, n_layers=2, n_heads=H, d_mlp=8, max_positions=16,
@@ -67,13 +67,13 @@ def planted_model() -> tuple[Encoder, Task]:
 def test_planted_two_head_circuit_is_found_exactly():
     model, task = planted_model()
     scores = circuits.edges(model, task, "eap")
-    planted = {"input->a0.h0", "a0.h0->a1.h1", "a1.h1->output"}
+    planted = {"input->L0H0", "L0H0->L1H1", "L1H1->output"}
     table = scores.table()
     nonzero = set(table.loc[table.abs_score > 1e-9, "edge"])
     assert nonzero == planted
     circuit = circuits.find_circuit(model, task, scores, method="greedy", threshold=0.01)
     assert set(circuit.edges) == planted
-    assert circuit.nodes == ["a0.h0", "a1.h1"]
+    assert circuit.nodes == ["L0H0", "L1H1"]
     assert circuit.faithfulness == pytest.approx(1.0, abs=1e-9)
     top = circuits.find_circuit(model, task, scores, method="topn", n_edges=3)
     assert set(top.edges) == planted
@@ -252,7 +252,7 @@ def test_atp_star_per_node_kind_equals_exact_patching_of_that_node_kind():
                 for k in ("queries", "keys", "values"))
     np.testing.assert_allclose(heads, parts, rtol=1e-10, atol=1e-14)
     table = circuits.patch(model, task, "keys", n_boot=10)
-    assert list(table.node[:2]) == ["a0.h0.k", "a0.h1.k"] and set(table["head"]) == {0, 1}
+    assert list(table.node[:2]) == ["L0H0.k", "L0H1.k"] and set(table["head"]) == {0, 1}
 
 
 def test_cpr_and_cmd_are_mibs_trapezoids():

@@ -94,7 +94,7 @@ class Settings:
                              f"{', '.join(table.NODE_TABLE)}")
         table.edge_method(self.edge_method)
         if self.metric not in circuits.METRICS:
-            raise ValueError(f"metric must be one of {', '.join(circuits.METRICS)}, got {self.metric!r}")
+            raise ValueError(f"unknown metric {self.metric!r}; choose one of {', '.join(circuits.METRICS)}")
         if not self.task and self.metric != "cosine":
             raise ValueError(f"metric {self.metric!r} needs a task file (--task FILE); the TFC1 task's metric is "
                              "cosine")
