@@ -102,6 +102,8 @@ class Settings:
             circuits.tasks.read_pairs(self.task)  # TaskError (a ValueError) naming the file and line
 
 
+measures.AnalysisSettings = Settings  # the old name of the analysis' settings: one class now
+
 CONVENTIONS = {
     "effect": "mean over pairs of m(clean run with the node patched from the corrupted run) - m(clean); AtP, AtP* "
     "and EAP-IG rows are estimates of the same quantity",

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from bertscope.experiments.circuits.plots import LABELS, read_table
+from bertscope.experiments.circuits.plots import read_table
 from bertscope.experiments.findings import Finding, fmt_ci
 from bertscope.experiments.naming import head_name
+from bertscope.hooks.circuits import table
 from bertscope.hooks.naming import head_of
 
 CAPTIONS: dict[str, str] = {
@@ -35,7 +36,7 @@ def findings(out_dir: Path) -> list[Finding]:
         out += _top_heads(results, read_table(out_dir, "resid"))
     if agreement is not None and not agreement.empty:
         has_ci = "spearman_low" in agreement
-        parts = [f"{LABELS.get(r.method, r.method)} {r.spearman:.2f}"
+        parts = [f"{table.label(r.method)} {r.spearman:.2f}"
                  + (f" [{r.spearman_low:.2f}, {r.spearman_high:.2f}]" if has_ci else "")
                  for r in agreement.itertuples()]
         ci = "; 95% bootstrap intervals over pairs" if has_ci else ""

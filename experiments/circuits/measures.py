@@ -18,14 +18,11 @@ from bertscope.hooks.circuits.results import effects_table, node_labels
 
 
 def __getattr__(name: str) -> Any:
-    """Old names, kept importable: ``HEAD_METHODS`` (the node table's default methods, read when asked for) and
-    ``AnalysisSettings`` (now the experiment's one ``Settings``)."""
+    """Old names, kept importable: ``HEAD_METHODS`` (the node table's default methods, read when asked for);
+    ``AnalysisSettings`` is the experiment's one ``Settings``, set here by ``experiment`` (always imported first,
+    by the package)."""
     if name == "HEAD_METHODS":
         return table.node_methods(default=True)
-    if name == "AnalysisSettings":
-        from bertscope.experiments.circuits.experiment import Settings
-
-        return Settings
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.hooks.circuits import table
 from bertscope.hooks.naming import head_of
 
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
-LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG",
-          "eap-ig-act": "EAP-IG (activations)", "ig-act-own": "IG on each layer's own line"}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LABELS":  # old name: node method -> figure label, read from the node table when asked for
+        return {m: table.label(m) for m in table.node_methods()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 
@@ -48,7 +54,8 @@ def read_table(out_dir: Path, name: str) -> pd.DataFrame | None:
 def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    methods = [m for m in LABELS if m in set(results.method)]
+    present = set(results.method)  # the table's order, then any method no longer registered
+    methods = [m for m in table.node_methods() if m in present] + sorted(present - set(table.node_methods()))
     n_layers, n_heads = int(results.layer.max()) + 1, int(results["head"].max()) + 1
     grids = {m: results[results.method == m].pivot_table(index="layer", columns="head", values="normalised")
              .reindex(index=range(n_layers), columns=range(n_heads)).to_numpy() for m in methods}
@@ -58,7 +65,7 @@ def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORM
                              layout="constrained")  # fmt: skip
     for ax, m in zip(axes[0], methods, strict=True):
         im = ax.imshow(grids[m], cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
-        ax.set_title(LABELS[m], fontsize=9)
+        ax.set_title(table.label(m), fontsize=9)
         ax.set_xlabel("head")
     axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of the clean-to-corrupted change")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,10 @@ def _method_help(argv: Sequence[str] | None) -> tuple[str, str]:
             f"edge method: {', '.join(table.edge_methods())} (default {table.DEFAULTS.edge_method})")
 
 
-def add_circuits(sub: Any, argv: Sequence[str] | None = None) -> None:
-    """The ``circuits`` subparser (the alias of ``run circuits --task FILE``)."""
+def add_circuits(sub: Any, argv: Sequence[str] | None = None,
+                 run: Callable[[list[str]], int] | None = None) -> None:
+    """The ``circuits`` subparser (the alias of ``run circuits --task FILE``; ``run(argv)`` runs a ``bertscope``
+    command line, given by the parser's builder so that this module imports no other CLI module)."""
     p = sub.add_parser(
         "circuits",
         help="alias of `bertscope run circuits --task FILE --metric M` (your own counterfactual task)",
@@ -82,7 +84,7 @@ def add_circuits(sub: Any, argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("circuits_out"),
                    help="output folder; the tables go to OUT/circuits/ (default circuits_out)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(handler=cmd_circuits)
+    p.set_defaults(handler=lambda args: cmd_circuits(args, run))
 
 
 def run_argv(args: argparse.Namespace) -> list[str]:
@@ -100,11 +102,11 @@ def run_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def cmd_circuits(args: argparse.Namespace) -> int:
-    """Say that the command is now ``bertscope run circuits --task FILE``, then run that."""
-    from bertscope.experiments.cli import main
-
+def cmd_circuits(args: argparse.Namespace, run: Callable[[list[str]], int] | None) -> int:
+    """Say that the command is now ``bertscope run circuits --task FILE``, then run that (``run(argv)``)."""
     argv = run_argv(args)
     print(f"bertscope circuits is now `bertscope {' '.join(argv[:6])} ...`; running it (tables in "
           f"{args.out / 'circuits'})", flush=True)
-    return main(argv)
+    if run is None:
+        raise RuntimeError("add_circuits was built without a way to run `bertscope run`")
+    return run(argv)

@@ -68,7 +68,6 @@ def patch(
     return table
 
 
-@torch.no_grad()
 def exact_effects(model: Any, task: Task, nodes: str = "heads", *, steps: int = 0, batch_size: int = 16
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Exact patching as the node table's ``exact`` entry calls it: :func:`patch_effects` from the corrupted run
@@ -76,6 +75,7 @@ def exact_effects(model: Any, task: Task, nodes: str = "heads", *, steps: int = 
     return patch_effects(model, task, nodes, batch_size=batch_size)
 
 
+@torch.no_grad()
 def patch_effects(
     model: Any,
     task: Task,

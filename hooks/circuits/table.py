@@ -68,13 +68,14 @@ class NodeMethod:
     ``compute``: the function (or ``"module:function"``) with the signature in the module docstring. ``citation``:
     the paper (and code) it follows. ``cost``: its cost class. ``nodes``: the node kinds it scores. ``uses_steps``:
     it reads ``steps``. ``default``: among the circuits experiment's default head methods. ``summary``: one line
-    for menus and docs.
+    for menus and docs. ``label``: its name in figures (default: ``name``).
     """
 
     name: str
     compute: Callable[..., Any] | str
     citation: str = ""
     summary: str = ""
+    label: str = ""
     cost: Cost = "gradient"
     nodes: tuple[str, ...] = NODE_KINDS
     uses_steps: bool = False
@@ -143,6 +144,12 @@ def node_methods(*, default: bool | None = None, estimates: bool = False) -> tup
                  if default in (None, m.default) and not (estimates and m.cost == "exact"))
 
 
+def label(name: str) -> str:
+    """A node method's name in figures: its ``label``, else its name (also for names no longer registered)."""
+    spec = NODE_TABLE.get(name)
+    return (spec.label or spec.name) if spec else name
+
+
 def edge_methods() -> tuple[str, ...]:
     """Edge method names in table order."""
     return tuple(EDGE_TABLE)
@@ -165,22 +172,24 @@ def edge_method(name: str) -> EdgeMethod:
 _ATTR = "bertscope.hooks.circuits.attribution"
 _EDGES = "bertscope.hooks.circuits.edges"
 for _m in (
-    NodeMethod("exact", "bertscope.hooks.circuits.patching:exact_effects", cost="exact",
+    NodeMethod("exact", "bertscope.hooks.circuits.patching:exact_effects", cost="exact", label="exact patching",
                citation="activation patching (Meng et al. 2022; Heimersheim & Nanda 2024)",
                summary="exact patching: the clean run with one node set to its corrupted value"),
-    NodeMethod("atp", f"{_ATTR}:atp_effects", citation="Nanda 2023; Syed et al. 2023",
+    NodeMethod("atp", f"{_ATTR}:atp_effects", citation="Nanda 2023; Syed et al. 2023", label="AtP",
                summary="attribution patching: (a* - a) . dm/da at the clean run"),
     NodeMethod("atp*", f"{_ATTR}:atp_star_effects", nodes=("heads", "queries", "keys", "values"),
-               citation="Kramár et al. 2024 (the QK fix only; GradDrop not applied)",
+               citation="Kramár et al. 2024 (the QK fix only; GradDrop not applied)", label="AtP* (QK fix)",
                summary="AtP with the softmax recomputed exactly for query and key nodes"),
-    NodeMethod("eap-ig", f"{_ATTR}:eap_ig_effects", cost="steps", uses_steps=True,
+    NodeMethod("eap-ig", f"{_ATTR}:eap_ig_effects", cost="steps", uses_steps=True, label="EAP-IG",
                citation="Hanna et al. 2024, get_scores_eap_ig (MIB's EAP-IG-inputs)",
                summary="AtP with the gradient averaged along the input-embedding path"),
     NodeMethod("eap-ig-act", f"{_ATTR}:eap_ig_act_effects", cost="steps-per-node", uses_steps=True,
                citation="Hanna et al. 2024, get_scores_ig_activations (MIB's EAP-IG-activations)",
+               label="EAP-IG (activations)",
                summary="AtP with the gradient averaged over every node's own interpolation line"),
     NodeMethod("ig-act-own", f"{_ATTR}:ig_act_own_effects", cost="steps-per-node", uses_steps=True, default=False,
                citation="bertscope's variant of Hanna et al.'s EAP-IG-activations",
+               label="IG on each layer's own line",
                summary="a layer's heads read the gradient only along their own layer's line"),
 ):
     register_node(_m)
