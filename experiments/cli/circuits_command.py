@@ -27,13 +27,11 @@ SETTING_OF = {"methods": "methods", "edges": "edge_method", "steps": "ig_steps",
 def __getattr__(name: str) -> Any:
     """Old names, read from the node table when asked for: ``HEAD_METHODS`` (the default head methods) and
     ``ALL_HEAD_METHODS`` (every registered node method)."""
+    if name not in ("HEAD_METHODS", "ALL_HEAD_METHODS"):  # (import machinery asks for others: no torch for them)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from bertscope.hooks.circuits import table
 
-    if name == "HEAD_METHODS":
-        return table.node_methods(default=True)
-    if name == "ALL_HEAD_METHODS":
-        return table.node_methods()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return table.node_methods(default=True) if name == "HEAD_METHODS" else table.node_methods()
 
 
 def _method_help(argv: Sequence[str] | None) -> tuple[str, str]:
