@@ -177,3 +177,22 @@ def test_bad_settings_are_refused_before_any_work(item, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and BAD_SETTINGS[item] in err[0], err
     assert not out.exists()
+
+
+def test_an_edited_task_file_is_a_new_run(tiny_folder, tmp_path, capsys):
+    """The task file's sha256 is part of the settings (and so of what a rerun must match): editing the file and
+    running the same command recomputes instead of skipping the finished run."""
+    task = _pairs(tmp_path / "pairs.jsonl", GOOD[:2])
+    out = tmp_path / "out"
+    argv = ["run", "circuits", "--task", str(task), "--model", str(tiny_folder), "--out", str(out), "--quiet",
+            "--no-report", "--set", "circuits.methods=exact", "--set", "circuits.candidates=1", "--set",
+            "circuits.n_random=0", "--set", "circuits.n_random_circuits=0", "--set", "circuits.checked_edges=0"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    first = json.loads((out / "circuits" / "manifest.json").read_text())["settings"]["task_sha256"]
+    assert cli.main(argv) == 0 and "skipped" in capsys.readouterr().out  # unchanged: the finished run stands
+    _pairs(task, GOOD)
+    assert cli.main(argv) == 0
+    said = capsys.readouterr().out
+    manifest = json.loads((out / "circuits" / "manifest.json").read_text())
+    assert "skipped" not in said and manifest["settings"]["task_sha256"] != first
+    assert manifest["notes"]["pairs"] == 3

@@ -25,6 +25,7 @@ interval over pairs: pairs resampled, every method's mean head scores recomputed
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class Settings:
 
     task: str = ""  # a pairs JSONL file to analyse (--task FILE); empty: the built-in TFC1 task made from the corpus
     metric: str = "cosine"  # the task file's metric (--metric): cosine, dot or mask-logit-diff; TFC1's is cosine
+    task_sha256: str = ""  # filled in from the task file's bytes (an edited file is a new run, not a finished one)
     n_pairs: int = 16  # TFC1 pairs at most, one per sentence (--max-sentences caps the sentences they come from)
     max_tokens: int = 24  # longest clean document, word pieces with [CLS]/[SEP]
     filler: str = "the"
@@ -100,6 +102,8 @@ class Settings:
                              "cosine")
         if self.task:
             circuits.tasks.read_pairs(self.task)  # TaskError (a ValueError) naming the file and line
+            digest = hashlib.sha256(Path(self.task).read_bytes()).hexdigest()
+            object.__setattr__(self, "task_sha256", digest)
 
 
 measures.AnalysisSettings = Settings  # the old name of the analysis' settings: one class now

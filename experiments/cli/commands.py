@@ -274,13 +274,14 @@ def _check_set_targets(options: RunOptions, names: list[str]) -> None:
 def _type_settings(options: RunOptions, modules: dict[str, Any]) -> None:
     """Type and check each experiment's ``--set`` values against its ``Settings`` (`UsageError` if bad); the
     options then hold the typed values (what the manifest and the fingerprint record)."""
-    from bertscope.experiments.settings import apply_overrides
+    from bertscope.experiments.settings import apply_overrides, changed_fields
 
     for name, texts in list(options.settings.items()):
         if name in modules:
             defaults = modules[name].Settings()
             typed = apply_overrides(name, defaults, texts)
-            options.settings[name] = {k: getattr(typed, k) for k in texts}
+            # with the fields the Settings derive from them (circuits' task_sha256 from its task file)
+            options.settings[name] = {**{k: getattr(typed, k) for k in texts}, **changed_fields(defaults, typed)}
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
