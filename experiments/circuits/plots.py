@@ -16,6 +16,7 @@ Formats = tuple[str, ...]
 
 
 def __getattr__(name: str) -> Any:
+    """The old name ``LABELS``, read from the node table when asked for."""
     if name == "LABELS":  # old name: node method -> figure label, read from the node table when asked for
         return {m: table.label(m) for m in table.node_methods()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,9 @@ For a node with clean activation ``a`` and corrupted ``a*`` (gradients through t
   path (costs ``n_layers x steps`` passes). Before this variant had its own name it was ``eap-ig-act``.
 
 Every estimate is per pair (gradients of the sum over pairs, which are independent), so the table carries the
-same intervals as exact patching's.
+same intervals as exact patching's. Each method is one entry of the node table (``table.NODE_TABLE``, which
+:func:`attribute` dispatches through) and one function here; a gradient method is one ``estimate(chunk)`` given
+to :func:`per_batch`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from bertscope.hooks.circuits.tasks import Task
 
 
 def __getattr__(name: str) -> Any:
+    """The old name ``METHODS``, read from the node table when asked for."""
     if name == "METHODS":  # the registered estimates (every node method but exact patching), read when asked for
         return node_methods(estimates=True)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

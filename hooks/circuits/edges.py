@@ -41,6 +41,7 @@ from einops import einsum
 
 
 def __getattr__(name: str) -> Any:
+    """The old name ``EDGE_METHODS``, read from the edge table when asked for."""
     if name == "EDGE_METHODS":  # the registered edge methods, read from the table when asked for
         return edge_methods()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
