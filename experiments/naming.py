@@ -17,27 +17,16 @@ from __future__ import annotations
 
 import re
 
+# head_name and parse_head live in the lowest layer that names heads (the circuits graph names its nodes with
+# them); they stay importable from here.
+from bertscope.hooks.naming import head_name as head_name
+from bertscope.hooks.naming import parse_head as parse_head
+
 CONVENTION = (
     "Layers are the transformer blocks, counted from 0 as in the hook names blocks.{L}; \"embeddings\" is the "
     "residual stream before layer 0 and \"after layer L\" the stream leaving block L (blocks.{L}.hook_resid_post). "
     "A head is written L{layer}H{head}, both counted from 0: L2H8 is head 8 of blocks.2.attn."
 )
-
-_HEAD = re.compile(r"^L(\d+)H(\d+)$")
-
-
-def head_name(layer: int, head: int) -> str:
-    """``(2, 8)`` -> ``"L2H8"`` (layer and head counted from 0, as in ``blocks.2.attn``)."""
-    return f"L{int(layer)}H{int(head)}"
-
-
-def parse_head(name: str) -> tuple[int, int]:
-    """``"L2H8"`` -> ``(2, 8)``; ``ValueError`` for any other spelling."""
-    m = _HEAD.match(name.strip())
-    if m is None:
-        raise ValueError(f"a head is written L{{layer}}H{{head}} (e.g. L2H8), got {name!r}")
-    return int(m.group(1)), int(m.group(2))
-
 
 def layer_name(layer: int) -> str:
     """Block ``layer`` (from 0) -> ``"layer 3"``."""

@@ -75,6 +75,11 @@ RUN_OPTIONS: dict[str, tuple[str, str, str, str]] = {
                  "= --set features.tokens=N)"),
     "--dictionaries": ("features", "dictionaries", "DIR", "features: load trained dictionaries DIR/<site>/ "
                        "(`bertscope sae train` output) instead of training (= --set features.dictionaries=DIR)"),
+    "--task": ("circuits", "task", "FILE", "circuits: analyse this pairs JSONL file (one object a line: clean, "
+               "corrupted, plus query, or answers [a, b]) instead of the built-in TFC1 task (= --set "
+               "circuits.task=FILE; docs/experiments/circuits.md)"),
+    "--metric": ("circuits", "metric", "NAME", "circuits: the task file's metric, cosine (default), dot or "
+                 "mask-logit-diff (= --set circuits.metric=NAME)"),
 }
 
 

@@ -32,9 +32,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_report(sub)
     _add_explore(sub)
     _add_clean(sub)
-    add_circuits(sub)
+    add_circuits(sub, argv, run=_run_argv)
     _add_sae(sub, argv)
     return parser
+
+
+def _run_argv(argv: list[str]) -> int:
+    """Run the ``bertscope`` command line ``argv`` with its handler (what an alias such as ``circuits`` runs;
+    `UsageError` propagates to ``main``)."""
+    args = build_parser(argv).parse_args(argv)
+    return args.handler(args)
 
 
 def _add_clean(sub: Any) -> None:
