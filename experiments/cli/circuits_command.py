@@ -46,6 +46,9 @@ def add_circuits(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for random controls and bootstraps (default 0)")
     p.add_argument("--out", type=Path, default=Path("circuits_out"), help="output folder (default circuits_out)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    from .parser import add_threads_option
+
+    add_threads_option(p)
     p.set_defaults(handler=cmd_circuits)
 
 
@@ -71,6 +74,9 @@ def cmd_circuits(args: argparse.Namespace) -> int:
         raise UsageError(f"--task {args.task}: no such file")
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file, not a folder")
+    from bertscope.experiments.jobs import set_thread_budget
+
+    set_thread_budget(args.threads)
     model = load_model(args.model, device=resolve_device(args.device), dtype=resolve_dtype(args.dtype)).eval()
     try:
         task = load_task(model, args.task, args.metric)
