@@ -60,7 +60,7 @@ UNIT_ROUNDOFF = torch.finfo(torch.float32).eps / 2
 #: ``u * sqrt(terms)`` of its operands' scale, and each stacked layer adds its own. Measured (OMP 1 and 2 threads,
 #: all three capabilities, AMD EPYC with AVX512): attention probabilities of the bundled model against
 #: transformers up to 29 u (1.7e-6) at layer 1, hidden states up to 14 u of the scale at layer 5, the fused
-#: and explicit paths up to 84 u of the scale at layer 5; the slack of 4 leaves a margin of 5x or more over each.
+#: and explicit paths up to about 80 u of the scale at layer 5; the slack of 4 leaves a margin of 4.5x or more.
 #: A bug moves numbers by far more: a wrong head, mask or scale moves a probability by 1e-2 or more.
 ROUNDING_SLACK = 4.0
 
