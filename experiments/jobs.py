@@ -51,12 +51,16 @@ _WORKER_THREADS: int | None = None  # in a worker process: its share of the pare
 
 
 def set_thread_budget(threads: int | None = None) -> int:
-    """Set this process's torch intra-op threads once, where the CLI starts (``--threads``; None: every core this
-    process may use, `default_workers`), and return the number set. Worker processes divide it
-    (`worker_threads`): torch's own threads and the workers' never oversubscribe the cores."""
+    """Set this process's torch intra-op threads once, where the CLI starts (``--threads``; None: what
+    ``OMP_NUM_THREADS`` says when it is set, as torchrun sets it for its workers, else every core this process may
+    use, `default_workers`), and return the number set. Worker processes divide it (`worker_threads`): torch's
+    own threads and the workers' never oversubscribe the cores."""
     import torch
 
-    n = default_workers() if threads is None else int(threads)
+    if threads is None:
+        n = torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else default_workers()
+    else:
+        n = int(threads)
     if n < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     torch.set_num_threads(n)

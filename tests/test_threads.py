@@ -65,3 +65,16 @@ def test_bad_threads_are_refused_in_one_line(value, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # refused before any work
     with pytest.raises(UsageError, match="--threads"):
         RunOptions(threads=0)
+
+
+def test_default_budget_honours_omp_num_threads(restore_threads, monkeypatch):
+    """No --threads: OMP_NUM_THREADS when set (torchrun sets it for its workers), else every core we may use."""
+    from bertscope.experiments.jobs import default_workers
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)  # what torch reads from OMP_NUM_THREADS at start
+    assert set_thread_budget() == 1 == torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert set_thread_budget() == default_workers() == torch.get_num_threads()
+    with pytest.raises(ValueError, match="threads"):
+        set_thread_budget(0)

@@ -398,6 +398,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         if flag is None or action.dest in ("help", "nproc"):
             continue
         value = getattr(args, action.dest, None)
+        if action.dest == "threads" and value is not None and getattr(args, "nproc", None):
+            value = max(1, value // args.nproc)  # --threads is the whole run's: each process gets its share
         if isinstance(action, argparse._StoreTrueAction):
             argv += [flag] if value else []
         elif isinstance(value, list):
