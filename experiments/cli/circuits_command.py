@@ -8,6 +8,8 @@ from typing import Any
 
 from bertscope.experiments.options import UsageError
 
+from .threads import add_threads_option
+
 #: the default head-score methods; `ALL_HEAD_METHODS` = "exact" + `bertscope.hooks.circuits.attribution.METHODS`
 #: (named here so that building the parser imports no torch; tests/test_circuits_cli.py checks they agree)
 HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
@@ -46,8 +48,6 @@ def add_circuits(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for random controls and bootstraps (default 0)")
     p.add_argument("--out", type=Path, default=Path("circuits_out"), help="output folder (default circuits_out)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    from .parser import add_threads_option
-
     add_threads_option(p)
     p.set_defaults(handler=cmd_circuits)
 

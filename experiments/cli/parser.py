@@ -13,6 +13,7 @@ from bertscope.experiments.registry import EXPERIMENTS
 
 from .circuits_command import add_circuits
 from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run, cmd_sae
+from .threads import add_threads_option
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -346,14 +347,6 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     p.add_argument("--force", action="store_true", help="recompute even what is already finished")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     add_threads_option(p)
-
-
-def add_threads_option(p: argparse.ArgumentParser) -> None:
-    """``--threads N``: this process's torch threads, shared out among any worker processes (`jobs.worker_threads`)."""
-    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
-                   help="CPU threads for the whole run: torch's in this process, divided among the worker processes "
-                   "an experiment starts (default: every core this process may use; on a machine busy with other "
-                   "work, fewer, e.g. 1, is faster); recorded in the manifest")
 
 
 def _int(text: str) -> int:
