@@ -108,8 +108,19 @@ def help_text(name: str, *, times: Path = RUN_TIMES) -> str:
     seconds = measured_seconds(times).get(name)
     if seconds is not None:
         text += (f" On the bundled model and builtin corpus it took about {max(seconds, 1):.0f} s "
-                 f"({_machine(times)}).")
+                 f"({_machine(times)}; {_load(times)}).")
     return text
+
+
+def _load(path: Path) -> str:
+    """The load the recorded times assume, in words (the 1-minute load average before the run): other busy
+    processes on the same cores make a run slower (``--threads`` bounds this run's share)."""
+    try:
+        before = json.loads(Path(path).read_text()).get("load_before")
+    except (OSError, ValueError):
+        before = None
+    load = f"load average {before[0]:.1f}" if isinstance(before, list) and before else "load not recorded"
+    return f"{load}, nothing else running: slower under other load"
 
 
 def _machine(path: Path) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .threads import add_threads_option
+
 #: `bertscope.hooks.circuits.METRICS`, named here so that building the parser imports no torch
 #: (tests/test_circuits_cli.py checks the two agree)
 METRIC_NAMES = ("cosine", "dot", "mask-logit-diff")
@@ -82,6 +84,7 @@ def add_circuits(sub: Any, argv: Sequence[str] | None = None,
     p.add_argument("--out", type=Path, default=Path("circuits_out"),
                    help="output folder; the tables go to OUT/circuits/ (default circuits_out)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_threads_option(p)
     p.set_defaults(handler=lambda args: cmd_circuits(args, run))
 
 
@@ -89,7 +92,7 @@ def run_argv(args: argparse.Namespace) -> list[str]:
     """The ``bertscope run circuits`` arguments that do what ``args`` (``bertscope circuits``'s) ask."""
     argv = ["run", "circuits", "--task", str(args.task), "--metric", args.metric, "--device", args.device,
             "--dtype", args.dtype, "--out", str(args.out), "--no-report"]
-    for flag in ("model", "batch_size", "seed"):
+    for flag in ("model", "batch_size", "seed", "threads"):
         value = getattr(args, flag)
         argv += [f"--{flag.replace('_', '-')}", str(value)] if value is not None else []
     argv += ["--quiet"] if args.quiet else []

@@ -295,7 +295,9 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file, not a folder; choose another --out")
     check_corpus_spelling(args.corpus)
-    return RunOptions(
+    from bertscope.experiments.jobs import set_thread_budget
+
+    options = RunOptions(
         model=args.model,
         corpus=args.corpus,
         max_sentences=args.max_sentences,
@@ -311,7 +313,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         settings=_set_assignments(args),
         activations=getattr(args, "activations", None),
         eval_corpus=getattr(args, "eval_corpus", None),
+        threads=getattr(args, "threads", None),
     )
+    options.threads = set_thread_budget(options.threads)  # once, where the CLI starts any workers
+    return options
 
 
 def _set_assignments(args: argparse.Namespace) -> dict[str, dict[str, str]]:

@@ -13,6 +13,7 @@ from bertscope.experiments.registry import EXPERIMENTS
 
 from .circuits_command import add_circuits
 from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run, cmd_sae
+from .threads import add_threads_option
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -386,7 +387,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     p.add_argument("--out", type=Path, default=out_default, help=f"output folder (default {out_default})")
     p.add_argument("--force", action="store_true", help="recompute even what is already finished")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
-
+    add_threads_option(p)
 
 
 def _int(text: str) -> int:
@@ -431,6 +432,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         if flag is None or action.dest in ("help", "nproc"):
             continue
         value = getattr(args, action.dest, None)
+        if action.dest == "threads" and value is not None and getattr(args, "nproc", None):
+            value = max(1, value // args.nproc)  # --threads is the whole run's: each process gets its share
         if isinstance(action, argparse._StoreTrueAction):
             argv += [flag] if value else []
         elif isinstance(value, list):
