@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from bertscope.models import Encoder, EncoderConfig, load
+from bertscope.models import Encoder, load
 from bertscope.probes.lens import NoMLMHeadError, hidden_states, logit_lens, logit_lens_streams, stream_hook
 from family_fixtures import FAMILIES, save_tiny_family
 from fixtures_deberta_modernbert import save_tiny_deberta, save_tiny_modernbert
 from helpers import save_tiny_bert
+from mlm_fixtures import ANSWER, N_LAYERS, K, V, constructed_mlm
 
 TEXTS = ["The cat sat on the mat.", "Researchers probe attention heads, layer by layer."]
 HEADED = ["bert", *FAMILIES, "deberta", "modernbert"]
@@ -83,29 +84,7 @@ def test_refuses_models_without_a_head(tmp_path):
 
 
 # ---------------------------------------------------------------- a constructed MLM with known answers
-V = D = 16
-N_LAYERS, K, ANSWER, BIAS_TOKEN = 4, 2, 11, 13
-
-
-def _constructed(decoder: torch.Tensor | None = None) -> Encoder:
-    """Pre-LN, 16-token vocabulary = 16 dimensions, token j's embedding ``3 e_j``, no positions or segments, head
-    ``dense`` = identity: every block writes nothing except block ``K - 1``, whose MLP bias writes ``100 e_ANSWER``.
-    So streams ``0..K-1`` hold the input tokens' own directions and streams ``K..N_LAYERS`` the answer's."""
-    cfg = EncoderConfig(vocab_size=V, d_model=D, n_layers=N_LAYERS, n_heads=2, d_mlp=8, max_positions=8,
-                        type_vocab_size=0, norm_placement="pre", hidden_dropout=0.0, attention_dropout=0.0)
-    model = Encoder(cfg, mlm_head=True).eval()
-    with torch.no_grad():
-        model.embed.word.weight.copy_(3 * torch.eye(V))
-        model.embed.pos.weight.zero_()
-        for block in model.blocks:
-            for p in (*block.attn.out.parameters(), *block.mlp.fc_out.parameters()):
-                p.zero_()
-        model.blocks[K - 1].mlp.fc_out.bias.copy_(100 * torch.eye(D)[ANSWER])
-        model.mlm_head.dense.weight.copy_(torch.eye(D))
-        model.mlm_head.dense.bias.zero_()
-        if decoder is not None:
-            model.mlm_head.decoder = torch.nn.Parameter(decoder)
-    return model
+BIAS_TOKEN = 13
 
 
 INPUT = torch.tensor([[1, 2, 3, 4, 5]])
@@ -118,25 +97,25 @@ def _predictions(model: Encoder, *, bias: bool = True) -> torch.Tensor:
 
 def test_the_answer_written_at_layer_k_is_found_from_stream_k_on():
     """Streams before K predict each input token itself (tied decoder); from K on, the planted answer."""
-    pred = _predictions(_constructed())
+    pred = _predictions(constructed_mlm())
     for s in range(N_LAYERS + 1):
         expected = torch.full_like(INPUT[0], ANSWER) if s >= K else INPUT[0]
         assert torch.equal(pred[s], expected), (s, pred[s])
-    assert stream_hook(_constructed(), K) == f"blocks.{K - 1}.hook_resid_post"
+    assert stream_hook(constructed_mlm(), K) == f"blocks.{K - 1}.hook_resid_post"
 
 
 def test_an_untied_decoder_is_the_one_read():
     """An untied decoder that maps direction j to token (j + 1) mod 16 shifts every prediction by one."""
     shift = 3 * torch.roll(torch.eye(V), shifts=1, dims=0)  # row j+1 is e_j: token j+1 reads direction j
-    pred = _predictions(_constructed(decoder=shift))
+    pred = _predictions(constructed_mlm(decoder=shift))
     assert torch.equal(pred[0], (INPUT[0] + 1) % V)
     assert torch.equal(pred[-1], torch.full_like(INPUT[0], (ANSWER + 1) % V))
 
 
 def test_output_bias_on_and_off():
     """A large output bias on one token wins everywhere with the bias on and changes nothing with it off."""
-    model = _constructed()
+    model = constructed_mlm()
     with torch.no_grad():
         model.mlm_head.bias.copy_(1000 * torch.eye(V)[BIAS_TOKEN])
     assert bool((_predictions(model, bias=True) == BIAS_TOKEN).all())
-    assert torch.equal(_predictions(model, bias=False), _predictions(_constructed()))
+    assert torch.equal(_predictions(model, bias=False), _predictions(constructed_mlm()))
