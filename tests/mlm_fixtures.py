@@ -1,6 +1,7 @@
-"""A masked LM built by hand with known answers, for the lens tests (importable: pytest puts tests/ on sys.path).
+"""Masked LMs built by hand with known answers, for the lens tests (importable: pytest puts tests/ on sys.path).
 
-Pre-LN, a 16-token vocabulary in 16 dimensions, token j's embedding ``3 e_j``, no positions or segments, the head's
+``TableMLM``: a head that is a lookup table indexed by (position, masks in the row). ``constructed_mlm``: pre-LN,
+a 16-token vocabulary in 16 dimensions, token j's embedding ``3 e_j``, no positions or segments, the head's
 ``dense`` the identity: every block writes nothing except block ``K - 1``, whose MLP bias writes ``100 e_ANSWER``.
 So streams ``0..K-1`` hold the input tokens' own directions (the tied decoder reads each token back) and streams
 ``K..N_LAYERS`` the answer's.
@@ -8,8 +9,11 @@ So streams ``0..K-1`` hold the input tokens' own directions (the tied decoder re
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from bertscope.models import Encoder, EncoderConfig
+from family_fixtures import wordpiece_tokenizer
 
 V = D = 16
 N_LAYERS, K, ANSWER = 4, 2, 11
@@ -32,3 +36,32 @@ def constructed_mlm(decoder: torch.Tensor | None = None) -> Encoder:
         if decoder is not None:
             model.mlm_head.decoder = torch.nn.Parameter(decoder)
     return model
+
+
+P, M = 32, 8  # positions and mask counts the lookup table covers
+
+
+class TableMLM(torch.nn.Module):
+    """A masked LM whose prediction at position p of a row with m masked tokens is row ``(p, m)`` of a lookup table:
+    ``forward`` gives the one-hot of ``(p, m)`` ``[batch, pos, P * M]``, ``mlm_logits`` reads the table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = wordpiece_tokenizer()
+        draw = torch.Generator().manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(P * M, len(self.tokenizer), generator=draw))
+        self.mlm_head = torch.nn.Parameter(torch.randn(len(self.tokenizer)))  # the output bias
+        self.config = SimpleNamespace(n_layers=0, d_model=P * M, max_length=P)
+        self.source = "a lookup table"
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        n_masked = ((ids == self.tokenizer.mask_token_id) & mask.bool()).sum(1, keepdim=True)  # [batch, 1]
+        cell = torch.arange(ids.shape[1])[None] * M + n_masked.clamp(max=M - 1)
+        return torch.nn.functional.one_hot(cell, P * M).float()
+
+    def mlm_logits(self, hidden: torch.Tensor, *, bias: bool = True) -> torch.Tensor:
+        return hidden @ self.table + (self.mlm_head if bias else 0)

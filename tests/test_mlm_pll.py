@@ -3,16 +3,15 @@ batched computation equal to the brute-force loop to 1e-6 at any batch size, bot
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 import transformers
 from bertscope.models import load
 from bertscope.probes.lens import NoMLMHeadError, pll_loop, pseudo_log_likelihood, token_pll
-from family_fixtures import save_tiny_family, wordpiece_tokenizer
+from family_fixtures import save_tiny_family
 from helpers import save_tiny_bert
+from mlm_fixtures import M, TableMLM
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -20,35 +19,6 @@ SENTENCES = [
     "A dog!",
     "Where is the station? It is two blocks north of the old cathedral.",
 ]
-P, M = 32, 8  # positions and mask counts the lookup table covers
-
-
-class TableMLM(torch.nn.Module):
-    """A masked LM whose prediction at position p of a row with m masked tokens is row ``(p, m)`` of a lookup table:
-    ``forward`` gives the one-hot of ``(p, m)`` ``[batch, pos, P * M]``, ``mlm_logits`` reads the table."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tokenizer = wordpiece_tokenizer()
-        draw = torch.Generator().manual_seed(0)
-        self.table = torch.nn.Parameter(torch.randn(P * M, len(self.tokenizer), generator=draw))
-        self.mlm_head = torch.nn.Parameter(torch.randn(len(self.tokenizer)))  # the output bias
-        self.config = SimpleNamespace(n_layers=0, d_model=P * M, max_length=P)
-        self.source = "a lookup table"
-
-    @property
-    def device(self) -> torch.device:
-        return self.table.device
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        n_masked = ((ids == self.tokenizer.mask_token_id) & mask.bool()).sum(1, keepdim=True)  # [batch, 1]
-        cell = torch.arange(ids.shape[1])[None] * M + n_masked.clamp(max=M - 1)
-        return torch.nn.functional.one_hot(cell, P * M).float()
-
-    def mlm_logits(self, hidden: torch.Tensor, *, bias: bool = True) -> torch.Tensor:
-        return hidden @ self.table + (self.mlm_head if bias else 0)
-
-
 def _expected(model: TableMLM, sentence: str, method: str, bias: bool = True) -> float:
     """The answer from the table: every piece but [CLS]/[SEP] scored at its position with 1 mask (``original``) or
     1 + the number of ``##`` pieces after it in its word (``within_word_l2r``)."""
