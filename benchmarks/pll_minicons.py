@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BLIMP = ROOT.parent / "shared" / "data" / "blimp" / "blimp.tsv.gz"
 METHODS = ("original", "within_word_l2r")
 TOLERANCE = 1e-4
+#: minicons 0.3.x calls ``tokenizer.batch_encode_plus``, which transformers 5 removed: its environment keeps 4.x
+#: (the model is saved by this environment's transformers and read by that one, a check of the format too).
+MINICONS_TRANSFORMERS = "transformers<5"
 
 CHILD = """
 import json, sys
@@ -81,12 +84,13 @@ def save_model(folder: Path) -> None:
 def ensure_venv(venv: Path) -> Path:
     """The throwaway environment's python, with torch==2.13.0 and minicons installed (created if absent)."""
     python = venv / "bin" / "python"
-    ok = python.exists() and subprocess.run([python, "-c", "import minicons"], capture_output=True).returncode == 0
+    check = "import minicons, transformers; assert transformers.__version__ < '5'"
+    ok = python.exists() and subprocess.run([python, "-c", check], capture_output=True).returncode == 0
     if not ok:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q"]
         subprocess.run([*pip, "torch==2.13.0"], check=True)
-        subprocess.run([*pip, "minicons", f"transformers=={transformers.__version__}"], check=True)
+        subprocess.run([*pip, "minicons", MINICONS_TRANSFORMERS], check=True)
     return python
 
 

@@ -65,3 +65,54 @@ class TableMLM(torch.nn.Module):
 
     def mlm_logits(self, hidden: torch.Tensor, *, bias: bool = True) -> torch.Tensor:
         return hidden @ self.table + (self.mlm_head if bias else 0)
+
+
+#: Two public antibody variable domains (trastuzumab's heavy and light chains), space-separated as AntiBERTy reads them.
+TRASTUZUMAB = (
+    "EVQLVESGGGLVQPGGSLRLSCAASGFNIKDTYIHWVRQAPGKGLEWVARIYPTNGYTRYADSVKGRFTISADTSKNTAYLQMNSLRAEDTAVYYCSRWGGDGFYAMDYWGQG"
+    "TLVTVSS",
+    "DIQMTQSPSSLSASVGDRVTITCRASQDVNTAVAWYQQKPGKAPKLLIYSASFLYSGVPSRFSGSRSGTDFTLTISSLQPEDFATYYCQQHYTTPPTFGQGTKVEIK",
+)
+
+
+def antiberty_folder(dest):
+    """AntiBERTy's masked-LM weights (``antiberty==0.1.3``, BERT 8 x 512, 25 tokens) as a ``BertForMaskedLM`` folder
+    bertscope loads: its species, chain and graft heads dropped, its vocabulary as a cased WordPiece tokenizer.
+    Returns the folder, or None when antiberty is not installed."""
+    import json
+    from pathlib import Path
+
+    try:
+        import antiberty
+    except ImportError:
+        return None
+    import transformers
+    from safetensors.torch import save_file
+
+    src = Path(antiberty.__file__).parent / "trained_models"
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    state = torch.load(src / "AntiBERTy_md_smooth" / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    keep = {k: v.clone().contiguous() for k, v in state.items() if k.startswith(("bert.", "cls.predictions."))}
+    save_file(keep, str(dest / "model.safetensors"))
+    config = json.loads((src / "AntiBERTy_md_smooth" / "config.json").read_text())
+    config["architectures"] = ["BertForMaskedLM"]
+    (dest / "config.json").write_text(json.dumps(config))
+    vocab = {t: i for i, t in enumerate((src / "vocab.txt").read_text().split())}
+    tok = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=False)
+    tok.save_pretrained(dest)
+    return dest
+
+
+def antibody_variants(n: int, rate: float = 0.05, seed: int = 0) -> list[str]:
+    """``n`` sequences: trastuzumab's chains in turn, each residue replaced by a random amino acid with probability
+    ``rate``, as space-separated letters."""
+    import random
+
+    rng = random.Random(seed)
+    letters = "ACDEFGHIKLMNPQRSTVWY"
+    out = []
+    for i in range(n):
+        chain = TRASTUZUMAB[i % 2]
+        out.append(" ".join(rng.choice(letters) if rng.random() < rate else c for c in chain))
+    return out
