@@ -90,7 +90,8 @@ def _collateral(s: pd.DataFrame, last: int) -> list[tuple[float, Finding]]:
                                                                         strict=True) if m != worst["method"])
     text = (f"{METHODS.get(worst['method'], worst['method'])} removes the most besides the concept: erasing "
             f"{worst['concept']} {_at(int(worst['erase_layer']))} (rank {int(worst['rank'])}) leaves the sentence "
-            f"embedding a cosine of {worst['embedding_cosine']:.3f} to the clean one (its random subspace: "
+            f"embedding a cosine of {worst['embedding_cosine']:.3f} to the clean one (a random subspace of the same "
+            f"rank: "
             f"{worst['random_embedding_cosine']:.3f}{'; ' + others if others else ''}) and changes the other "
             f"concepts' probes {residual_name(last)} by {worst['other_delta']:+.3f} on average (random: "
             f"{worst['random_other_delta']:+.3f}).")
@@ -107,7 +108,8 @@ def _tree(r: pd.DataFrame, s: pd.DataFrame, last: int) -> list[tuple[float, Find
     lo, hi = float(g["uuas_delta"].min()), float(g["uuas_delta"].max())
     rlo, rhi = float(g["random_uuas_delta"].min()), float(g["random_uuas_delta"].max())
     text = (f"The parse tree read by the distance probe {residual_name(last)} moves by {lo:+.3f} to {hi:+.3f} "
-            f"in UUAS across the erasures (their random subspaces: {rlo:+.3f} to {rhi:+.3f}); the clean probe's "
+            f"in UUAS across the erasures (a random subspace of the same rank: {rlo:+.3f} to {rhi:+.3f}); the clean "
+            f"probe's "
             f"UUAS there is {fmt_ci(clean['value'], clean['ci_low'], clean['ci_high'], 3)}")
     nums = {"uuas_delta_min": lo, "uuas_delta_max": hi, "clean_uuas": float(clean["value"])}
     rt, chain = _one(r, "uuas_random_tree", last), _one(r, "uuas_linear_chain", last)
@@ -133,7 +135,7 @@ def _control(s: pd.DataFrame) -> list[tuple[float, Finding]]:
             f"Erasing {concept} {_at(int(layer))}, INLP removes rank {int(li['rank'])} (LEACE: {int(ll['rank'])}); "
             f"the word-identity control task there changes by {li['site_control_delta']:+.3f} after INLP, "
             f"{ll['site_control_delta']:+.3f} after LEACE and {li['random_site_control_delta']:+.3f} after "
-            f"INLP's equal-rank random subspace.",
+            f"a random subspace of the same rank as INLP's.",
             numbers={"concept": concept, "erase_layer": int(layer), "inlp_rank": int(li["rank"]),
                      "inlp_control_delta": float(li["site_control_delta"]),
                      "leace_control_delta": float(ll["site_control_delta"])})))
