@@ -24,9 +24,10 @@ CAPTIONS = {
     "erasure_probing": "Clean word-level probes (ridge regression on one-hot labels, arg-max) in the residual "
     "stream at every layer, on the evaluation sentences. Top: task accuracy, the Hewitt & Liang control task (one "
     "random label per word type) and the majority baseline; bottom: selectivity (task minus control). Bands: "
-    "95% bootstrap over sentences. The position probe (word index, 21 classes) stays near 0.5 because a linear "
-    "regression on one-hot classes masks the middle classes of an ordered variable; the positions experiment "
-    "decodes position with a different probe (see docs/experiments/erasure.md).",
+    "95% bootstrap over sentences. The position target is the word's index in its sentence (20+ pooled), read "
+    "from the mean of the word's pieces: a word sits at a piece position shifted by the extra pieces of the "
+    "words before it, which its own vector does not carry, so this probe stays near 0.5 even at the embeddings, "
+    "where the positions experiment reads a piece's own position at 0.99 (docs/experiments/erasure.md).",
 }
 
 METHODS = {"leace": "LEACE", "inlp": "INLP", "mean": "mean projection"}
