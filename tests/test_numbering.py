@@ -58,8 +58,8 @@ def erasure_tables(out: Path) -> tuple[str, list[str], list[str]]:
     results = pd.DataFrame(rows + extra)
     results.to_parquet(out / "results.parquet")
     steps.summary(results).to_parquet(out / "summary.parquet")
-    return "erasure", ["upos after layer 2", "accuracy after layer 5", "probe after layer 5"], ["layer 3", "layer 6",
-                                                                                             "layer-6"]
+    present = ["upos after layer 2", "accuracy after layer 5", "after layer 5 the erasures"]
+    return "erasure", present, ["layer 3", "layer 6", "layer-6"]
 
 
 def structure_tables(out: Path) -> tuple[str, list[str], list[str]]:
@@ -154,10 +154,11 @@ def test_erasure_figures_label_layers_like_the_hooks(tmp_path: Path, monkeypatch
     uuas = figures["erasure_uuas"]
     ax = uuas.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", "0", "1", "2", "3", "4", "5"]
-    assert ax.get_title() == "upos erased after layer 2" and "after layer" in ax.get_xlabel()
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "INLP (rank 40)" in legend and "LEACE (rank 13)" in legend and "random subspace, rank 40" in legend
+    assert ax.get_title() == "upos erased after layer 2\nrank: LEACE 13, INLP 40" and "after layer" in ax.get_xlabel()
+    assert ax.get_legend() is None  # one legend for the figure, below the panels; ranks are per panel
+    legend = [t.get_text() for leg in uuas.legends for t in leg.get_texts()]
+    assert {"LEACE", "INLP", "clean run", "random tree (reads no vectors)"} <= set(legend)
     assert any(len(c.get_paths()) for c in ax.collections)  # the bootstrap bands are drawn
     probes = figures["erasure_probes"].axes[0]
-    assert "after layer 5" in probes.get_ylabel() and probes.get_title() == "upos erased after layer 2"
+    assert "after layer 5" in probes.get_ylabel() and probes.get_title().startswith("upos erased after layer 2\n")
     assert min(t.get_fontsize() for t in probes.get_xticklabels()) >= 8

@@ -14,7 +14,8 @@ from bertscope.experiments.naming import residual_name
 CAPTIONS = {
     "erasure_uuas": "UUAS of the clean-trained distance probe at every later layer after erasing a concept at one "
     "layer (rows: erased concept; columns: where it is erased, marked by the vertical line), for each method "
-    "(solid) and a random subspace of the same rank (dashed, same colour); black: the clean run; grey dotted: a "
+    "(solid) and a random subspace of the same rank (dashed, same colour; methods of equal rank share one random "
+    "subspace, so their dashed lines coincide); black: the clean run; grey dotted: a "
     "random tree and the linear chain, trees that read no vectors. Bands: 95% bootstrap over evaluation sentences. "
     "Layers: emb = the embeddings, L = the residual stream after layer L.",
     "erasure_probes": "Change in the accuracy of clean-trained word-level probes in the last layer's residual "
@@ -102,25 +103,44 @@ def _collateral(s: pd.DataFrame, last: int) -> list[tuple[float, Finding]]:
 
 
 def _tree(r: pd.DataFrame, s: pd.DataFrame, last: int) -> list[tuple[float, Finding]]:
-    clean = _one(r[r["method"] == "none"], "uuas", last)
-    g = s.dropna(subset=["uuas_delta"])
-    if clean is None or g.empty:
+    """The largest UUAS change at any later layer (where the clean probe is strong, not only the last layer),
+    against its random subspace; the last layer's range; the clean probe at its best against the trees that read
+    no vectors."""
+    u = r[r["measure"] == "uuas"]
+    clean = u[u["method"] == "none"].set_index("layer")
+    erased = u[~u["method"].isin(["none", "random"])]
+    if clean.empty or erased.empty:
         return []
-    lo, hi = float(g["uuas_delta"].min()), float(g["uuas_delta"].max())
-    rlo, rhi = float(g["random_uuas_delta"].min()), float(g["random_uuas_delta"].max())
-    text = (f"The parse tree read by the distance probe {residual_name(last)} moves by {lo:+.3f} to {hi:+.3f} "
-            f"in UUAS across the erasures (a random subspace of the same rank: {rlo:+.3f} to {rhi:+.3f}); the clean "
-            f"probe's "
-            f"UUAS there is {fmt_ci(clean['value'], clean['ci_low'], clean['ci_high'], 3)}")
-    nums = {"uuas_delta_min": lo, "uuas_delta_max": hi, "clean_uuas": float(clean["value"])}
+    top = erased.loc[erased["delta"].abs().idxmax()]
+    ctrl = u[(u["method"] == "random") & (u["concept"] == top["concept"]) & (u["erase_layer"] == top["erase_layer"])
+             & (u["rank"] == top["rank"]) & (u["layer"] == top["layer"])]
+    k = int(top["layer"])
+    text = (f"The parse tree read by the distance probe changes most when {top['concept']} is erased "
+            f"{_at(int(top['erase_layer']))} with {METHODS.get(top['method'], top['method'])} (rank "
+            f"{int(top['rank'])}): UUAS {residual_name(k)} goes from {clean.loc[k, 'value']:.3f} to "
+            f"{fmt_ci(top['value'], top['ci_low'], top['ci_high'], 3)} ({top['delta']:+.3f}")
+    if len(ctrl):
+        text += f"; a random subspace of the same rank: {float(ctrl['delta'].iloc[0]):+.3f}"
+    text += ")"
+    nums = {"uuas_delta": float(top["delta"]), "uuas_layer": k}
+    g = s.dropna(subset=["uuas_delta"])
+    if len(g):
+        lo, hi = float(g["uuas_delta"].min()), float(g["uuas_delta"].max())
+        text += f"; {residual_name(last)} the erasures move it by {lo:+.3f} to {hi:+.3f}"
+        nums.update(uuas_delta_last_min=lo, uuas_delta_last_max=hi)
+    best = clean["value"].idxmax()
+    b = clean.loc[best]
+    text += (f". The clean probe is best {_at(int(best))} "
+             f"({fmt_ci(b['value'], b['ci_low'], b['ci_high'], 3)})")
+    nums["clean_uuas_best"] = float(b["value"])
     rt, chain = _one(r, "uuas_random_tree", last), _one(r, "uuas_linear_chain", last)
     if rt is not None and chain is not None:
         text += f", against {rt['value']:.3f} for a random tree and {chain['value']:.3f} for the linear chain"
         nums.update(random_tree_uuas=float(rt["value"]), linear_chain_uuas=float(chain["value"]))
-        if float(clean["ci_low"]) <= float(chain["value"]):
-            text += (" (trees that read no vectors): this probe does not beat the chain, so its changes say little "
-                     "about what the erasures do to syntax")
-    return [(max(abs(lo), abs(hi)), Finding(text + ".", numbers=nums))]
+        if float(b["ci_high"]) <= float(chain["value"]):
+            text += (" (trees that read no vectors): at this size the probe does not beat the chain, so UUAS "
+                     "changes are weaker evidence about syntax than the probe accuracies")
+    return [(abs(float(top["delta"])), Finding(text + ".", numbers=nums))]
 
 
 def _control(s: pd.DataFrame) -> list[tuple[float, Finding]]:

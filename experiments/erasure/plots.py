@@ -70,28 +70,42 @@ def _uuas(r: pd.DataFrame, out_dir: Path) -> list[Path]:
                     continue
                 rank = int(h["rank"].iloc[0])
                 ctrl = g[(g["method"] == "random") & (g["rank"] == rank)].sort_values("layer")
-                ax.plot(h["layer"], h["value"], color=colour, marker="o", ms=2.5, lw=1.2,
-                        label=f"{METHOD_NAMES[method]} (rank {rank})")
+                ax.plot(h["layer"], h["value"], color=colour, marker="o", ms=2.5, lw=1.2)
                 ax.fill_between(h["layer"], h["ci_low"], h["ci_high"], color=colour, alpha=0.15, lw=0)
                 if len(ctrl):
-                    ax.plot(ctrl["layer"], ctrl["value"], color=colour, ls="--", lw=1.0,
-                            label=f"random subspace, rank {rank}")
+                    ax.plot(ctrl["layer"], ctrl["value"], color=colour, ls="--", lw=1.0)
             for m, ls in (("random_tree", ":"), ("linear_chain", "-.")):
                 if base[m] is not None:
-                    ax.axhline(base[m], color="grey", ls=ls, lw=0.9, label=m.replace("_", " ") + " (no vectors)")
+                    ax.axhline(base[m], color="grey", ls=ls, lw=0.9)
             ax.axvline(layer, color="grey", lw=0.6, alpha=0.6)
-            where = "at the embeddings" if layer == 0 else residual_name(layer)
-            ax.set_title(f"{concept} erased {where}", fontsize=8)
-            ax.legend(fontsize=5.5, loc="lower left", ncol=2, framealpha=0.85)
+            ax.set_title(_panel_title(r, concept, layer), fontsize=8)
             ax.tick_params(labelsize=7)
             if i == len(concepts) - 1:
                 _layer_axis(ax, clean["layer"])
         axes[i][0].set_ylabel("UUAS (distance probe)", fontsize=8)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color="k", marker="o", ms=3, label="clean run")]
+    handles += [Line2D([], [], color=c, marker="o", ms=3, label=METHOD_NAMES[m]) for m, c in METHOD_COLOURS.items()
+                if m in set(erased["method"])]
+    handles += [Line2D([], [], color="grey", ls="--", label="random subspace of the same rank (method's colour)")]
+    handles += [Line2D([], [], color="grey", ls=ls, label=f"{name} (reads no vectors)")
+                for m, ls, name in (("random_tree", ":", "random tree"), ("linear_chain", "-.", "linear chain"))
+                if base[m] is not None]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.suptitle("Erasing a concept at one layer: the distance probe's parse trees downstream", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1 if len(concepts) == 1 else 0.06, 1, 1))
     out = save_figure(fig, out_dir / "erasure_uuas")
     plt.close(fig)
     return out
+
+
+def _panel_title(r: pd.DataFrame, concept: str, layer: int) -> str:
+    """``"upos erased after layer 2"`` and, below, each method's rank there (ranks differ by panel)."""
+    where = "at the embeddings" if layer == 0 else residual_name(layer)
+    ranks = [f"{METHOD_NAMES[m]} {rank}" for m in METHOD_COLOURS
+             if (rank := _rank_of(r, concept, layer, m)) is not None]
+    return f"{concept} erased {where}" + (f"\nrank: {', '.join(ranks)}" if ranks else "")
 
 
 def _one_value(r: pd.DataFrame, measure: str, layer: int) -> float | None:
@@ -128,21 +142,25 @@ def _probes(r: pd.DataFrame, out_dir: Path) -> list[Path]:
                 x = np.arange(len(targets)) + (mi - (len(methods) - 1) / 2) * width
                 err = np.array([h["delta"] - h["delta_ci_low"], h["delta_ci_high"] - h["delta"]])
                 ax.bar(x, h["delta"], width, yerr=np.nan_to_num(err), color=METHOD_COLOURS[method],
-                       label=f"{METHOD_NAMES[method]} (rank {rank})", error_kw={"lw": 0.6})
+                       error_kw={"lw": 0.6})
                 c = g[(g["method"] == "random") & (g["rank"] == rank)].set_index("target").reindex(targets)
-                ax.plot(x, c["delta"], ls="none", marker="_", ms=9, mew=1.6, color="k",
-                        label="equal-rank random subspace" if mi == 0 else None)
+                ax.plot(x, c["delta"], ls="none", marker="_", ms=9, mew=1.6, color="k")
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xticks(np.arange(len(targets)), targets, fontsize=8)
-            where = "at the embeddings" if layer == 0 else residual_name(layer)
-            ax.set_title(f"{concept} erased {where}", fontsize=9)
+            ax.set_title(_panel_title(r, concept, layer), fontsize=8)
             ax.tick_params(axis="y", labelsize=8)
-            ax.legend(fontsize=6.5, loc="lower left", framealpha=0.85)
             if i == len(concepts) - 1:
                 ax.set_xlabel("probed concept", fontsize=8)
         axes[i][0].set_ylabel(f"probe accuracy change\n{residual_name(last)}", fontsize=8)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=METHOD_COLOURS[m], label=METHOD_NAMES[m]) for m in methods]
+    handles.append(Line2D([], [], ls="none", marker="_", ms=9, mew=1.6, color="k",
+                          label="random subspace of the same rank"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.suptitle("Clean-trained probes read the erased run (last layer)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08 if len(concepts) == 1 else 0.05, 1, 1))
     out = save_figure(fig, out_dir / "erasure_probes")
     plt.close(fig)
     return out
