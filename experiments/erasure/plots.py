@@ -31,10 +31,11 @@ def plot(out_dir: Path) -> list[Path]:
     return written
 
 
-def _layer_axis(ax, layers) -> None:
+def _layer_axis(ax, layers, label: bool = True) -> None:
     ticks = sorted({int(k) for k in layers})
     ax.set_xticks(ticks, [residual_tick(k) for k in ticks])
-    ax.set_xlabel(LAYER_AXIS, fontsize=8)
+    if label:
+        ax.set_xlabel(LAYER_AXIS, fontsize=8)
 
 
 def _rank_of(r: pd.DataFrame, concept: str, layer: int, method: str) -> int | None:
@@ -191,7 +192,7 @@ def _probing(p: pd.DataFrame, out_dir: Path) -> list[Path]:
         bottom.axhline(0, color="grey", lw=0.6)
         top.set_ylim(0, 1)
         top.set_title(t, fontsize=9)
-        _layer_axis(bottom, g["layer"])
+        _layer_axis(bottom, g["layer"], label=False)
         for ax in (top, bottom):
             ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("accuracy (evaluation words)", fontsize=8)
@@ -201,8 +202,9 @@ def _probing(p: pd.DataFrame, out_dir: Path) -> list[Path]:
         h, n = ax.get_legend_handles_labels()
         handles, names = handles + h, names + n
     fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=7, frameon=False)
+    fig.supxlabel(LAYER_AXIS, fontsize=8, y=0.07)
     fig.suptitle("Word-level probes with control tasks, per layer (clean run)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     out = save_figure(fig, out_dir / "erasure_probing")
     plt.close(fig)
     return out
