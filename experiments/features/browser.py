@@ -1,7 +1,8 @@
 """The feature browser: one self-contained, offline HTML page built from the features experiment's saved tables
 (``browser_latents``, ``browser_contexts``, ``browser_tokens``).
 
-It lists the latents of every site with their label (and test MCC), density, an activation histogram, the
+It lists the latents of every site with their label (and test MCC, and what the label means in words:
+`labels.meaning`; a "What a label means" section lists every variable and family), density, an activation histogram, the
 top-activating test contexts (the token highlighted, with its value) and, where the model has a masked-LM head,
 the vocabulary the decoder direction promotes, and the ``bertscope explore`` command that colours a text's tokens
 by the latent (where the run saved or loaded its dictionaries); a search box filters by label and another by token
