@@ -46,7 +46,7 @@ NAME = "features"
 DIRNAME = "features"
 SUMMARY_TABLES = ["summary", "sparse_probing_summary"]
 DICTIONARIES = "dictionaries"  # OUT/features/dictionaries/<site>/: the trained model's dictionaries (SAELens format)
-INT_COLUMNS = {"layer", "unit", "latent", "k", "rank", "sentence", "position", "rule_sign"}
+INT_COLUMNS = {"layer", "unit", "latent", "k", "rank", "sentence", "position", "rule_sign", "d_sae", "tokens_trained"}
 
 
 @dataclass(frozen=True)
