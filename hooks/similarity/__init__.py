@@ -23,10 +23,10 @@ from typing import Any
 
 from bertscope.hooks.similarity import methods as _builtin  # noqa: F401 (registers the built-in methods)
 from bertscope.hooks.similarity.decomposition import Decomposition, decompose, shares
+from bertscope.hooks.similarity.methods import pair_score
 from bertscope.hooks.similarity.pairs import Pair, side
 from bertscope.hooks.similarity.pooling import POOLINGS, SCORES, default_pooling, embed, final_site, pool, score
 from bertscope.hooks.similarity.result import PairAttribution, to_words
-from bertscope.hooks.similarity.methods import pair_score
 from bertscope.hooks.similarity.table import TABLE, PairMethod, register
 
 __all__ = [

@@ -30,11 +30,30 @@ import torch.autograd.forward_ad as fwAD
 from bertscope.hooks.similarity.pairs import embedding_from
 
 
+RULES = ("xsbert", "trapezoid")
+
+
 def alphas(steps: int, *, device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """xsbert's integration points ``[steps]``: ``1, 1 - 1/steps, ..., 1/steps`` (``torch.arange(1, 0, -1/N)``)."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     return torch.arange(steps, 0, -1, device=device, dtype=dtype or torch.float32) / steps
+
+
+def quadrature(steps: int, rule: str, *, device: torch.device | None = None,
+               dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(points, weights)`` of the path integral over ``alpha`` in [0, 1]. ``"xsbert"``: the paper code's right
+    Riemann sum, ``alphas(steps)`` each weighted ``1/steps`` (error O(1/steps)); ``"trapezoid"``: the same points
+    and ``alpha = 0``, the two ends weighted ``1/(2 steps)`` (error O(1/steps^2); one pass more)."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    pts = alphas(steps, device=device, dtype=dtype)
+    w = torch.full_like(pts, 1 / steps)
+    if rule == "trapezoid":
+        pts = torch.cat([pts, pts.new_zeros(1)])
+        w = torch.cat([w, w.new_full((1,), 0.5 / steps)])
+        w[0] = 0.5 / steps
+    return pts, w
 
 
 def projections(
@@ -47,6 +66,7 @@ def projections(
     pooling: str,
     kind: str,
     points: torch.Tensor,
+    weights: torch.Tensor | None = None,
     hooks: Sequence[tuple[str, Callable]] = (),
     detach_norm: bool = False,
     chunk: int = 4096,
@@ -68,13 +88,15 @@ def projections(
         lin = mask[row, :n]
         xr, rr, dr = x[row, :n], r[row, :n], dx[row, :n]
         # copies (alpha, token): primal r + alpha dx, tangent dx at that token only
-        grid = [(a, i) for a in points.tolist() for i in range(n)]
+        w = weights if weights is not None else torch.full_like(points, 1 / len(points))
+        grid = [(a, wt, i) for a, wt in zip(points.tolist(), w.tolist(), strict=True) for i in range(n)]
         acc = None
         per = max(1, chunk // max(n, 1))
         for start in range(0, len(grid), per):
             part = grid[start:start + per]
             a = torch.tensor([g[0] for g in part], device=x.device, dtype=x.dtype)[:, None, None]
-            idx = torch.tensor([g[1] for g in part], device=x.device)
+            idx = torch.tensor([g[2] for g in part], device=x.device)
+            wt = torch.tensor([g[1] for g in part], device=x.device, dtype=x.dtype)
             primal = rr[None] + a * (xr - rr)[None]
             tangent = torch.zeros_like(primal)
             tangent[torch.arange(len(part)), idx] = dr[idx]
@@ -85,8 +107,8 @@ def projections(
                 d = fwAD.unpack_dual(e).tangent.detach()  # [copies, e]
             if acc is None:
                 acc = x.new_zeros(n, d.shape[-1])
-            acc.index_add_(0, idx, d)
-        cols = acc / len(points)  # [n, e]
+            acc.index_add_(0, idx, d * wt[:, None])
+        cols = acc  # [n, e]
         full = x.new_zeros(p, cols.shape[-1])
         full[pos] = cols
         out.append(full.T)
