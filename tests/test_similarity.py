@@ -120,8 +120,9 @@ def planted_model(folder):
     """A tiny BERT whose similarity comes from one planted token pair: attention and MLP writes zeroed, so each
     token's output is its own normalised embedding; the last LayerNorm keeps dims 0..15 only. "cat" points along
     dim 0 (magnitude 4 after LayerNorm); the other words of text a have a small part in dims 1..7, of text b in
-    dims 8..15, each with a small share of dim 0, the rest of their mass in the dropped dims; special tokens in dims 16..30, which the output drops; the padding token (the reference's words) like an
-    ordinary word over dims 1..15."""
+    dims 8..15, each with a small share of dim 0, the rest of their mass in the dropped dims; special tokens in
+    dims 16..30, which the output drops; the padding token (the reference's words) like an ordinary word over
+    dims 1..15."""
     save_tiny_bert(folder)
     model = models.load(folder).eval()
     g = torch.Generator().manual_seed(0)

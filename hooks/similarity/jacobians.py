@@ -29,7 +29,6 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from bertscope.hooks.similarity.pairs import embedding_from
 
-
 RULES = ("xsbert", "trapezoid")
 
 

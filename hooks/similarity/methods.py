@@ -213,7 +213,8 @@ def occlusion(model: Any, pair: Pair):
 
 register(PairMethod("integrated-jacobians", integrated_jacobians,
                     "Moeller, Nikolaev and Pado, An Attribution Method for Siamese Encoders, EMNLP 2023 "
-                    "(code: lucasmllr/xsbert)", {"steps": 50, "layer": 0, "rule": "trapezoid", "chunk": 4096}, "costly", "limit",
+                    "(code: lucasmllr/xsbert)", {"steps": 50, "layer": 0, "rule": "trapezoid", "chunk": 4096},
+                    "costly", "limit",
                     "integrated Jacobians: token-pair matrix summing to the four-term difference"))
 register(PairMethod("bilrp", bilrp, "Vasileiou and Eberle, Explaining Text Similarity in Transformer Models, NAACL "
                     "2024; Eberle et al., TPAMI 2022 (BiLRP); LN/AH rules of Ali et al., ICML 2022",
