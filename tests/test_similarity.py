@@ -166,12 +166,32 @@ def planted(tmp_path_factory):
     return planted_model(tmp_path_factory.mktemp("planted"))
 
 
-@pytest.mark.parametrize("method", [m for m in similarity.TABLE if m != "grad-x-input"])
+PAIRWISE = [m for m in similarity.TABLE if not m.startswith("mixing:")]
+
+
+@pytest.mark.parametrize("method", [m for m in PAIRWISE if m != "grad-x-input"])
 def test_every_method_ranks_the_planted_pair_first(planted, method):
     r = similarity.attribute(planted, A, B, method=method)
     assert r.score > 0.5
     top = r.top(1)[0]
     assert (top[0], top[1]) == ("cat", "cat"), (method, r.top(3))
+
+
+@pytest.mark.parametrize("method", ["mixing:rollout:alti", "mixing:flow:attention_norm"])
+def test_lifted_mixing_is_uniform_without_mixing(planted, method):
+    """The known answer for the lifted context-mixing methods: the planted model's blocks write nothing, so no
+    token takes anything from another, every text's token weights are 1/n and the pair matrix is the score spread
+    evenly. (They cannot find the planted pair: a text's token weights never look at the other text.)"""
+    r = similarity.attribute(planted, A, B, method=method)
+    n = r.matrix.numel()
+    torch.testing.assert_close(r.matrix, torch.full_like(r.matrix, r.score / n), atol=1e-6, rtol=0)
+    assert abs(r.error) < 1e-6
+
+
+def test_lifted_mixing_sums_to_the_score(tiny):
+    for method in ("mixing:rollout:attention", "mixing:loo"):
+        r = similarity.attribute(tiny, A, B, method=method)
+        assert abs(r.error) < 1e-5 and r.target == pytest.approx(r.score, abs=1e-9)
 
 
 def test_grad_x_input_is_zero_at_a_layernorm_input(planted):
@@ -227,7 +247,7 @@ def test_every_family(family):
     sh = similarity.shares(model, a, b)
     cos = torch.nn.functional.cosine_similarity(dec.embedding[0], dec.embedding[1], dim=0)
     assert sh.share.sum() == pytest.approx(float(cos), abs=1e-5), name
-    for method in similarity.TABLE:
+    for method in PAIRWISE + ["mixing:rollout:alti"]:
         r = similarity.attribute(model, a, b, method=method, **({"steps": 8} if "steps" in
                                                                  similarity.TABLE[method].defaults else {}))
         assert r.matrix.shape == (len(r.tokens_a), len(r.tokens_b)), (name, method)

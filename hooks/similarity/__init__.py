@@ -11,7 +11,8 @@ is its public name.
 
 Methods (``method=``; the one list is ``table.TABLE``, entries in ``methods``): ``integrated-jacobians``
 (Moeller et al. 2023, the default), ``bilrp`` (Vasileiou and Eberle 2024), ``grad-x-input`` (pairwise),
-``integrated-gradients`` (each side), ``occlusion`` (one token left out on each side). Sentence embeddings:
+``integrated-gradients`` (each side), ``occlusion`` (one token left out on each side), and the context-mixing
+methods lifted to pairs, ``mixing:<name>`` (``lifted``). Sentence embeddings:
 ``embed``, ``pool``, ``score`` (``pooling``); the embedding as a sum over token x component: ``decompose``,
 ``shares`` (``decomposition``).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bertscope.hooks.similarity import lifted as _lifted  # noqa: F401 (registers the lifted mixing methods)
 from bertscope.hooks.similarity import methods as _builtin  # noqa: F401 (registers the built-in methods)
 from bertscope.hooks.similarity.decomposition import Decomposition, decompose, shares
 from bertscope.hooks.similarity.methods import pair_score
