@@ -254,3 +254,26 @@ def test_every_family(family):
         assert torch.isfinite(r.matrix).all(), (name, method)
     r = similarity.attribute(model, a, b, steps=300)
     assert abs(r.error) <= 2e-3 * max(abs(r.score), abs(r.target)), (name, r.error, r.score)
+
+
+@pytest.mark.slow
+def test_integrated_jacobians_equal_captum_layer_integrated_gradients(tiny):
+    """An independent implementation: Captum's LayerIntegratedGradients of each embedding dimension of phi at the
+    embedding output, from the same reference, with its riemann_right points (xsbert's), gives the rows of P."""
+    from bertscope.hooks.similarity.pooling import normalise
+    from captum.attr import LayerIntegratedGradients
+
+    steps, ps = 4, []
+    for text in (A, B):
+        s = pairs.side(tiny, [text])
+
+        def forward(ids, mask=s.mask):
+            m = mask.expand(ids.shape[0], -1)
+            return normalise(pool(tiny(ids, m), m, "mean"), "cosine")
+
+        lig = LayerIntegratedGradients(forward, tiny.embed)
+        ref = pairs.reference_ids(tiny, s)
+        ps.append(torch.stack([lig.attribute(s.ids, baselines=ref, target=d, n_steps=steps, method="riemann_right")[0]
+                               .sum(-1) for d in range(tiny.config.d_model)]))  # fmt: skip
+    got = similarity.attribute(tiny, A, B, steps=steps, rule="xsbert")
+    torch.testing.assert_close(got.matrix, (ps[0].T @ ps[1]).double(), atol=1e-6, rtol=1e-5)
