@@ -1,8 +1,9 @@
 """``bertscope.similarity``: what makes two texts similar, the public name of ``bertscope.hooks.similarity``.
 
 >>> import bertscope
+>>> from bertscope import similarity
 >>> model = bertscope.load()
->>> r = bertscope.similarity.attribute(model, "A man plays a guitar.", "Someone is playing music.")
+>>> r = similarity.attribute(model, "A man plays a guitar.", "Someone is playing music.")
 >>> r.top(3), r.score, r.target, r.error
 
 Everything here is ``bertscope.hooks.similarity``'s (``attribute``, ``embed``, ``pool``, ``score``, ``decompose``,

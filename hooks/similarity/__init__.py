@@ -4,8 +4,9 @@ A subpackage of ``bertscope.hooks`` built on hooked tensors (the model never loa
 is its public name.
 
 >>> import bertscope
+>>> from bertscope import similarity
 >>> model = bertscope.load()
->>> r = bertscope.similarity.attribute(model, "A man plays a guitar.", "Someone is playing music.")
+>>> r = similarity.attribute(model, "A man plays a guitar.", "Someone is playing music.")
 >>> r.matrix.shape, r.score, r.target, r.error     # [pieces of a, pieces of b]; the matrix sums to r.target
 >>> r.top(3)                                       # the token pairs that made the texts close
 
