@@ -26,6 +26,7 @@ import torch
 from bertscope.experiments.activations import iter_activations
 from bertscope.experiments.io import write_json, write_table
 from bertscope.probes.dictionary import (
+    RECIPE,
     ActivationBatch,
     Dictionary,
     DictionaryConfig,
@@ -109,7 +110,7 @@ def parse_width(width: str | int, d_in: int) -> int:
 
 def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: str | Path, *,
               arch: str = architectures.DEFAULT,
-              k: int | None = 32, width: str | int = "8x", kind: str = "sae", site_out: str | None = None,
+              k: int | None = RECIPE.k, width: str | int = RECIPE.width, kind: str = "sae", site_out: str | None = None,
               settings: TrainSettings | None = None, capture: Any = None, batch_size: int = 32,
               max_length: int = 128, controls: bool = True, e2e: E2ESettings | None = None,
               corpus: dict[str, Any] | None = None) -> dict[str, Dictionary]:
@@ -118,9 +119,10 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
 
     ``kind="transcoder"`` / ``"skip_transcoder"`` trains on one site pair (``sites[0]`` read, ``site_out``
     predicted: e.g. ``blocks.3.hook_resid_mid`` -> ``blocks.3.hook_mlp_out`` in a post-LN BERT). ``capture``: a
-    capture folder to read instead of running the model. ``settings`` (:class:`TrainSettings`): tokens, batch,
-    buffer, seed, device, dtype, ... ``controls``: also save the PCA and neuron-basis controls at the same L0,
-    fitted on the first training buffer. A checkpoint ``out/checkpoint.pt`` is written every
+    capture folder to read instead of running the model. ``arch``, ``k``, ``width`` and ``settings``
+    (:class:`TrainSettings`: tokens, batch, lr, buffer, seed, device, dtype, ...) default to the one recipe,
+    :data:`~bertscope.probes.dictionary.RECIPE`. ``controls``: also save the PCA and neuron-basis controls at the
+    same L0, fitted on the first training buffer. A checkpoint ``out/checkpoint.pt`` is written every
     ``settings.checkpoint_tokens`` tokens and resumed from when present. ``e2e``: then fine-tune each SAE end to
     end against the model's own objective on the same training ``sentences`` (never held-out ones;
     :func:`~bertscope.probes.dictionary.finetune_e2e`, Braun et al. 2024) before saving; its config records how

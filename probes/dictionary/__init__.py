@@ -46,6 +46,7 @@ from .metrics import latent_statistics, metrics_table, reconstruction_metrics, s
 from .models import KINDS, Dictionary, DictionaryConfig, batch_topk_activation, topk_activation
 from .placement import find_dictionaries, load_for_model, site_folder, site_width, transcoder_sites
 from .saelens_format import DictionaryFormatError, is_dictionary, load_dictionary, save_dictionary
+from .settings import RECIPE, Recipe
 from .train import (
     TrainingInterrupted,
     TrainSettings,
@@ -85,6 +86,8 @@ __all__ = [
     "RowReader",
     "ShuffleBuffer",
     "TrainSettings",
+    "RECIPE",
+    "Recipe",
     "TrainingInterrupted",
     "auxk_loss",
     "basis_topk_dictionary",
