@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.hooks.hook_points import HookPoint
 from bertscope.hooks.sites import last_block
 from scipy.stats import spearmanr
 
@@ -112,20 +113,36 @@ def collect_activations(model: Any, texts: Sequence[str], sites: Sequence[str], 
         del b
 
 
+#: The hook points a spliced dictionary adds under its site (SAELens's names): ``<site>.hook_sae_input`` the rows it
+#: reads ``[batch, pos, d_in]``, ``<site>.hook_sae_acts_post`` its latent activations ``[batch, pos, d_sae]``,
+#: ``<site>.hook_sae_recons`` its reconstruction ``[batch, pos, d_out]`` (before ``positions`` keeps clean rows).
+SPLICE_HOOKS = ("hook_sae_input", "hook_sae_acts_post", "hook_sae_recons")
+
+
 @contextmanager
 def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionary",
             positions: Callable[[], torch.Tensor | None] | None = None,
             mean: torch.Tensor | None = None) -> Iterator[Any]:
-    """Replace the dictionary's output site on every forward inside the block.
+    """Replace the dictionary's output site on every forward inside the block (SAELens's ``run_with_saes``).
 
     ``mode``: ``"dictionary"`` (the reconstruction; a transcoder's prediction from its input site, read in the
     same forward), ``"zero"`` or ``"mean"`` (ablations: ``mean [d]``). ``positions()`` returns the bool
     ``[batch, pos]`` of positions to replace for the current forward (None: all); the others keep their clean
     activation.
+
+    In ``"dictionary"`` mode the dictionary's own activations are hook points while the block lasts, named as
+    SAELens names them (:data:`SPLICE_HOOKS`, under ``d.cfg.hook_name``): ``model.run_with_cache(...)`` inside the
+    block returns ``"<site>.hook_sae_acts_post"`` ``[batch, pos, d_sae]`` (and ``hook_sae_input``,
+    ``hook_sae_recons``), and a hook on them edits the latents the model then uses::
+
+        with spliced(model, d):
+            _, cache = model.run_with_cache(ids, names_filter="*.hook_sae_acts_post")
+        acts = cache[f"{d.cfg.hook_name}.hook_sae_acts_post"]
     """
     cfg = dictionary.config
     site_in, site_out = cfg.site, cfg.site_out or cfg.site
     seen: dict[str, torch.Tensor] = {}
+    points = {name: HookPoint() for name in SPLICE_HOOKS} if mode == "dictionary" else {}
 
     def read(t: torch.Tensor, hook: Any) -> None:
         seen["x"] = t
@@ -133,7 +150,9 @@ def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionar
     def replace(t: torch.Tensor, hook: Any) -> torch.Tensor:
         if mode == "dictionary":
             x = seen.pop("x", t) if site_in != site_out else t
-            new = dictionary(x.to(dictionary.W_enc.dtype)).to(t.dtype)
+            x = points["hook_sae_input"](x.to(dictionary.W_enc.dtype))
+            acts = points["hook_sae_acts_post"](dictionary.encode(x))
+            new = points["hook_sae_recons"](dictionary.decode(acts, x)).to(t.dtype)
         elif mode == "zero":
             new = torch.zeros_like(t)
         elif mode == "mean":
@@ -146,8 +165,34 @@ def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionar
         return torch.where(where.to(t.device)[..., None], new, t)
 
     hooks = [(site_in, read)] if (mode == "dictionary" and site_in != site_out) else []
-    with model.hooks([*hooks, (site_out, replace)]):
-        yield model
+    with _hook_points(model, site_out, {f"{site_in}.{n}": p for n, p in points.items()}):
+        with model.hooks([*hooks, (site_out, replace)]):
+            yield model
+
+
+@contextmanager
+def _hook_points(model: Any, after: str, points: dict[str, HookPoint]) -> Iterator[None]:
+    """Add ``points`` (name -> hook point) to ``model.hook_dict`` right after ``after`` (forward order) while the
+    block lasts; refused when a name is taken (a dictionary spliced twice at one site)."""
+    if not points:
+        yield
+        return
+    taken = [n for n in points if n in model.hook_dict]
+    if taken:
+        raise ValueError(f"{taken[0]} is already a hook point: one dictionary spliced at a site at a time")
+    old = model.hook_dict
+    new: dict[str, HookPoint] = {}
+    for name, point in old.items():
+        new[name] = point
+        if name == after:
+            new.update(points)
+    for name, point in points.items():
+        point.name = name
+    model.hook_dict = new
+    try:
+        yield
+    finally:
+        model.hook_dict = old
 
 
 def _pooled(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
