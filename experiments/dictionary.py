@@ -35,13 +35,14 @@ from bertscope.probes.dictionary import (
     architectures,
     evaluate_dictionary,
     finetune_e2e,
+    latent_samples,
     neuron_topk_dictionary,
     pca_topk_dictionary,
     piece_classes,
     save_dictionary,
     train_dictionaries,
 )
-from bertscope.probes.dictionary.data import as_batch, stage_classes
+from bertscope.probes.dictionary.data import SPECIAL_CLASSES, as_batch, stage_classes
 from bertscope.probes.dictionary.placement import (
     find_dictionaries,
     load_for_model,
@@ -55,6 +56,10 @@ from bertscope.probes.dictionary.placement import (
 STAGE_SPECIAL = ("cls", "sep", "padding")
 #: Training rows the PCA and neuron-basis controls are fitted on (at most).
 CONTROL_ROWS = 65536
+#: sentences ``train_sae`` reads for each latent's top contexts and quantile samples (``latent_contexts.parquet``)
+CONTEXT_SENTENCES = 2000
+#: the file of :func:`write_latent_samples` in a dictionary's folder
+LATENT_CONTEXTS = "latent_contexts.parquet"
 
 
 def dictionary_classes(acts: Any, pieces: np.ndarray) -> np.ndarray:
@@ -113,7 +118,7 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
               k: int | None = RECIPE.k, width: str | int = RECIPE.width, kind: str = "sae", site_out: str | None = None,
               settings: TrainSettings | None = None, capture: Any = None, batch_size: int = 32,
               max_length: int = 128, controls: bool = True, e2e: E2ESettings | None = None,
-              corpus: dict[str, Any] | None = None) -> dict[str, Dictionary]:
+              corpus: dict[str, Any] | None = None, contexts: int = CONTEXT_SENTENCES) -> dict[str, Dictionary]:
     """Train one dictionary per site on the activations of ``sentences`` (a corpus) and save each to
     ``out/<site>/`` (SAELens's format); returns site -> dictionary.
 
@@ -129,6 +134,8 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
     (``metadata["e2e"]``). The controls stay fitted on the training rows. Every saved config records the model
     (``metadata.model``, ``metadata.weights_sha256``: readers refuse a dictionary of another model) and
     the training ``corpus`` when given (its name and sha256: ``sae eval`` says when it scores on it).
+    ``contexts``: each dictionary's top activating contexts and quantile samples over the first ``contexts``
+    training sentences, ``out/<site>/latent_contexts.parquet`` (:func:`write_latent_samples`; 0: none).
     """
     settings = settings or TrainSettings()
     out = Path(out)
@@ -154,6 +161,9 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
             max_length=max_length).stage_batches()) for site, d in dicts.items()}
     for site, d in dicts.items():
         save_dictionary(d, out / site_folder(site))
+        if contexts:
+            write_latent_samples(model, d, list(sentences)[:contexts], out / site_folder(site), capture=capture,
+                                 batch_size=batch_size, max_length=max_length, excluded=settings.excluded)
     if controls and kind == "sae":
         _save_controls(source, dicts, settings, out, _provenance(model, max_length, corpus))
     write_json(out / "training.json", {"sites": sites, "site_out": site_out, "arch": arch, "k": k, "kind": kind,
@@ -162,6 +172,43 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
                                        "e2e": None if e2e is None else dict(e2e.__dict__)})
     (out / "checkpoint.pt").unlink(missing_ok=True)
     return dicts
+
+
+def write_latent_samples(model: Any, dictionary: Dictionary, sentences: Sequence[Any], folder: str | Path, *,
+                         capture: Any = None, batch_size: int = 32, max_length: int = 128,
+                         excluded: Sequence[str] = SPECIAL_CLASSES, n_top: int = 8, n_bins: int = 4,
+                         per_bin: int = 4, window: int = 8) -> Path:
+    """``folder/latent_contexts.parquet``: per latent, its ``n_top`` top activating tokens and ``per_bin`` samples
+    from each of ``n_bins`` equal intervals of its range (:func:`~bertscope.probes.dictionary.latent_samples`),
+    over the rows of ``sentences`` at the dictionary's site (token classes in ``excluded`` left out, as in
+    training). Columns: those of ``latent_samples`` plus ``sentence_index``, ``position``, ``token`` and
+    ``context`` (the ``window`` word pieces either side, the token in ``[[ ]]``); ``bertscope explore "TEXT"
+    --dictionary DIR --latent N`` shows a latent on any text. Written atomically; returns the path."""
+    site = dictionary.config.site
+    source = CorpusActivations(model, sentences, [site], capture=capture, batch_size=batch_size,
+                               max_length=max_length)
+    tok = model.tokenizer
+    pieces: dict[int, list[str]] = {}
+
+    def rows() -> Iterator[tuple[torch.Tensor, pd.DataFrame]]:
+        for acts in source.stage_batches():
+            meta = acts.rows()
+            classes = stage_classes(acts, source.token_pieces)
+            for s_idx, g in meta.groupby("sentence_index", sort=False):
+                pieces[int(s_idx)] = tok.convert_ids_to_tokens(g["token_id"].tolist())
+            keep = ~np.isin(classes, list(excluded))
+            yield (acts.flat(site)[torch.from_numpy(keep)],
+                   meta.loc[keep, ["sentence_index", "position"]].reset_index(drop=True))
+
+    table = latent_samples(dictionary, rows(), n_top=n_top, n_bins=n_bins, per_bin=per_bin)
+    tokens, contexts = [], []
+    for s_idx, pos in zip(table.get("sentence_index", []), table.get("position", []), strict=True):
+        toks = pieces[int(s_idx)]
+        tokens.append(toks[pos])
+        around = toks[max(0, pos - window):pos] + [f"[[{toks[pos]}]]"] + toks[pos + 1:pos + 1 + window]
+        contexts.append(" ".join(around))
+    table = table.assign(token=tokens, context=contexts)
+    return write_table(table, Path(folder) / LATENT_CONTEXTS, formats=("parquet",))[0]
 
 
 def _provenance(model: Any, max_length: int, corpus: dict[str, Any] | None) -> dict[str, Any]:
@@ -275,7 +322,10 @@ def describe(dicts: dict[str, Dictionary]) -> str:
 
 
 __all__ = [
+    "CONTEXT_SENTENCES",
+    "LATENT_CONTEXTS",
     "CorpusActivations",
+    "write_latent_samples",
     "dictionary_classes",
     "corpus_tokens",
     "evaluate_sae",

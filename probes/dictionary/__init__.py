@@ -13,6 +13,9 @@ judged the way an encoder needs (``docs/dictionaries.md``).
 - :func:`save_dictionary`, :func:`load_dictionary`: SAELens's on-disk format (``cfg.json`` +
   ``sae_weights.safetensors``).
 - :func:`pca_topk_dictionary`, :func:`neuron_topk_dictionary`: controls at the same L0.
+- :func:`spliced`: a dictionary in place of its site (SAELens's ``run_with_saes``), its latents hook points
+  (``<site>.hook_sae_acts_post``); :func:`latent_samples`: each latent's top rows and quantile samples.
+- :data:`RECIPE`: the one default training recipe (``TrainSettings``, ``sae train``, ``run features``).
 
 - :mod:`.architectures`: one file per architecture, registered in one table (``register(Architecture(...))``).
 - :func:`load_for_model`, :func:`site_width`, :func:`transcoder_sites`, :func:`site_folder`,
@@ -25,6 +28,7 @@ tensors.
 
 from . import architectures
 from .architectures import Architecture, register
+from .contexts import latent_samples
 from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer
 from .e2e import DEFAULT_MSE_COEFFICIENT, E2ESettings, e2e_loss, finetune_e2e, site_variance
 from .evaluate import (
@@ -117,6 +121,7 @@ __all__ = [
     "save_dictionary",
     "splice_fidelity",
     "spliced",
+    "latent_samples",
     "token_classes",
     "topk_activation",
     "train_dictionaries",
