@@ -27,7 +27,6 @@ from bertscope.experiments.activations import iter_activations
 from bertscope.experiments.io import write_json, write_table
 from bertscope.probes.dictionary import (
     RECIPE,
-    ActivationBatch,
     Dictionary,
     DictionaryConfig,
     E2ESettings,
@@ -72,7 +71,7 @@ def dictionary_classes(acts: Any, pieces: np.ndarray) -> np.ndarray:
 
 class CorpusActivations:
     """A re-iterable source of rows: each pass runs the activations stage over ``sentences`` (a live forward, or
-    ``capture``) and yields :class:`~bertscope.probes.dictionary.ActivationBatch` rows of every real and special
+    ``capture``) and yields plain rows (``bertscope.probes.dictionary.plain_rows``) of every real and special
     token (padding never), each with its class (:func:`dictionary_classes`). ``token_pieces``: the tokenizer's
     piece classes (computed once)."""
 
@@ -95,7 +94,7 @@ class CorpusActivations:
                                 batch_size=self.batch_size, max_length=self.max_length, include_special=True,
                                 device="cpu", dtype=torch.float32)
 
-    def __iter__(self) -> Iterator[ActivationBatch]:
+    def __iter__(self) -> Iterator[Any]:
         for acts in self.stage_batches():
             yield as_batch(acts, None, self.token_pieces)
 

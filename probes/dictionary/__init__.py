@@ -4,8 +4,8 @@ judged the way an encoder needs (``docs/dictionaries.md``).
 - :class:`DictionaryConfig`, :class:`Dictionary`: every registered architecture (built in: ReLU, TopK, BatchTopK,
   JumpReLU); SAEs, MLP transcoders and skip transcoders.
 - :func:`train_dictionaries` with :class:`TrainSettings`: streaming training over an iterable of
-  :class:`ActivationBatch` (or tensors): shuffle buffer, normalisation folded back, dead-latent revival,
-  checkpoints and resume, several sites in one pass.
+  batch-like objects (the activations stage's batches, :func:`plain_rows`, dicts or tensors): shuffle buffer,
+  normalisation folded back, dead-latent revival, checkpoints and resume, several sites in one pass.
 - :func:`evaluate_dictionary`, :func:`splice_fidelity`, :func:`metrics_table`, :func:`saelens_metrics`: metrics
   overall and per token class, and the model's own objective with the dictionary spliced in.
 - :func:`finetune_e2e` with :class:`E2ESettings`, :func:`e2e_loss`: end-to-end fine-tuning of a trained SAE
@@ -29,7 +29,7 @@ tensors.
 from . import architectures
 from .architectures import Architecture, register
 from .contexts import latent_samples
-from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer
+from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer, plain_rows
 from .e2e import DEFAULT_MSE_COEFFICIENT, E2ESettings, e2e_loss, finetune_e2e, site_variance
 from .evaluate import (
     TOKEN_CLASSES,
@@ -83,6 +83,7 @@ __all__ = [
     "SPECIAL_CLASSES",
     "TOKEN_CLASSES",
     "ActivationBatch",
+    "plain_rows",
     "Dictionary",
     "DictionaryConfig",
     "DictionaryFormatError",

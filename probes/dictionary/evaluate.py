@@ -27,7 +27,7 @@ from scipy.stats import spearmanr
 
 from .architectures.relu import RELU
 from .architectures.topk import TOPK
-from .data import SPECIAL_CLASSES, ActivationBatch, as_batch
+from .data import SPECIAL_CLASSES, _Rows, as_batch
 from .metrics import metrics_table
 from .models import Dictionary, DictionaryConfig
 
@@ -86,8 +86,8 @@ def text_batches(model: Any, texts: Sequence[str], batch_size: int = 32) -> Iter
 
 @torch.no_grad()
 def collect_activations(model: Any, texts: Sequence[str], sites: Sequence[str], *, batch_size: int = 32,
-                        include_pad: bool = False) -> Iterator[ActivationBatch]:
-    """One :class:`ActivationBatch` per batch of texts: rows of every real token (padding left out unless
+                        include_pad: bool = False) -> Iterator[_Rows]:
+    """Plain rows (:func:`~.data.plain_rows`) per batch of texts: rows of every real token (padding left out unless
     ``include_pad``) at ``sites`` (hook names; a site the model lacks raises ``KeyError``), with token classes
     and sentence indices. The forward stops at the last block any site needs."""
     sites = list(sites)
@@ -108,7 +108,7 @@ def collect_activations(model: Any, texts: Sequence[str], sites: Sequence[str], 
         keep = np.ones(classes.shape, dtype=bool) if include_pad else classes != "pad"
         flat = torch.from_numpy(keep.reshape(-1))
         sentence = np.broadcast_to(np.arange(start, start + classes.shape[0])[:, None], classes.shape)
-        yield ActivationBatch({s: store[s].reshape(-1, store[s].shape[-1])[flat].float().cpu() for s in sites},
+        yield _Rows({s: store[s].reshape(-1, store[s].shape[-1])[flat].float().cpu() for s in sites},
                               classes.reshape(-1)[keep.reshape(-1)], sentence.reshape(-1)[keep.reshape(-1)])
         del b
 
@@ -333,7 +333,7 @@ def _objective_rows(objective: str, model: Any, batches: list[dict[str, torch.Te
 
 
 @torch.no_grad()
-def reconstruct(dictionary: Dictionary, batches: Sequence[ActivationBatch], *,
+def reconstruct(dictionary: Dictionary, batches: Sequence[Any], *,
                 chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
     """Targets, reconstructions, latent activations and token classes of ``batches`` (rows of the dictionary's
     input and output sites): ``(y [n, d_out], y_hat [n, d_out], f [n, d_sae], classes [n])``."""
@@ -362,7 +362,7 @@ def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str]
 
     ``batches``: the rows of the dictionary's sites for ``texts``, already collected: the activations stage's
     batches (the commands read them through it; classes derived by ``data.stage_classes``) or
-    :class:`ActivationBatch` rows. Without it they are collected here (:func:`collect_activations`)."""
+    plain rows. Without it they are collected here (:func:`collect_activations`)."""
     cfg = dictionary.config
     sites = [cfg.site] + ([cfg.site_out] if cfg.site_out and cfg.site_out != cfg.site else [])
     if batches is None:
@@ -385,11 +385,11 @@ def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str]
     return pd.concat(parts, ignore_index=True)
 
 
-def _drop(batch: Any, excluded: set[str]) -> ActivationBatch:
+def _drop(batch: Any, excluded: set[str]) -> _Rows:
     keep = ~np.isin(batch.classes(), list(excluded))
     idx = torch.from_numpy(np.flatnonzero(keep))
     sent = None if batch.sentence is None else np.asarray(batch.sentence)[keep]
-    return ActivationBatch({s: t[idx] for s, t in batch.acts.items()}, batch.classes()[keep], sent)
+    return _Rows({s: t[idx] for s, t in batch.acts.items()}, batch.classes()[keep], sent)
 
 
 # ---------------------------------------------------------------------------------------------- controls
