@@ -142,7 +142,10 @@ def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionar
     cfg = dictionary.config
     site_in, site_out = cfg.site, cfg.site_out or cfg.site
     seen: dict[str, torch.Tensor] = {}
-    points = {name: HookPoint() for name in SPLICE_HOOKS} if mode == "dictionary" else {}
+    # a stand-in that is only callable (the e2e trainer's recorder) gets no latent hook point
+    latents = callable(getattr(dictionary, "encode", None)) and callable(getattr(dictionary, "decode", None))
+    names = [n for n in SPLICE_HOOKS if latents or n != "hook_sae_acts_post"] if mode == "dictionary" else []
+    points = {name: HookPoint() for name in names}
 
     def read(t: torch.Tensor, hook: Any) -> None:
         seen["x"] = t
@@ -151,8 +154,11 @@ def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionar
         if mode == "dictionary":
             x = seen.pop("x", t) if site_in != site_out else t
             x = points["hook_sae_input"](x.to(dictionary.W_enc.dtype))
-            acts = points["hook_sae_acts_post"](dictionary.encode(x))
-            new = points["hook_sae_recons"](dictionary.decode(acts, x)).to(t.dtype)
+            if latents:
+                new = dictionary.decode(points["hook_sae_acts_post"](dictionary.encode(x)), x)
+            else:
+                new = dictionary(x)
+            new = points["hook_sae_recons"](new).to(t.dtype)
         elif mode == "zero":
             new = torch.zeros_like(t)
         elif mode == "mean":
