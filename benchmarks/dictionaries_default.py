@@ -140,12 +140,14 @@ def block(summ: pd.DataFrame, info: dict, runs: dict[str, TrainSettings]) -> str
     pca = t.loc[f"pca-top{RECIPE.k}"]
     for name in runs:
         r = t.loc[name]
-        beats = (r.explained_variance > pca.explained_variance
-                 and r.spliced_embedding_cosine > pca.spliced_embedding_cosine)
+        won = [m for m, ok in (("explained variance", r.explained_variance > pca.explained_variance),
+                               ("spliced cosine", r.spliced_embedding_cosine > pca.spliced_embedding_cosine)) if ok]
+        verdict = ("**beats PCA on both**" if len(won) == 2 else "**loses to PCA on both**" if not won
+                   else f"beats PCA on {won[0]} only")
         lines.append("")
         lines.append(f"`{name}` against PCA-top{RECIPE.k}: explained variance {r.explained_variance:.3f} vs "
                      f"{pca.explained_variance:.3f}, spliced cosine {r.spliced_embedding_cosine:.3f} vs "
-                     f"{pca.spliced_embedding_cosine:.3f}: **{'beats' if beats else 'does not beat'} PCA** on both.")
+                     f"{pca.spliced_embedding_cosine:.3f}: {verdict}.")
     lines.append("")
     return "\n".join(lines)
 
