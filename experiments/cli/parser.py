@@ -272,6 +272,11 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
                    ">= 0, default 5)")
     t.add_argument("--l0", type=float, default=1e-3, help="L0 coefficient of a thresholded architecture (jumprelu; "
                    ">= 0, default 1e-3)")
+    t.add_argument("--auxk", choices=["saelens", "gao"], default="saelens",
+                   help="AuxK convention for dead TopK/BatchTopK latents: saelens (SAELens's, default) or gao "
+                   "(openai/sparse_autoencoder's: 256 dead latents, normalised MSE; its coefficient is 1/32, "
+                   "set with --aux-coefficient)")
+    t.add_argument("--aux-coefficient", type=float, default=1.0, help="AuxK coefficient (>= 0, default 1.0)")
     t.add_argument("--checkpoint-every", type=_count, default=500_000, help="tokens between checkpoints")
     t.add_argument("--no-controls", action="store_true", help="skip the PCA / neuron-basis controls")
     t.add_argument("--e2e-steps", type=_positive_int, default=None, metavar="N",

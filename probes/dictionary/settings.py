@@ -51,9 +51,12 @@ class TrainSettings:
     ``l1_warm_up_tokens``: the ``relu`` penalty and its linear warm-up from 0; ``l0_coefficient`` /
     ``l0_warm_up_tokens``, ``jumprelu_bandwidth``, ``jumprelu_init_threshold``: JumpReLU (SAELens defaults 0.05
     and 0.01); ``aux_coefficient``: AuxK (SAELens 1.0); ``topk_threshold_lr``: BatchTopK's threshold average
-    (SAELens 0.01). ``b_dec_init``: ``"geometric_median"``, ``"mean"`` or ``"zeros"``. ``normalise``: scale
-    inputs to mean norm ``sqrt(d)`` while training (folded back at the end). ``include_special``: train on
-    special tokens and padding too.
+    (SAELens 0.01). ``auxk``: the AuxK convention, ``"saelens"`` (SAELens's ``calculate_topk_aux_loss``:
+    ``k_aux = d_in // 2``, scaled by ``min(n_dead / k_aux, 1)``, summed squared error) or ``"gao"`` (Gao et al.'s
+    code, openai/sparse_autoencoder: ``aux_k`` dead latents, ReLU, MSE normalised by the residual's variance; its
+    own coefficient is 1/32); ``architectures.kernels``. ``b_dec_init``: ``"geometric_median"``, ``"mean"`` or
+    ``"zeros"``. ``normalise``: scale inputs to mean norm ``sqrt(d)`` while training (folded back at the end).
+    ``include_special``: train on special tokens and padding too.
     """
 
     tokens: int = RECIPE.tokens
@@ -72,6 +75,8 @@ class TrainSettings:
     jumprelu_bandwidth: float = 0.05
     jumprelu_init_threshold: float = 0.01
     aux_coefficient: float = 1.0
+    auxk: str = "saelens"
+    aux_k: int = 256
     topk_threshold_lr: float = 0.01
     dead_tokens: int = 200_000
     resample: bool = True
@@ -85,6 +90,8 @@ class TrainSettings:
     def __post_init__(self) -> None:
         if self.b_dec_init not in ("geometric_median", "mean", "zeros"):
             raise ValueError(f"b_dec_init must be geometric_median, mean or zeros, got {self.b_dec_init!r}")
+        if self.auxk not in ("saelens", "gao") or self.aux_k < 1:
+            raise ValueError(f"auxk must be saelens or gao and aux_k >= 1, got {self.auxk!r}, {self.aux_k}")
         if self.tokens < self.batch_size:
             raise ValueError(f"tokens ({self.tokens}) must be at least one batch ({self.batch_size})")
 
