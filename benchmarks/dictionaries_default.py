@@ -1,5 +1,6 @@
 """The default dictionary recipe (``bertscope.probes.dictionary.RECIPE``) on EWT dev against its PCA control, beside
-SAELens's defaults (lr 3e-4, batch 4096) at the same tokens (docs/dictionaries.md, "The default recipe on EWT dev").
+SAELens's defaults (lr 3e-4, batch 4096) and the default with Gao et al.'s AuxK at the same tokens
+(docs/dictionaries.md, "The default recipe").
 
     nice python benchmarks/dictionaries_default.py --tokens 200k --max-train 6000 --max-dev 200 \\
         --doc docs/dictionaries.md
@@ -36,6 +37,7 @@ from bertscope.probes.dictionary import (
     pca_topk_dictionary,
     train_dictionaries,
 )
+from bertscope.probes.dictionary.architectures.kernels import GAO_AUX_COEFFICIENT, GAO_AUX_K
 from bertscope.probes.dictionary.data import SPECIAL_CLASSES
 
 import bertscope
@@ -43,6 +45,8 @@ import bertscope
 SITE = "blocks.3.hook_resid_post"
 #: SAELens's own defaults (its LanguageModelSAERunnerConfig: lr 3e-4, train_batch_size_tokens 4096)
 SAELENS = {"lr": 3e-4, "batch_size": 4096}
+#: Gao et al.'s AuxK as their code sets it (openai/sparse_autoencoder train.py: auxk 256, auxk_coef 1/32)
+GAO = {"auxk": "gao", "aux_k": GAO_AUX_K, "aux_coefficient": GAO_AUX_COEFFICIENT}
 COLUMNS = ["dictionary", "l0", "explained_variance", "dead_fraction", "spliced_embedding_cosine",
            "spliced_similarity_spearman", "recovered_vs_mean"]
 
@@ -92,7 +96,13 @@ def main() -> None:
     cfg = DictionaryConfig(d_in=d_in, d_sae=parse_width(RECIPE.width, d_in), arch=architectures.DEFAULT,
                            k=RECIPE.k, site=SITE)
     runs = {"default": TrainSettings(tokens=args.tokens, progress=False),
-            "saelens-defaults": TrainSettings(tokens=args.tokens, progress=False, **SAELENS)}
+            "saelens-defaults": TrainSettings(tokens=args.tokens, progress=False, **SAELENS),
+            # AuxK acts on latents dead for dead_tokens (200k by default, so never within a 200k-token run):
+            # both conventions side by side with latents counted dead after a quarter of the run
+            "default, dead after N/4, SAELens AuxK": TrainSettings(tokens=args.tokens, progress=False,
+                                                                  dead_tokens=args.tokens // 4),
+            "default, dead after N/4, Gao AuxK": TrainSettings(tokens=args.tokens, progress=False,
+                                                              dead_tokens=args.tokens // 4, **GAO)}
     dicts, cpu = {}, {}
     for name, ts in runs.items():
         c = _cpu()
@@ -108,7 +118,10 @@ def main() -> None:
     summ = summary(pd.concat(tables, ignore_index=True)).set_index("dictionary").loc[list(dicts)].reset_index()
     args.out.mkdir(parents=True, exist_ok=True)
     summ.to_csv(args.out / "summary.csv", index=False)
-    info = {"tokens": args.tokens, "train_sentences": len(train), "train_rows": n_rows, "dev_sentences": len(dev),
+    a, b = dicts["default, dead after N/4, SAELens AuxK"], dicts["default, dead after N/4, Gao AuxK"]
+    auxk_acted = not torch.equal(a.W_enc, b.W_enc)
+    info = {"auxk_acted": auxk_acted,
+            "tokens": args.tokens, "train_sentences": len(train), "train_rows": n_rows, "dev_sentences": len(dev),
             "train_cpu_s": cpu, "wall_s": round(time.perf_counter() - t0), "cpu_s": round(_cpu() - c0),
             "tokens_trained": {k: dicts[k].config.metadata.get("tokens_trained") for k in runs}}
     (args.out / "run.json").write_text(json.dumps(info, indent=1))
@@ -120,7 +133,7 @@ def main() -> None:
 
 def block(summ: pd.DataFrame, info: dict, runs: dict[str, TrainSettings]) -> str:
     """The generated markdown: sizes, the table, and whether the default beats PCA on both headline numbers."""
-    d, s = runs["default"], runs["saelens-defaults"]
+    d, s, g = runs["default"], runs["saelens-defaults"], runs["default, dead after N/4, Gao AuxK"]
     cols = [c for c in COLUMNS if c in summ]
     lines = ["", f"Written by `benchmarks/dictionaries_default.py` (bundled model, `{SITE}`): "
              f"{info['tokens']:,} training tokens ({info['tokens'] / info['train_rows']:.2f} epochs over the "
@@ -128,7 +141,11 @@ def block(summ: pd.DataFrame, info: dict, runs: dict[str, TrainSettings]) -> str
              f"sentences), scored on the first {info['dev_sentences']} EWT dev sentences. `default`: "
              f"`TrainSettings(tokens={info['tokens']})` with the default architecture, k = {RECIPE.k}, width "
              f"{RECIPE.width}, lr {d.lr:g}, batch {d.batch_size} (`RECIPE`); `saelens-defaults`: the same with "
-             f"lr {s.lr:g}, batch {s.batch_size}; PCA-top{RECIPE.k} fitted on the first "
+             f"lr {s.lr:g}, batch {s.batch_size}. AuxK acts only on latents silent for `dead_tokens` "
+             f"({d.dead_tokens:,} by default, so never within the default run here); the two `dead after N/4` rows "
+             f"count a latent dead after {g.dead_tokens:,} tokens, one with SAELens's AuxK (coefficient "
+             f"{d.aux_coefficient:g}, the default), one with Gao et al.'s as their code sets it (`auxk=\"gao\"`, "
+             f"{g.aux_k} dead latents, coefficient {g.aux_coefficient:g}). PCA-top{RECIPE.k} fitted on the first "
              f"{min(65536, info['train_rows']):,} training rows. Training CPU seconds: "
              + ", ".join(f"{k} {v}" for k, v in info["train_cpu_s"].items())
              + f"; whole run {info['cpu_s']} CPU s, one thread, niced on "
@@ -148,6 +165,10 @@ def block(summ: pd.DataFrame, info: dict, runs: dict[str, TrainSettings]) -> str
         lines.append(f"`{name}` against PCA-top{RECIPE.k}: explained variance {r.explained_variance:.3f} vs "
                      f"{pca.explained_variance:.3f}, spliced cosine {r.spliced_embedding_cosine:.3f} vs "
                      f"{pca.spliced_embedding_cosine:.3f}: {verdict}.")
+    lines.append("")
+    lines.append("The two AuxK conventions " + ("trained different dictionaries (some latents went dead, so AuxK "
+                 "acted)." if info["auxk_acted"] else "trained identical dictionaries: no latent stayed silent for "
+                 "the dead window, so AuxK never acted and this run does not compare them."))
     lines.append("")
     return "\n".join(lines)
 
