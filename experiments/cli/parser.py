@@ -236,7 +236,8 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
         "train", help="train dictionaries at one or more sites",
         description="Stream the model's activations at each --site over --corpus (or a `bertscope capture` folder "
         "with --activations) into one sparse dictionary per site, saved in SAELens's format under OUT/<site>/ "
-        "with PCA and neuron-basis controls at the same L0 (OUT/controls/), OUT/training.json and "
+        "with each latent's top activating contexts and quantile samples (OUT/<site>/latent_contexts.parquet), "
+        "PCA and neuron-basis controls at the same L0 (OUT/controls/), OUT/training.json and "
         "OUT/manifest.json. Every option is checked before the model loads; a finished OUT with the same settings "
         "is left as it is, one with other settings needs --force; an interrupted run resumes from its checkpoint. "
         "Training runs in whole --train-batch batches (docs/dictionaries.md).",
