@@ -93,7 +93,7 @@ def test_sae_train_writes_each_latents_top_contexts(tiny, tmp_path):
     best = {}
     for acts in CorpusActivations(model, sentences, [SITE]).stage_batches():
         meta = acts.rows()
-        real = torch.from_numpy((meta["token_class"] == "real").to_numpy())
+        real = torch.from_numpy((meta["token_class"] == "real").to_numpy().copy())
         f = d.encode(acts.flat(SITE)[real]).detach()
         m = meta[real.numpy()].reset_index(drop=True)
         for lat in range(f.shape[1]):
