@@ -264,9 +264,11 @@ def main() -> None:
                 f"query, key and value effects); on the key nodes the QK fix moves the agreement from "
                 f"{keys['atp (keys)']:.3f} (AtP) to {keys['atp* (keys)']:.3f}. The sum of the three exact node "
                 f"effects itself agrees with patching the head's output at {ceiling.spearman:.3f} "
-                f"[{ceiling.spearman_low:.3f}, {ceiling.spearman_high:.3f}]: that is the ceiling of any estimate "
-                "that adds up separate query, key and value nodes, because patching a head's output moves all "
-                "three together and the sum leaves out their interaction.", "",
+                f"[{ceiling.spearman_low:.3f}, {ceiling.spearman_high:.3f}]: that is what a perfect per-node "
+                "estimator would score against exact head patching when its three node scores are added, not a "
+                "bound on any estimate (an estimate can rank heads closer to exact head patching than the exact "
+                "node sum does); the sum leaves out the interaction of the three nodes, which patching a head's "
+                "output moves together.", "",
                 f"CPU time of the whole run: {time.process_time() - begin:.0f} CPU-s."]
         if args.docs:
             write_docs(args.docs, "\n".join(text), PARTS_BLOCK)

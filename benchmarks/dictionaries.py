@@ -28,13 +28,13 @@ from benchutils import EWT, target_lines
 from bertscope.experiments.corpus import load_corpus
 from bertscope.experiments.dictionary import CorpusActivations, summary
 from bertscope.probes.dictionary import (
-    ActivationBatch,
     DictionaryConfig,
     TrainSettings,
     evaluate_dictionary,
     load_dictionary,
     neuron_topk_dictionary,
     pca_topk_dictionary,
+    plain_rows,
     save_dictionary,
     train_dictionaries,
 )
@@ -107,7 +107,7 @@ def run_model(args: argparse.Namespace, mname: str, model, train, dev_texts, clo
             source = []
         elif cached is not None and cached.exists() and sites == [SITE]:  # rows of an earlier run's forward
             saved = torch.load(cached)
-            source = [ActivationBatch({SITE: saved["x"]}, np.asarray(saved["classes"], dtype=object))]
+            source = [plain_rows({SITE: saved["x"]}, np.asarray(saved["classes"], dtype=object))]
         else:
             source = list(CorpusActivations(model, train, sites, batch_size=64))
             if cached is not None and not cached.exists():

@@ -69,13 +69,16 @@ def structure_table(folder: Path) -> str:
 
 
 def erasure_table(folder: Path) -> str:
-    """Per concept, erasure layer and method: the change at the last layer with the equal-rank random control."""
+    """Per concept, erasure layer and method: the change at the last layer with the equal-rank random control
+    (layers named as in the report: `naming.residual_name` of the tables' residual index)."""
+    from bertscope.experiments.naming import residual_name
+
     s = pd.read_parquet(folder / "summary.parquet")
     lines = ["| concept | erased at | method | rank | same-concept probe Δ [95% CI] | random same Δ | other probes Δ | "
              "random other Δ | UUAS after [95% CI] | UUAS Δ | random UUAS Δ | embedding cosine |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in s.iterrows():
-        lines.append(f"| {r['concept']} | {int(r['erase_layer'])} | {r['method']} | {int(r['rank'])} | "
+        lines.append(f"| {r['concept']} | {residual_name(int(r['erase_layer']))} | {r['method']} | {int(r['rank'])} | "
                      f"{r['same_delta']:+.3f} [{r['same_delta_ci_low']:+.3f}, {r['same_delta_ci_high']:+.3f}] | "
                      f"{r['random_same_delta']:+.3f} | {r['other_delta']:+.3f} | {r['random_other_delta']:+.3f} | "
                      f"{r['uuas_value']:.3f} [{r['uuas_ci_low']:.3f}, {r['uuas_ci_high']:.3f}] | "
@@ -83,7 +86,8 @@ def erasure_table(folder: Path) -> str:
                      f"| {r['embedding_cosine']:.4f} |")
     res = pd.read_parquet(folder / "results.parquet")
     lines.append(f"\nTrain {res['n_train'].iloc[0]} sentences of {res['train_corpus'].iloc[0]}, every number on "
-                 f"{res['n_eval'].iloc[0]} of {res['eval_corpus'].iloc[0]}; last layer {int(res['layer'].max())}.")
+                 f"{res['n_eval'].iloc[0]} of {res['eval_corpus'].iloc[0]}; \"after\" is the last layer's residual "
+                 f"stream ({residual_name(int(res['layer'].max()))}).")
     return "\n".join(lines)
 
 

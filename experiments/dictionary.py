@@ -26,7 +26,7 @@ import torch
 from bertscope.experiments.activations import iter_activations
 from bertscope.experiments.io import write_json, write_table
 from bertscope.probes.dictionary import (
-    ActivationBatch,
+    RECIPE,
     Dictionary,
     DictionaryConfig,
     E2ESettings,
@@ -34,13 +34,14 @@ from bertscope.probes.dictionary import (
     architectures,
     evaluate_dictionary,
     finetune_e2e,
+    latent_samples,
     neuron_topk_dictionary,
     pca_topk_dictionary,
     piece_classes,
     save_dictionary,
     train_dictionaries,
 )
-from bertscope.probes.dictionary.data import as_batch, stage_classes
+from bertscope.probes.dictionary.data import SPECIAL_CLASSES, as_batch, stage_classes
 from bertscope.probes.dictionary.placement import (
     find_dictionaries,
     load_for_model,
@@ -54,6 +55,10 @@ from bertscope.probes.dictionary.placement import (
 STAGE_SPECIAL = ("cls", "sep", "padding")
 #: Training rows the PCA and neuron-basis controls are fitted on (at most).
 CONTROL_ROWS = 65536
+#: sentences ``train_sae`` reads for each latent's top contexts and quantile samples (``latent_contexts.parquet``)
+CONTEXT_SENTENCES = 2000
+#: the file of :func:`write_latent_samples` in a dictionary's folder
+LATENT_CONTEXTS = "latent_contexts.parquet"
 
 
 def dictionary_classes(acts: Any, pieces: np.ndarray) -> np.ndarray:
@@ -66,7 +71,7 @@ def dictionary_classes(acts: Any, pieces: np.ndarray) -> np.ndarray:
 
 class CorpusActivations:
     """A re-iterable source of rows: each pass runs the activations stage over ``sentences`` (a live forward, or
-    ``capture``) and yields :class:`~bertscope.probes.dictionary.ActivationBatch` rows of every real and special
+    ``capture``) and yields plain rows (``bertscope.probes.dictionary.plain_rows``) of every real and special
     token (padding never), each with its class (:func:`dictionary_classes`). ``token_pieces``: the tokenizer's
     piece classes (computed once)."""
 
@@ -89,7 +94,7 @@ class CorpusActivations:
                                 batch_size=self.batch_size, max_length=self.max_length, include_special=True,
                                 device="cpu", dtype=torch.float32)
 
-    def __iter__(self) -> Iterator[ActivationBatch]:
+    def __iter__(self) -> Iterator[Any]:
         for acts in self.stage_batches():
             yield as_batch(acts, None, self.token_pieces)
 
@@ -109,24 +114,27 @@ def parse_width(width: str | int, d_in: int) -> int:
 
 def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: str | Path, *,
               arch: str = architectures.DEFAULT,
-              k: int | None = 32, width: str | int = "8x", kind: str = "sae", site_out: str | None = None,
+              k: int | None = RECIPE.k, width: str | int = RECIPE.width, kind: str = "sae", site_out: str | None = None,
               settings: TrainSettings | None = None, capture: Any = None, batch_size: int = 32,
               max_length: int = 128, controls: bool = True, e2e: E2ESettings | None = None,
-              corpus: dict[str, Any] | None = None) -> dict[str, Dictionary]:
+              corpus: dict[str, Any] | None = None, contexts: int = CONTEXT_SENTENCES) -> dict[str, Dictionary]:
     """Train one dictionary per site on the activations of ``sentences`` (a corpus) and save each to
     ``out/<site>/`` (SAELens's format); returns site -> dictionary.
 
     ``kind="transcoder"`` / ``"skip_transcoder"`` trains on one site pair (``sites[0]`` read, ``site_out``
     predicted: e.g. ``blocks.3.hook_resid_mid`` -> ``blocks.3.hook_mlp_out`` in a post-LN BERT). ``capture``: a
-    capture folder to read instead of running the model. ``settings`` (:class:`TrainSettings`): tokens, batch,
-    buffer, seed, device, dtype, ... ``controls``: also save the PCA and neuron-basis controls at the same L0,
-    fitted on the first training buffer. A checkpoint ``out/checkpoint.pt`` is written every
+    capture folder to read instead of running the model. ``arch``, ``k``, ``width`` and ``settings``
+    (:class:`TrainSettings`: tokens, batch, lr, buffer, seed, device, dtype, ...) default to the one recipe,
+    :data:`~bertscope.probes.dictionary.RECIPE`. ``controls``: also save the PCA and neuron-basis controls at the
+    same L0, fitted on the first training buffer. A checkpoint ``out/checkpoint.pt`` is written every
     ``settings.checkpoint_tokens`` tokens and resumed from when present. ``e2e``: then fine-tune each SAE end to
     end against the model's own objective on the same training ``sentences`` (never held-out ones;
     :func:`~bertscope.probes.dictionary.finetune_e2e`, Braun et al. 2024) before saving; its config records how
     (``metadata["e2e"]``). The controls stay fitted on the training rows. Every saved config records the model
     (``metadata.model``, ``metadata.weights_sha256``: readers refuse a dictionary of another model) and
     the training ``corpus`` when given (its name and sha256: ``sae eval`` says when it scores on it).
+    ``contexts``: each dictionary's top activating contexts and quantile samples over the first ``contexts``
+    training sentences, ``out/<site>/latent_contexts.parquet`` (:func:`write_latent_samples`; 0: none).
     """
     settings = settings or TrainSettings()
     out = Path(out)
@@ -152,6 +160,9 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
             max_length=max_length).stage_batches()) for site, d in dicts.items()}
     for site, d in dicts.items():
         save_dictionary(d, out / site_folder(site))
+        if contexts:
+            write_latent_samples(model, d, list(sentences)[:contexts], out / site_folder(site), capture=capture,
+                                 batch_size=batch_size, max_length=max_length, excluded=settings.excluded)
     if controls and kind == "sae":
         _save_controls(source, dicts, settings, out, _provenance(model, max_length, corpus))
     write_json(out / "training.json", {"sites": sites, "site_out": site_out, "arch": arch, "k": k, "kind": kind,
@@ -160,6 +171,43 @@ def train_sae(model: Any, sentences: Sequence[Any], sites: Sequence[str], out: s
                                        "e2e": None if e2e is None else dict(e2e.__dict__)})
     (out / "checkpoint.pt").unlink(missing_ok=True)
     return dicts
+
+
+def write_latent_samples(model: Any, dictionary: Dictionary, sentences: Sequence[Any], folder: str | Path, *,
+                         capture: Any = None, batch_size: int = 32, max_length: int = 128,
+                         excluded: Sequence[str] = SPECIAL_CLASSES, n_top: int = 8, n_bins: int = 4,
+                         per_bin: int = 4, window: int = 8) -> Path:
+    """``folder/latent_contexts.parquet``: per latent, its ``n_top`` top activating tokens and ``per_bin`` samples
+    from each of ``n_bins`` equal intervals of its range (:func:`~bertscope.probes.dictionary.latent_samples`),
+    over the rows of ``sentences`` at the dictionary's site (token classes in ``excluded`` left out, as in
+    training). Columns: those of ``latent_samples`` plus ``sentence_index``, ``position``, ``token`` and
+    ``context`` (the ``window`` word pieces either side, the token in ``[[ ]]``); ``bertscope explore "TEXT"
+    --dictionary DIR --latent N`` shows a latent on any text. Written atomically; returns the path."""
+    site = dictionary.config.site
+    source = CorpusActivations(model, sentences, [site], capture=capture, batch_size=batch_size,
+                               max_length=max_length)
+    tok = model.tokenizer
+    pieces: dict[int, list[str]] = {}
+
+    def rows() -> Iterator[tuple[torch.Tensor, pd.DataFrame]]:
+        for acts in source.stage_batches():
+            meta = acts.rows()
+            classes = stage_classes(acts, source.token_pieces)
+            for s_idx, g in meta.groupby("sentence_index", sort=False):
+                pieces[int(s_idx)] = tok.convert_ids_to_tokens(g["token_id"].tolist())
+            keep = ~np.isin(classes, list(excluded))
+            yield (acts.flat(site)[torch.from_numpy(keep)],
+                   meta.loc[keep, ["sentence_index", "position"]].reset_index(drop=True))
+
+    table = latent_samples(dictionary, rows(), n_top=n_top, n_bins=n_bins, per_bin=per_bin)
+    tokens, contexts = [], []
+    for s_idx, pos in zip(table.get("sentence_index", []), table.get("position", []), strict=True):
+        toks = pieces[int(s_idx)]
+        tokens.append(toks[pos])
+        around = toks[max(0, pos - window):pos] + [f"[[{toks[pos]}]]"] + toks[pos + 1:pos + 1 + window]
+        contexts.append(" ".join(around))
+    table = table.assign(token=tokens, context=contexts)
+    return write_table(table, Path(folder) / LATENT_CONTEXTS, formats=("parquet",))[0]
 
 
 def _provenance(model: Any, max_length: int, corpus: dict[str, Any] | None) -> dict[str, Any]:
@@ -273,7 +321,10 @@ def describe(dicts: dict[str, Dictionary]) -> str:
 
 
 __all__ = [
+    "CONTEXT_SENTENCES",
+    "LATENT_CONTEXTS",
     "CorpusActivations",
+    "write_latent_samples",
     "dictionary_classes",
     "corpus_tokens",
     "evaluate_sae",

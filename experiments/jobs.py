@@ -5,12 +5,14 @@ Every experiment that runs many independent pieces of work (the positions probes
 passes, the heads forwards by sentence; later dictionary training and patching sweeps) runs them here, through
 ONE worker mechanism:
 
-- **Workers are forked** (``multiprocessing`` "fork" start method, a ``ProcessPoolExecutor``): they share the
-  parent's model and arrays copy-on-write, so nothing but each job's result travels between processes, and a
-  worker costs no import. Each worker runs torch on one thread and exits on SIGTERM whatever handler the parent
-  installed. A worker that dies (killed for memory, a crash in native code) stops the map with an error, never
-  a wait. Where fork is unavailable, or the jobs compute on an accelerator (a forked copy of a process holding
-  an accelerator context is unusable), the jobs run in this process.
+- **Workers are forked** (``multiprocessing`` "fork" start method, a ``ProcessPoolExecutor``): they share the parent's
+  model and arrays copy-on-write, so nothing but each job's result travels between processes, and a worker costs no
+  import. The workers share this process's thread budget (`worker_threads`: its torch threads, which the CLI sets once
+  from ``--threads``, `set_thread_budget`, divided by the number of workers, at least 1), for torch and for BLAS/OpenMP
+  alike, so N workers never run N times the cores' threads; each exits on SIGTERM whatever handler the parent installed.
+  A worker that dies (killed for memory, a crash in native code) stops the map with an error, never a wait. Where fork
+  is unavailable, or the jobs compute on an accelerator (a forked copy of a process holding an accelerator context is
+  unusable), the jobs run in this process.
 - **Results are the serial run's**: a job runs under the same thread limit (``threads``: torch, BLAS and OpenMP
   threads, `probes.thread_limit`) in a worker and in this process, so with ``threads`` set the results are bit
   for bit those of ``workers=1`` (``tests/test_jobs.py``). Independent results do not depend on the order the
@@ -45,6 +47,33 @@ KINDS = {"table": "parquet", "arrays": "npz"}
 
 _TASKS: dict[int, tuple[Sequence[Callable[[], Any]], int | None]] = {}  # set in the parent before the fork
 _TASK_IDS = itertools.count()
+_WORKER_THREADS: int | None = None  # in a worker process: its share of the parent's threads (`_worker_start`)
+
+
+def set_thread_budget(threads: int | None = None) -> int:
+    """Set this process's torch intra-op threads once, where the CLI starts (``--threads``; None: what
+    ``OMP_NUM_THREADS`` says when it is set, as torchrun sets it for its workers, else every core this process may
+    use, `default_workers`), and return the number set. Worker processes divide it (`worker_threads`): torch's
+    own threads and the workers' never oversubscribe the cores."""
+    import torch
+
+    if threads is None:
+        n = torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else default_workers()
+    else:
+        n = int(threads)
+    if n < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    torch.set_num_threads(n)
+    return n
+
+
+def worker_threads(n_workers: int, budget: int | None = None) -> int:
+    """Threads each of ``n_workers`` worker processes gets: the thread budget (``budget``; None: this process's
+    torch threads, what `set_thread_budget` set) divided among them, at least 1."""
+    import torch
+
+    total = torch.get_num_threads() if budget is None else int(budget)
+    return max(1, total // max(1, int(n_workers)))
 
 
 def default_workers() -> int:
@@ -72,12 +101,12 @@ def imap_unordered(
 ) -> Iterator[tuple[int, T]]:
     """Yield ``(i, fns[i]())`` for every callable, in the order they finish: the one worker mechanism.
 
-    ``workers``: forked worker processes (None: `default_workers`; 1, a single callable, an accelerator
-    ``device`` or no fork on this platform: run here, in the order given). ``threads``: torch/BLAS/OpenMP threads
-    per call, the same in a worker and here (None: a worker's torch runs on one thread, a call here on what the
-    caller set). ``cost``: relative cost of each call; the costliest start first (ties in the order given).
-    The callables may be closures over the parent's model and arrays (workers are forked, nothing is pickled on
-    the way in); their results must be picklable. Ctrl-C or an error drops the calls not yet started."""
+    ``workers``: forked worker processes (None: `default_workers`; 1, a single callable, an accelerator ``device`` or no
+    fork on this platform: run here, in the order given). ``threads``: torch/BLAS/OpenMP threads per call, the same in a
+    worker and here (None: a worker runs on its share of this process's threads, `worker_threads`, a call here on what
+    the caller set). ``cost``: relative cost of each call; the costliest start first (ties in the order given). The
+    callables may be closures over the parent's model and arrays (workers are forked, nothing is pickled on the way in);
+    their results must be picklable. Ctrl-C or an error drops the calls not yet started."""
     n = len(fns)
     n_workers = min(default_workers() if workers is None else int(workers), n)
     if n_workers <= 1 or not can_fork(device):
@@ -87,7 +116,8 @@ def imap_unordered(
     order = sorted(range(n), key=lambda i: -float(cost[i])) if cost is not None else list(range(n))
     task = next(_TASK_IDS)
     _TASKS[task] = (fns, threads)  # the workers fork at the first submit, after this
-    pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start)
+    pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
+                               initargs=(worker_threads(n_workers),))
     try:
         pending = {pool.submit(_run, task, i) for i in order}
         while pending:
@@ -235,16 +265,19 @@ def _in_order(arrivals: Iterator[tuple[int, T]], n: int) -> Iterator[T]:
 def _call(fns: Sequence[Callable[[], T]], threads: int | None, i: int) -> tuple[int, T]:
     from bertscope.probes import thread_limit
 
-    with thread_limit(threads):  # torch's threads as well as BLAS/OpenMP
+    with thread_limit(threads if threads is not None else _WORKER_THREADS):  # torch's threads and BLAS/OpenMP's
         return i, fns[i]()
 
 
-def _worker_start() -> None:
-    """One torch thread; SIGTERM ends the worker whatever handler the parent had installed (the executor stops
-    the workers of a broken pool with it)."""
+def _worker_start(threads: int = 1) -> None:
+    """``threads`` torch threads, and as many BLAS/OpenMP threads for every call (the worker's share,
+    `worker_threads`); SIGTERM ends the worker whatever handler the parent had installed (the executor stops the
+    workers of a broken pool with it)."""
     import torch
 
-    torch.set_num_threads(1)
+    global _WORKER_THREADS
+    _WORKER_THREADS = threads
+    torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

@@ -9,7 +9,8 @@ The convention (``CONVENTION``, stated once at the top of the report):
 - a head is ``L{layer}H{head}``, both from 0: ``L2H8`` is head 8 of ``blocks.2.attn``.
 
 Tables keep their own columns (public); where a table counts the embeddings as layer 0 (structure's ``layer``,
-positions' ``layer``), its sentences and labels are translated with ``residual_name``.
+positions' ``layer``, erasure's ``layer`` and ``erase_layer``), its sentences and labels are translated with
+``residual_name`` (``LAYER_COLUMNS`` says which column counts what).
 ``stray_spellings`` finds any other spelling in a text (the tests scan the generated report with it).
 """
 
@@ -17,27 +18,16 @@ from __future__ import annotations
 
 import re
 
+# head_name and parse_head live in the lowest layer that names heads (the circuits graph names its nodes with
+# them); they stay importable from here.
+from bertscope.hooks.naming import head_name as head_name
+from bertscope.hooks.naming import parse_head as parse_head
+
 CONVENTION = (
     "Layers are the transformer blocks, counted from 0 as in the hook names blocks.{L}; \"embeddings\" is the "
     "residual stream before layer 0 and \"after layer L\" the stream leaving block L (blocks.{L}.hook_resid_post). "
     "A head is written L{layer}H{head}, both counted from 0: L2H8 is head 8 of blocks.2.attn."
 )
-
-_HEAD = re.compile(r"^L(\d+)H(\d+)$")
-
-
-def head_name(layer: int, head: int) -> str:
-    """``(2, 8)`` -> ``"L2H8"`` (layer and head counted from 0, as in ``blocks.2.attn``)."""
-    return f"L{int(layer)}H{int(head)}"
-
-
-def parse_head(name: str) -> tuple[int, int]:
-    """``"L2H8"`` -> ``(2, 8)``; ``ValueError`` for any other spelling."""
-    m = _HEAD.match(name.strip())
-    if m is None:
-        raise ValueError(f"a head is written L{{layer}}H{{head}} (e.g. L2H8), got {name!r}")
-    return int(m.group(1)), int(m.group(2))
-
 
 def layer_name(layer: int) -> str:
     """Block ``layer`` (from 0) -> ``"layer 3"``."""
@@ -56,6 +46,38 @@ def residual_name(index: int) -> str:
 def residual_tick(index: int) -> str:
     """Short axis label of ``residual_name``: ``"emb"``, ``"0"``, ``"1"``, ... (the block the stream leaves)."""
     return "emb" if int(index) == 0 else str(int(index) - 1)
+
+
+def residual_site(index: int) -> str:
+    """The hook of a residual-stream index that counts the embeddings as 0: ``0`` -> ``"embed.hook_out"``,
+    ``k`` -> ``"blocks.{k-1}.hook_resid_post"`` (the stream ``residual_name(k)`` names)."""
+    index = int(index)
+    if index < 0:
+        raise ValueError(f"a residual index is >= 0 (0 = embeddings), got {index}")
+    return "embed.hook_out" if index == 0 else f"blocks.{index - 1}.hook_resid_post"
+
+
+#: What each experiment's layer-like table columns count, so that every sentence and label says it one way:
+#: ``"residual"``: the residual stream counting the embeddings as 0 (``hidden_states[k]``; say it with
+#: ``residual_name``, draw it with ``residual_tick``, hook ``residual_site``); ``"block"``: the block ``L`` of
+#: ``blocks.{L}`` (say it with ``layer_name``). Columns keep their values (they are public); the words change.
+LAYER_COLUMNS: dict[str, dict[str, str]] = {
+    "structure": {"layer": "residual"},
+    "positions": {"layer": "residual"},
+    "erasure": {"layer": "residual", "erase_layer": "residual"},
+    "features": {"layer": "block"},
+    "heads": {"layer": "block"},
+}
+
+
+def layer_words(kind: str, value: int) -> str:
+    """A layer column's value in the convention's words: ``("residual", 3)`` -> ``"after layer 2"``,
+    ``("residual", 0)`` -> ``"embeddings"``, ``("block", 3)`` -> ``"layer 3"`` (``kind``: see ``LAYER_COLUMNS``)."""
+    if kind == "residual":
+        return residual_name(value)
+    if kind == "block":
+        return layer_name(value)
+    raise ValueError(f"a layer column counts 'residual' or 'block', got {kind!r}")
 
 
 # Spellings of a head or a layer other than the convention's. Each pattern is one way the report once wrote

@@ -51,6 +51,9 @@ class RunOptions:
     # report on another corpus (e.g. EWT dev) than the one trained and selected on (--corpus); experiments that
     # support it say so in their tables (a `split`/`eval_corpus` column); the others ignore it
     eval_corpus: str | None = None
+    # --threads: this process's torch threads, divided among worker processes (`jobs.set_thread_budget`); the CLI
+    # records the number it set. Not part of the fingerprint: threads change only the rounding of sums
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -62,6 +65,8 @@ class RunOptions:
         # Its lower bound is the model's (special tokens plus one word piece): `check_max_length` states it once.
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise UsageError(f"--threads must be an integer >= 1, got {self.threads!r}")
         # dtype and device are resolved by `prepare_inputs` before anything is loaded (that needs torch); here
         # only what can be checked without importing it, so a usage error answers at once
         check_device_spelling(self.device)
@@ -70,6 +75,8 @@ class RunOptions:
         out = dataclasses.asdict(self)
         if out["eval_corpus"] is None:  # manifests of runs without --eval-corpus stay as they were
             del out["eval_corpus"]
+        if out["threads"] is None:  # set only by the CLI (the number it set) or a caller that chose one
+            del out["threads"]
         return io.to_jsonable(out)
 
 

@@ -75,6 +75,11 @@ RUN_OPTIONS: dict[str, tuple[str, str, str, str]] = {
                  "= --set features.tokens=N)"),
     "--dictionaries": ("features", "dictionaries", "DIR", "features: load trained dictionaries DIR/<site>/ "
                        "(`bertscope sae train` output) instead of training (= --set features.dictionaries=DIR)"),
+    "--task": ("circuits", "task", "FILE", "circuits: analyse this pairs JSONL file (one object a line: clean, "
+               "corrupted, plus query, or answers [a, b]) instead of the built-in TFC1 task (= --set "
+               "circuits.task=FILE; docs/experiments/circuits.md)"),
+    "--metric": ("circuits", "metric", "NAME", "circuits: the task file's metric, cosine (default), dot or "
+                 "mask-logit-diff (= --set circuits.metric=NAME)"),
 }
 
 
@@ -103,8 +108,19 @@ def help_text(name: str, *, times: Path = RUN_TIMES) -> str:
     seconds = measured_seconds(times).get(name)
     if seconds is not None:
         text += (f" On the bundled model and builtin corpus it took about {max(seconds, 1):.0f} s "
-                 f"({_machine(times)}).")
+                 f"({_machine(times)}; {_load(times)}).")
     return text
+
+
+def _load(path: Path) -> str:
+    """The load the recorded times assume, in words (the 1-minute load average before the run): other busy
+    processes on the same cores make a run slower (``--threads`` bounds this run's share)."""
+    try:
+        before = json.loads(Path(path).read_text()).get("load_before")
+    except (OSError, ValueError):
+        before = None
+    load = f"load average {before[0]:.1f}" if isinstance(before, list) and before else "load not recorded"
+    return f"{load}, nothing else running: slower under other load"
 
 
 def _machine(path: Path) -> str:

@@ -122,14 +122,15 @@ class Encoder(LensMixin, HookedModule):
             raise RuntimeError("this model has no pooler (the checkpoint carried no pooler.dense weights)")
         return self.pooler(hidden)
 
-    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Masked-LM logits ``[batch, pos, vocab]`` (needs a checkpoint with a masked-LM head)."""
+    def mlm_logits(self, hidden: torch.Tensor, *, bias: bool = True) -> torch.Tensor:
+        """Masked-LM logits ``[batch, pos, vocab]`` (needs a checkpoint with a masked-LM head); ``bias=False``
+        leaves out the decoder's output bias (Kobayashi et al. 2023: it carries word frequency)."""
         if self.mlm_head is None:
             raise RuntimeError(
                 "this model has no masked-LM head: load a checkpoint saved from a *ForMaskedLM (or BERT/ALBERT "
                 "*ForPreTraining) model to get one"
             )
-        return self.mlm_head(hidden, self.embed.word.weight)
+        return self.mlm_head(hidden, self.embed.word.weight, bias=bias)
 
     # ------------------------------------------------------------------ conveniences
     def tokenize(
@@ -629,9 +630,10 @@ class MLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.decoder: nn.Parameter | None = None
 
-    def forward(self, hidden: torch.Tensor, tied: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, tied: torch.Tensor, *, bias: bool = True) -> torch.Tensor:
+        """``hidden`` ``[..., d_model]`` -> logits ``[..., vocab]``; ``bias=False`` drops the output bias."""
         h = self.ln(self.act(self.dense(hidden)))
-        return F.linear(h, self.decoder if self.decoder is not None else tied, self.bias)
+        return F.linear(h, self.decoder if self.decoder is not None else tied, self.bias if bias else None)
 
 
 # ====================================================================== functions

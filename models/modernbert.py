@@ -227,9 +227,10 @@ class ModernBertMLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.decoder_bias else None
         self.decoder: nn.Parameter | None = None
 
-    def forward(self, hidden: torch.Tensor, tied: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, tied: torch.Tensor, *, bias: bool = True) -> torch.Tensor:
+        """``hidden`` ``[..., d_model]`` -> logits ``[..., vocab]``; ``bias=False`` drops the output bias."""
         h = self.ln(self.act(self.dense(hidden)))
-        return F.linear(h, self.decoder if self.decoder is not None else tied, self.bias)
+        return F.linear(h, self.decoder if self.decoder is not None else tied, self.bias if bias else None)
 
 
 _ORDER = {

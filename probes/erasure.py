@@ -5,6 +5,8 @@ intervention at any hook site whose last dimension is ``d``:
 
 >>> eraser = LeaceFitter.fit(x, labels).eraser          # x [n, d], labels [n] ints (one-hot inside)
 >>> clean = eraser(x)                                    # x - (x - mean) Wr^T Wl^T
+>>> eraser = LeaceEraser.fit(x, labels)                  # the same: fit on the class returns a new fitted eraser
+>>> inlp = INLP("svm", n_iterations=5).fit(x, labels)    # fit on an instance fits it and returns it
 >>> with model.hooks(eraser.hook(model, "blocks.1.hook_resid_post")):
 ...     out = model(ids, mask)                            # the rest of the forward runs on erased vectors
 
@@ -19,7 +21,8 @@ intervention at any hook site whose last dimension is ``d``:
 - ``INLP`` (Ravfogel et al. 2020, ``nullspace_projection/src/debias.py``): train a linear classifier, project
   onto the nullspace of its weight rows, retrain on the projected data, ``n_iterations`` times; the final
   projection is onto the intersection of the nullspaces, ``P = I - P_rowspace(Σ_i P_rowspace(W_i))``.
-  Iterations whose dev accuracy is under ``min_accuracy`` are skipped (as ``debias.py``'s ``continue``);
+  An iteration whose dev accuracy is under ``min_accuracy`` is not projected out (``debias.py``'s
+  ``continue``; its retrain on the unchanged data would find the same classifier, so iterating stops there);
   ``stop_at_majority`` stops once dev accuracy is within ``tolerance`` of the majority class (Elazar et al.
   2021's amnesic-probing stopping rule).
 - ``MeanProjection``: the orthogonal projection off the span of the class-mean differences ``μ_c - μ``
@@ -27,12 +30,20 @@ intervention at any hook site whose last dimension is ``d``:
 - ``RandomSubspaceEraser``: the orthogonal projection off a random subspace of a given rank (the control every
   erasure result stands beside).
 
+Both ``fit`` forms work on every eraser fit to data (LEACE, INLP, mean projection): on the class,
+``Eraser.fit(x, z, **options)`` returns a new fitted eraser (concept-erasure's form; ``options`` are the
+constructor's and ``fit``'s keywords); on an instance, ``eraser.fit(x, z)`` fits that eraser and returns it
+(scikit-learn's). ``RandomSubspaceEraser`` is built, not fit: its subspace depends on no data.
+
 Concepts ``z``: a 1-D integer array is class labels (one-hot inside, ``n_classes`` columns); a 1-D float array
 is one continuous concept; ``[n, k]`` is used as given.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -87,6 +98,32 @@ def cross_covariance(x: Any, z: Any, *, n_classes: int | None = None) -> np.ndar
     return (xc.T @ zc / max(xt.shape[0] - 1, 1)).numpy()
 
 
+class _fit_either:
+    """Decorator: a ``fit(self, x, z, ...)`` usable in both forms. On an instance, ``eraser.fit(x, z)`` fits that
+    eraser and returns it (scikit-learn's form); on the class, ``Eraser.fit(x, z, **options)`` builds
+    ``Eraser(**constructor options)``, fits it with the rest and returns it (concept-erasure's form). A keyword
+    ``fit`` names goes to ``fit``, any other to the constructor (all to ``fit`` when it takes ``**kwargs``)."""
+
+    def __init__(self, fit: Callable[..., Any]) -> None:
+        self.fit = fit
+        params = inspect.signature(fit).parameters
+        self.to_fit = (None if any(p.kind is p.VAR_KEYWORD for p in params.values())
+                       else set(params) - {"self"})  # fmt: skip
+        functools.update_wrapper(self, fit)
+
+    def __get__(self, obj: Any, owner: type) -> Callable[..., Any]:
+        if obj is not None:
+            return types.MethodType(self.fit, obj)
+
+        @functools.wraps(self.fit)
+        def fit_new(*args: Any, **kwargs: Any) -> Any:
+            fit_kw = {k: v for k, v in kwargs.items() if self.to_fit is None or k in self.to_fit}
+            init_kw = {k: v for k, v in kwargs.items() if k not in fit_kw}
+            return self.fit(owner(**init_kw), *args, **fit_kw)
+
+        return fit_new
+
+
 class LinearEraser:
     """An affine eraser ``r(x) = x - ((x - bias) @ right^T) @ left^T``, i.e. ``P x + (I - P) bias`` with
     ``P = I - left @ right`` [d, d]. ``left``, ``right^T``: [d, r]; ``bias``: [d] or None (then linear).
@@ -127,6 +164,8 @@ class LinearEraser:
     __call__ = transform
 
     def _apply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dim == 0:
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet: call its fit(x, z) first")
         if x.shape[-1] != self.dim:
             raise ValueError(f"eraser is for width {self.dim}, got vectors of width {x.shape[-1]}")
         left, right = self.left.to(x.device), self.right.to(x.device)
@@ -195,10 +234,14 @@ def optimal_linear_shrinkage(S_n: torch.Tensor, n: int | torch.Tensor) -> torch.
 
 class LeaceEraser(LinearEraser):
     """The LEACE eraser ``x - ((x - mean) @ proj_right^T) @ proj_left^T`` (concept-erasure's names kept:
-    ``proj_left`` [d, k], ``proj_right`` [k, d], ``bias`` [d] or None)."""
+    ``proj_left`` [d, k], ``proj_right`` [k, d], ``bias`` [d] or None). ``LeaceEraser()`` with no factors is an
+    unfitted eraser for ``eraser.fit(x, z)``."""
 
-    def __init__(self, proj_left: torch.Tensor, proj_right: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(proj_left, proj_right, bias)
+    def __init__(self, proj_left: torch.Tensor | None = None, proj_right: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None) -> None:
+        empty = torch.zeros(0, 0, dtype=torch.float64)
+        super().__init__(empty if proj_left is None else proj_left, empty if proj_right is None else proj_right,
+                         bias)
 
     @property
     def proj_left(self) -> torch.Tensor:
@@ -208,10 +251,13 @@ class LeaceEraser(LinearEraser):
     def proj_right(self) -> torch.Tensor:
         return self.right
 
-    @classmethod
-    def fit(cls, x: Any, z: Any, **kwargs: Any) -> LeaceEraser:
-        """Fit on ``x`` [n, d] and concept ``z`` in one call (``LeaceFitter.fit(x, z, **kwargs).eraser``)."""
-        return LeaceFitter.fit(x, z, **kwargs).eraser
+    @_fit_either
+    def fit(self, x: Any, z: Any, **kwargs: Any) -> LeaceEraser:
+        """Fit on ``x`` [n, d] and concept ``z`` in one call (``LeaceFitter.fit(x, z, **kwargs).eraser``'s
+        factors): ``LeaceEraser.fit(x, z)`` returns a new eraser, ``eraser.fit(x, z)`` refits this one."""
+        fitted = LeaceFitter.fit(x, z, **kwargs).eraser
+        self.left, self.right, self.bias = fitted.left, fitted.right, fitted.bias
+        return self
 
 
 class LeaceFitter:
@@ -340,10 +386,12 @@ class LeaceFitter:
 # ============================================================================================ INLP
 @dataclass
 class INLPStep:
-    """One INLP iteration: its classifier's dev accuracy (before its own direction is projected out)."""
+    """One INLP iteration: its classifier's dev accuracy (before its own direction is projected out) and whether
+    its directions were projected out (False: its accuracy was under ``min_accuracy``, and iterating stopped)."""
 
     iteration: int
     dev_accuracy: float
+    projected: bool = True
 
 
 class INLP(LinearEraser):
@@ -359,6 +407,9 @@ class INLP(LinearEraser):
         ``min_accuracy = majority``: the projection kept is the one after the first iteration whose dev accuracy
         (measured before its own projection) is within ``tolerance`` (0.01) of the dev majority rate; without
         it, every iteration's classifier is projected out (INLP's fixed iteration count).
+    min_accuracy: ``debias.py``'s ``min_accuracy`` (default 0: never): a classifier whose dev accuracy is under
+        it is not projected out (its ``INLPStep.projected`` is False). ``debias.py`` then ``continue``s, retraining
+        on the same, unprojected data; a seeded classifier finds the same one again, so here iterating stops.
     Each classifier is trained on ``x P`` with ``P`` the projection onto the intersection of the nullspaces
     found so far, as both codes do (they use Ben-Israel's ``P = I - P_rowspace(Σ_i P_rowspace(W_i))``; here the
     same projection is kept as an orthonormal basis of the removed span, grown by each ``W``'s new directions).
@@ -366,11 +417,13 @@ class INLP(LinearEraser):
     """
 
     def __init__(self, classifier: str | Callable[[], Any] = "svm", n_iterations: int = 20, *,
-                 stop_at_majority: bool = False, tolerance: float = 0.01, max_iter: int = 1000,
-                 seed: int = 0) -> None:
+                 stop_at_majority: bool = False, tolerance: float = 0.01, min_accuracy: float = 0.0,
+                 max_iter: int = 1000, seed: int = 0) -> None:
         if not isinstance(n_iterations, int) or n_iterations < 1:
             raise ValueError(f"n_iterations must be a positive integer, got {n_iterations!r}")
-        self.classifier, self.n_iterations = classifier, n_iterations
+        if not 0.0 <= min_accuracy <= 1.0:
+            raise ValueError(f"min_accuracy must be an accuracy in [0, 1], got {min_accuracy!r}")
+        self.classifier, self.n_iterations, self.min_accuracy = classifier, n_iterations, min_accuracy
         self.stop_at_majority, self.tolerance, self.max_iter, self.seed = stop_at_majority, tolerance, max_iter, seed
         self.steps: list[INLPStep] = []
         self.weights: list[np.ndarray] = []
@@ -391,9 +444,11 @@ class INLP(LinearEraser):
             return LogisticRegression(max_iter=self.max_iter, random_state=self.seed)
         raise ValueError(f"unknown classifier {self.classifier!r}; use 'svm', 'sgd-log', 'logistic' or a callable")
 
+    @_fit_either
     def fit(self, x: Any, y: Any, x_dev: Any = None, y_dev: Any = None) -> INLP:
         """Fit on ``x`` [n, d] with class labels ``y`` [n]; dev accuracies on (``x_dev``, ``y_dev``), or on a
-        seeded 20% of the rows held out from training when not given."""
+        seeded 20% of the rows held out from training when not given. ``INLP.fit(x, y, **options)`` returns a new
+        fitted eraser (constructor options among ``options``); ``inlp.fit(x, y)`` fits this one."""
         X = np.asarray(x, dtype=np.float64).reshape(-1, np.shape(x)[-1])
         y = np.asarray(y).reshape(-1)
         if x_dev is None:
@@ -412,6 +467,9 @@ class INLP(LinearEraser):
             P = np.eye(d) - basis @ basis.T  # = I - P_rowspace(Σ_i P_rowspace(W_i)) (Ben-Israel), kept as a basis
             clf = self._new_classifier().fit(X @ P, y)
             acc = float(np.mean(clf.predict(Xd @ P) == yd))
+            if acc < self.min_accuracy:  # debias.py's `continue`: the same data would give the same classifier
+                self.steps.append(INLPStep(it, acc, projected=False))
+                break
             self.steps.append(INLPStep(it, acc))
             W = np.atleast_2d(clf.coef_)
             self.weights.append(W)
@@ -434,8 +492,10 @@ class MeanProjection(LinearEraser):
         self.affine, self.rtol = affine, rtol
         super().__init__(torch.zeros(0, 0, dtype=torch.float64), torch.zeros(0, 0, dtype=torch.float64), None)
 
+    @_fit_either
     def fit(self, x: Any, y: Any) -> MeanProjection:
-        """Fit on ``x`` [n, d] and class labels ``y`` [n]."""
+        """Fit on ``x`` [n, d] and class labels ``y`` [n]: ``MeanProjection.fit(x, y, affine=...)`` returns a new
+        fitted eraser, ``mp.fit(x, y)`` fits this one."""
         xt = _as_2d(x).to(torch.float64)
         labels = np.unique(np.asarray(y), return_inverse=True)[1].reshape(-1)
         onehot = torch.nn.functional.one_hot(torch.from_numpy(labels), int(labels.max()) + 1).to(torch.float64)

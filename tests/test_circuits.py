@@ -40,7 +40,7 @@ def _task(clean: torch.Tensor, corrupted: torch.Tensor, u: torch.Tensor) -> Task
 
 def planted_model() -> tuple[Encoder, Task]:
     """Two layers of two heads, all weights zero except: embeddings live in dims 0-3 (zero-mean patterns, so
-    centring leaves them alone); head A = a0.h0 copies dims 0-3 to 4-7; head B = a1.h1 copies 4-7 to 8-11; the
+    centring leaves them alone); head A = L0H0 copies dims 0-3 to 4-7; head B = L1H1 copies 4-7 to 8-11; the
     metric reads dims 8-11. Queries and keys are zero (uniform attention), MLPs write nothing."""
     torch.manual_seed(0)
     cfg = EncoderConfig(vocab_size=12, d_model=D, n_layers=2, n_heads=H, d_mlp=8, max_positions=16,
@@ -67,13 +67,13 @@ def planted_model() -> tuple[Encoder, Task]:
 def test_planted_two_head_circuit_is_found_exactly():
     model, task = planted_model()
     scores = circuits.edges(model, task, "eap")
-    planted = {"input->a0.h0", "a0.h0->a1.h1", "a1.h1->output"}
+    planted = {"input->L0H0", "L0H0->L1H1", "L1H1->output"}
     table = scores.table()
     nonzero = set(table.loc[table.abs_score > 1e-9, "edge"])
     assert nonzero == planted
     circuit = circuits.find_circuit(model, task, scores, method="greedy", threshold=0.01)
     assert set(circuit.edges) == planted
-    assert circuit.nodes == ["a0.h0", "a1.h1"]
+    assert circuit.nodes == ["L0H0", "L1H1"]
     assert circuit.faithfulness == pytest.approx(1.0, abs=1e-9)
     top = circuits.find_circuit(model, task, scores, method="topn", n_edges=3)
     assert set(top.edges) == planted
@@ -175,9 +175,10 @@ def test_atp_equals_exact_patching_when_the_metric_is_linear_in_the_node():
     assert np.abs(est[:, :H] - exact[:, :H]).max() > 1e-6  # the first layer is not linear: AtP is only first order
 
 
-def _saturated_one_layer() -> tuple[Encoder, Task, torch.Tensor]:
+def _saturated_one_layer(changed: int = 4) -> tuple[Encoder, Task, torch.Tensor]:
     """One pre-LN layer with saturated attention, no final LayerNorm, no MLP; the metric reads the hidden state
-    at position 0 along ``u`` (linear in the head outputs there); the corrupted text changes the last token."""
+    at position 0 along ``u`` (linear in the head outputs there); the corrupted text changes token ``changed``
+    (the last by default)."""
     torch.manual_seed(3)
     cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=1, n_heads=H, d_mlp=8, max_positions=16,
                         type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0, norm_placement="pre")
@@ -189,7 +190,7 @@ def _saturated_one_layer() -> tuple[Encoder, Task, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     clean = torch.randint(0, 20, (3, 5), generator=gen)
     corrupted = clean.clone()
-    corrupted[:, 4] = (clean[:, 4] + 5) % 20
+    corrupted[:, changed] = (clean[:, changed] + 5) % 20
     u = torch.randn(D, generator=gen, dtype=torch.float64)
     mask = torch.ones_like(clean)
     metric = Metric(lambda hidden, attn, rows: hidden[:, 0] @ u.to(hidden.dtype), "position-0")
@@ -252,7 +253,22 @@ def test_atp_star_per_node_kind_equals_exact_patching_of_that_node_kind():
                 for k in ("queries", "keys", "values"))
     np.testing.assert_allclose(heads, parts, rtol=1e-10, atol=1e-14)
     table = circuits.patch(model, task, "keys", n_boot=10)
-    assert list(table.node[:2]) == ["a0.h0.k", "a0.h1.k"] and set(table["head"]) == {0, 1}
+    assert list(table.node[:2]) == ["L0H0.k", "L0H1.k"] and set(table["head"]) == {0, 1}
+
+
+def test_atp_star_query_nodes_are_exact_where_the_query_moves():
+    """Issue 40.13: the query-side fix where it matters. The corrupted text changes token 0, the position the
+    metric reads, so query 0 moves; AtP* recomputes that row's softmax exactly and, the rest being linear given
+    the pattern, equals exactly patching the head's queries (and keys: only key 0 moves, recomputed column by
+    column); plain AtP linearises the saturated softmax and misses by more than a tenth."""
+    model, task, _ = _saturated_one_layer(changed=0)
+    for kind in ("queries", "keys"):
+        exact, _ = circuits.patching.patch_effects(model, task, kind)
+        star, _ = circuits.attribution.attribute_effects(model, task, "atp*", kind)
+        atp, _ = circuits.attribution.attribute_effects(model, task, "atp", kind)
+        assert np.abs(exact).max() > 1e-3, kind
+        np.testing.assert_allclose(star, exact, rtol=1e-8, atol=1e-12)
+        assert np.abs(atp - exact).max() > 0.1 * np.abs(exact).max(), kind
 
 
 def test_cpr_and_cmd_are_mibs_trapezoids():

@@ -45,19 +45,28 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(case, tiny_folder, tmp
 
 
 def test_small_run_writes_every_table(tiny_folder, tmp_path, capsys):
+    """The old command is an alias of `run circuits --task FILE`: one line says so, then the runner writes
+    OUT/circuits/ with every table and the manifest."""
     task = _pairs(tmp_path / "pairs.jsonl", GOOD)
     out = tmp_path / "out"
     code = cli.main(["circuits", "--task", str(task), "--metric", "cosine", "--model", str(tiny_folder),
                      "--out", str(out), "--steps", "1", "--candidates", "4", "--n-random", "1", "--quiet"])
-    assert code == 0, capsys.readouterr().err
-    for name in ("heads", "cost", "edges", "circuit", "faithfulness", "areas", "random_circuits"):
-        assert (out / f"{name}.csv").is_file(), name
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert said.out.splitlines()[0].startswith("bertscope circuits is now `bertscope run circuits --task")
+    folder = out / "circuits"
+    for name in ("results", "cost", "edges", "circuit", "faithfulness", "areas", "random_circuits"):
+        assert (folder / f"{name}.csv").is_file(), name
     import pandas as pd
 
-    heads = pd.read_csv(out / "heads.csv")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["settings"]["task"] == str(task)
+    assert manifest["settings"]["ig_steps"] == 1 and manifest["settings"]["candidates"] == 4
+    heads = pd.read_csv(folder / "results.csv")
     assert set(heads.method) == {"exact", "atp", "atp*", "eap-ig", "eap-ig-act"}
     assert len(heads) == 5 * 2 * 4  # methods x layers x heads of the tiny model
-    agreement = pd.read_csv(out / "agreement.csv")
+    assert set(heads.node) == {f"L{L}H{h}" for L in range(2) for h in range(4)}  # naming.head_name
+    agreement = pd.read_csv(folder / "agreement.csv")
     assert {"spearman", "spearman_low", "spearman_high", "n_pairs"} <= set(agreement.columns)
 
 
@@ -96,12 +105,13 @@ def test_figures_and_findings_from_saved_tables(tiny_folder, tmp_path):
 
     task = _pairs(tmp_path / "pairs.jsonl", GOOD)
     out = tmp_path / "out"
-    assert cli.main(["circuits", "--task", str(task), "--metric", "cosine", "--model", str(tiny_folder),
-                     "--out", str(out), "--steps", "1", "--candidates", "4", "--n-random", "1", "--quiet"]) == 0
-    shutil.copy(out / "heads.csv", out / "results.csv")  # the experiment's name for the head table
+    assert cli.main(["run", "circuits", "--task", str(task), "--metric", "cosine", "--model", str(tiny_folder),
+                     "--out", str(tmp_path / "run"), "--set", "circuits.ig_steps=1", "--set",
+                     "circuits.candidates=4", "--set", "circuits.n_random=1", "--quiet", "--no-report"]) == 0
+    shutil.copytree(tmp_path / "run" / "circuits", out)
     import pandas as pd
 
-    experiment.agreement(pd.read_csv(out / "heads.csv")).to_csv(out / "agreement.csv", index=False)
+    experiment.agreement(pd.read_csv(out / "results.csv")).to_csv(out / "agreement.csv", index=False)
     stems = {p.stem for p in plot(out, formats=("png",))}
     assert {"fig_head_maps", "fig_faithfulness"} <= stems
     texts = [f.text for f in findings(out)]
@@ -116,11 +126,17 @@ def test_the_parser_names_the_library_metrics():
     assert tuple(METRIC_NAMES) == tuple(METRICS)
 
 
-def test_the_parser_accepts_every_library_head_method():
-    from bertscope.experiments.cli.circuits_command import ALL_HEAD_METHODS
+def test_the_old_names_read_the_node_table():
+    from bertscope.experiments.circuits import measures
+    from bertscope.experiments.cli.circuits_command import ALL_HEAD_METHODS, HEAD_METHODS
+    from bertscope.hooks.circuits import table
     from bertscope.hooks.circuits.attribution import METHODS
+    from bertscope.hooks.circuits.edges import EDGE_METHODS
 
-    assert set(ALL_HEAD_METHODS) == {"exact", *METHODS}
+    assert set(ALL_HEAD_METHODS) == {"exact", *METHODS} == set(table.NODE_TABLE)
+    assert HEAD_METHODS == measures.HEAD_METHODS == ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
+    assert EDGE_METHODS == ("eap", "eap-ig")
+    assert measures.AnalysisSettings is __import__("bertscope.experiments.circuits", fromlist=["Settings"]).Settings
 
 
 def test_run_circuits_refuses_a_corpus_without_pairs(tiny_folder, tmp_path, capsys):

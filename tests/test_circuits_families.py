@@ -65,7 +65,7 @@ def test_circuits_run_on_every_family(family):
     parts = [circuits.attribution.attribute_effects(model, task, "atp*", k)[0] for k in ("queries", "keys", "values")]
     np.testing.assert_allclose(star, sum(parts), rtol=1e-6, atol=1e-9, err_msg=name)  # a head = its q + k + v nodes
     keys = circuits.patch(model, task, "keys", n_boot=50)
-    assert len(keys) == n_heads and np.isfinite(keys.effect).all() and keys.node.iloc[0] == "a0.h0.k"
+    assert len(keys) == n_heads and np.isfinite(keys.effect).all() and keys.node.iloc[0] == "L0H0.k"
     mlps = circuits.patch(model, task, "mlps", n_boot=50)
     assert len(mlps) == model.config.n_layers
     for method in ("eap", "eap-ig"):

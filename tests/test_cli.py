@@ -179,7 +179,9 @@ def test_run_all_writes_results_figures_manifest_and_report(
     expected_corpus = corpus_mod.load_corpus("builtin", max_sentences=int(MAX_SENTENCES), seed=3)
     assert manifest["corpus"]["sha256"] == expected_corpus.sha256
     assert manifest["corpus"]["n_sentences"] == int(MAX_SENTENCES)
-    assert manifest["options"] == {
+    options = dict(manifest["options"])
+    assert options.pop("threads") == torch.get_num_threads()  # the number the CLI set (no --threads: its default)
+    assert options == {
         "model": str(tiny_model_dir), "corpus": "builtin", "max_sentences": 12, "max_length": 128,
         "batch_size": 32, "device": "cpu", "dtype": "float32", "seed": 3, "out": str(out), "force": False,
         "quiet": True, "keep_steps": False, "settings": {}, "activations": None,
@@ -504,7 +506,12 @@ def test_help_states_run_time_only_when_recorded(tmp_path):
                                   "experiments": {"heads": {"seconds": 61.4, "status": "complete"}}}))
     text = registry.help_text("heads", times=record)
     assert text.startswith(registry.HELP["heads"])
-    assert "took about 61 s (2 CPU cores, x86_64, measured 2026-01-02)" in text
+    assert "took about 61 s (2 CPU cores, x86_64, measured 2026-01-02; load not recorded" in text
     assert "took about" not in registry.help_text("positions", times=record)
+    record.write_text(json.dumps({"measured": "2026-01-02", "machine": "2 CPU cores, x86_64", "load_before": [0.3],
+                                  "experiments": {"heads": {"seconds": 61.4, "status": "complete"}}}))
+    text = registry.help_text("heads", times=record)  # the load the time assumes, and that more load slows it
+    assert "(2 CPU cores, x86_64, measured 2026-01-02; load average 0.3, nothing else running: slower under " \
+           "other load)" in text
     record.write_text("{not json")
     assert registry.measured_seconds(record) == {}

@@ -203,6 +203,50 @@ def test_random_subspace_control_is_an_orthogonal_projection_of_the_given_rank()
     assert RandomSubspaceEraser(16, 0).rank == 0
 
 
+# ------------------------------------------------------------------------------------------------ fit forms
+@pytest.mark.parametrize(
+    "cls, options",
+    [(LeaceEraser, {"method": "orth"}), (INLP, {"classifier": "svm", "n_iterations": 2}),
+     (MeanProjection, {"affine": False})],
+)
+def test_every_eraser_fits_in_both_forms(cls, options) -> None:
+    """concept-erasure's ``Eraser.fit(x, z)`` (a new fitted eraser) and scikit-learn's ``eraser.fit(x, z)`` (fits
+    that object, returns it) give the same map, options included, and an unfitted eraser refuses to erase."""
+    x, y, _, _, _ = planted(n=600)
+    fit_options = {k: v for k, v in options.items() if k == "method"}  # LEACE's options are fit's (LeaceFitter's)
+    init_options = {k: v for k, v in options.items() if k not in fit_options}
+    by_class = cls.fit(x, y, **options)
+    blank = cls(**init_options)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        blank(x)
+    by_instance = blank.fit(x, y, **fit_options)
+    assert type(by_class) is cls and by_instance is blank and by_class is not blank
+    np.testing.assert_array_equal(by_class.P.numpy(), by_instance.P.numpy())
+    np.testing.assert_array_equal(by_class(x), by_instance(x))
+    assert by_class.rank == (2 if cls is INLP else 1)
+    if cls is LeaceEraser:  # orth: an orthogonal projection, which the default (whitened) LEACE is not here
+        np.testing.assert_allclose(by_class.P.numpy(), by_class.P.numpy().T, atol=1e-12)
+    else:
+        assert all(getattr(by_class, k) == v for k, v in init_options.items())
+    refit = by_instance.fit(x[:300], 1 - y[:300], **fit_options)  # refitting replaces the old fit
+    assert refit is by_instance and not np.array_equal(refit.P.numpy(), by_class.P.numpy())
+
+
+def test_inlp_stops_at_a_classifier_under_min_accuracy() -> None:
+    """debias.py's ``min_accuracy``: the planted concept is found at iteration 0 (accuracy > 0.9), and the next
+    classifiers sit at chance; with ``min_accuracy=0.8`` the first under it is not projected out, and no more run."""
+    x, y, _, _, _ = planted(n=2000)
+    free = INLP("svm", n_iterations=4).fit(x, y)
+    assert free.steps[0].dev_accuracy > 0.9 and free.steps[1].dev_accuracy < 0.8 and free.rank == 4
+    gated = INLP("svm", n_iterations=4, min_accuracy=0.8).fit(x, y)
+    assert [s.projected for s in gated.steps] == [True, False]
+    assert [s.dev_accuracy for s in gated.steps] == [s.dev_accuracy for s in free.steps[:2]]
+    assert gated.rank == 1 and len(gated.weights) == 1
+    np.testing.assert_array_equal(gated.P.numpy(), INLP("svm", n_iterations=1).fit(x, y).P.numpy())
+    with pytest.raises(ValueError, match="min_accuracy"):
+        INLP(min_accuracy=1.5)
+
+
 # ------------------------------------------------------------------------------------------------ hooks
 class ReadsFirstHalf(HookedModule):
     """A constructed two-stage model: ``hook_mid`` carries x [batch, pos, d]; the next stage reads only the first

@@ -44,8 +44,30 @@ def test_concepts_mark_repeats_earlier_copies_positions_and_sep_distance() -> No
     assert col["repeats_earlier"].tolist() == [False, False, False, True, True, False]
     assert col["earlier_copy"].tolist() == [False, True, False, True, False, False]
     assert col["position=3"].tolist() == [False, False, False, True, False, False]
-    assert col["to_sep=0"].tolist() == [False] * 5 + [True] and col["to_sep=1"][4]
+    assert col["to_sep=1"].tolist() == [False] * 4 + [True, False]
     assert col["cls"][0] and col["sep"][5] and L.family_of("to_sep=3-5") == "position"
+    # [CLS] is always position 0 and [SEP] distance 0: those are token identities ("cls", "sep"), never position
+    assert "position=0" not in col and "to_sep=0" not in col
+    position = np.stack([c for n, c in col.items() if L.family_of(n) == "position"], axis=1)
+    assert not position[0].any() and not position[5].any()
+
+
+def test_a_cls_detector_is_a_special_token_latent_and_a_position_detector_a_position_latent() -> None:
+    """Known answer (issue 40.7): a latent firing on [CLS] only is labelled "cls" (family special), not
+    position 0; one firing on the piece at position 3 only is labelled position=3; one on [SEP] only is "sep"."""
+    rows, tokens = synthetic_rows()
+    y, names = L.concept_matrix(rows, [], tokens, syntax=False)
+    col = dict(zip(names, y.T, strict=True))
+    a = np.zeros((len(rows), 3), np.float32)
+    a[:, 0] = rows.is_cls * 2.0
+    a[:, 1] = col["position=3"] * 1.5
+    a[:, 2] = rows.is_sep * 1.0
+    table = _label(a, rows, y, names).set_index("unit")
+    assert (table.loc[0, "label"], table.loc[0, "family"]) == ("cls", "special")
+    assert (table.loc[1, "label"], table.loc[1, "family"]) == ("position=3", "position")
+    assert (table.loc[2, "label"], table.loc[2, "family"]) == ("sep", "special")
+    assert np.allclose(table["test_mcc"], 1.0)
+    assert "token identity" in L.meaning("cls") and "position 3" in L.meaning("position=3")
 
 
 def _label(a: np.ndarray, rows: L.TokenRows, y: np.ndarray, names: list[str]) -> pd.DataFrame:

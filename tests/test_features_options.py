@@ -121,3 +121,38 @@ def test_every_run_option_names_a_setting_of_its_experiment():
     for flag, (name, field, _, text) in RUN_OPTIONS.items():
         assert name in EXPERIMENTS and flag.startswith("--") and text
         assert field in {f.name for f in dataclasses.fields(load_experiment(name).Settings)}
+
+
+def test_the_reinitialised_control_matches_a_loaded_dictionary_s_width_and_budget(capsys, tiny, tiny_model_dir,
+                                                                                   tmp_path: Path):
+    """Issue 40.8: a loaded dictionary of 8 latents trained on 300 rows (the default width here would be 64 and
+    the default budget 100 rows) gets a re-initialised control of 8 latents trained on 300 rows."""
+    import dataclasses
+
+    import pandas as pd
+    from bertscope.experiments.features import compute
+
+    made = dictionaries(tiny, sha=tiny.weights_sha256)
+    for d in made.values():
+        d.config = dataclasses.replace(d.config, metadata={**d.config.metadata, "tokens_trained": 300,
+                                                           "train_settings": {"lr": 2e-3, "batch_size": 64}})
+    folder = tmp_path / "dicts"
+    steps.save_site_dictionaries(made, folder)
+    settings, width = compute.control_recipe(features_settings(tokens=100), next(iter(made.values())))
+    assert (width, settings.tokens, settings.k, settings.lr, settings.batch_size) == (8, 300, 2, 2e-3, 64)
+    out = tmp_path / "out"
+    code, _, err = bertscope(capsys, "run", "features", "--model", tiny_model_dir, "--max-sentences", "40",
+                             "--dictionaries", folder, "--tokens", "100", "--out", out, "--quiet", "--no-report")
+    assert code == 0, err
+    s = pd.read_parquet(out / "features" / "summary.parquet")
+    lat = s[s["basis"] == "latent"].set_index(["site", "encoder"])
+    for site in {x for x, _ in lat.index}:
+        trained, control = lat.loc[(site, "trained")], lat.loc[(site, "reinit")]
+        assert trained["d_sae"] == control["d_sae"] == 8
+        assert trained["tokens_trained"] == 300 and abs(control["tokens_trained"] - 300) < 64  # whole batches of 64
+
+
+def features_settings(**changes):
+    from bertscope.experiments import features
+
+    return features.Settings(**changes)

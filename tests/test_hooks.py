@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from bertscope.hooks import ablate_heads, mean_z, patch_activation, patch_heads
-from helpers import assert_close_across_kernels
+from helpers import assert_close_across_kernels, assert_float32_close
 
 from bertscope import models
 
@@ -68,14 +68,16 @@ def test_cache_matches_transformers(bundled, hf_bundled, batch, full_cache):
     with torch.no_grad():
         ref = hf_bundled(**batch, output_attentions=True, output_hidden_states=True)
     real = batch["attention_mask"].bool()
-    torch.testing.assert_close(cache["embed.hook_out"][real], ref.hidden_states[0][real], atol=1e-5, rtol=0)
+    d = bundled.config.d_model  # the policy of tests/helpers.py: summation length d_model, depth in layers
+    assert_float32_close(cache["embed.hook_out"][real], ref.hidden_states[0][real], terms=d)
     keys = real[:, None, None, :].expand(-1, 12, real.shape[1], -1)
     queries = real[:, None, :, None].expand_as(keys)
     for layer in range(6):
         got = cache[f"blocks.{layer}.hook_resid_post"]
-        torch.testing.assert_close(got[real], ref.hidden_states[layer + 1][real], atol=1e-5, rtol=0)
-        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
-        torch.testing.assert_close(pattern[queries], ref.attentions[layer][queries], atol=1e-6, rtol=0)
+        assert_float32_close(got[real], ref.hidden_states[layer + 1][real], terms=d, depth=layer + 2)
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]  # probabilities: scale 1
+        assert_float32_close(pattern[queries], ref.attentions[layer][queries], terms=d, depth=layer + 1, scale=1.0,
+                             msg=f"attention probabilities, layer {layer}")
 
 
 def test_result_sums_to_attn_out_and_patterns_are_distributions(bundled, batch, full_cache):
@@ -84,9 +86,9 @@ def test_result_sums_to_attn_out_and_patterns_are_distributions(bundled, batch, 
     for layer in range(6):
         result = cache[f"blocks.{layer}.attn.hook_result"]
         summed = result.sum(dim=2) + bundled.blocks[layer].attn.b_O
-        torch.testing.assert_close(summed, cache[f"blocks.{layer}.hook_attn_out"], atol=1e-5, rtol=0)
+        assert_float32_close(summed, cache[f"blocks.{layer}.hook_attn_out"], terms=bundled.config.d_model)
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
-        torch.testing.assert_close(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), atol=1e-6, rtol=0)
+        assert_float32_close(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), terms=pattern.shape[-1])
         padded_keys = (~real)[:, None, None, :].expand_as(pattern)
         assert (pattern[padded_keys] == 0).all()
 
@@ -97,9 +99,9 @@ def test_residual_stream_identities(bundled, full_cache):
         blk = bundled.blocks[layer]
         with torch.no_grad():
             mid = blk.ln1(cache[f"blocks.{layer}.hook_resid_pre"] + cache[f"blocks.{layer}.hook_attn_out"])
-            torch.testing.assert_close(mid, cache[f"blocks.{layer}.hook_resid_mid"], atol=1e-6, rtol=0)
+            assert_float32_close(mid, cache[f"blocks.{layer}.hook_resid_mid"], terms=bundled.config.d_model)
             post = blk.ln2(mid + cache[f"blocks.{layer}.hook_mlp_out"])
-            torch.testing.assert_close(post, cache[f"blocks.{layer}.hook_resid_post"], atol=1e-6, rtol=0)
+            assert_float32_close(post, cache[f"blocks.{layer}.hook_resid_post"], terms=bundled.config.d_model)
         if layer:
             assert torch.equal(cache[f"blocks.{layer}.hook_resid_pre"], cache[f"blocks.{layer - 1}.hook_resid_post"])
 
@@ -211,7 +213,7 @@ def test_zero_ablation_equals_zeroing_w_o(bundled, batch, layer, head):
         edited.blocks[layer].attn.out.weight[:, head * d : (head + 1) * d] = 0
         by_hand = edited(**batch)
         clean = bundled(**batch)
-    torch.testing.assert_close(ablated, by_hand, atol=1e-6, rtol=0)
+    assert_close_across_kernels(ablated, by_hand)
     assert (ablated - clean).abs().max() > 1e-3
 
 
@@ -267,7 +269,7 @@ def test_patching_clean_into_corrupted_restores_clean(bundled, batch):
             fwd_hooks=patch_heads(bundled, all_heads, clean_cache)
             + patch_activation(bundled, "embed.hook_out", clean_cache),
         )
-        torch.testing.assert_close(heads_only, clean, atol=1e-6, rtol=0)
+        assert_close_across_kernels(heads_only, clean)
 
 
 def test_patch_heads_touches_only_those_heads(bundled, batch):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 from bertscope.models import CheckpointError, EncoderConfig
-from helpers import BUNDLED, assert_close_across_kernels, save_tiny_bert
+from helpers import BUNDLED, assert_close_across_kernels, assert_float32_close, save_tiny_bert
 from safetensors.torch import load_file, save_file
 
 from bertscope import models
@@ -40,26 +40,31 @@ def padded_batch(tokenizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def assert_parity(ours: models.Encoder, ref, batch: dict[str, torch.Tensor], hidden_tol=1e-5, attn_tol=1e-6):
+def assert_parity(ours: models.Encoder, ref, batch: dict[str, torch.Tensor]):
+    """Hidden states and attention probabilities over real tokens equal transformers' up to float32 summation
+    order: the policy of tests/helpers.py (summation length d_model, depth in layers, probabilities at scale 1)."""
     names = ["embed.hook_out", "blocks.*.hook_resid_post", "blocks.*.attn.hook_pattern"]
     with torch.no_grad():
         last, cache = ours.run_with_cache(**batch, names_filter=names)
         expected = ref(**batch, output_attentions=True, output_hidden_states=True)
     real = batch["attention_mask"].bool()
-    assert len(expected.hidden_states) == ours.config.n_layers + 1
-    torch.testing.assert_close(cache["embed.hook_out"][real], expected.hidden_states[0][real], atol=hidden_tol, rtol=0)
-    for layer in range(ours.config.n_layers):
+    d, n_layers = ours.config.d_model, ours.config.n_layers
+    assert len(expected.hidden_states) == n_layers + 1
+    assert_float32_close(cache["embed.hook_out"][real], expected.hidden_states[0][real], terms=d)
+    for layer in range(n_layers):
         got = cache[f"blocks.{layer}.hook_resid_post"][real]
-        torch.testing.assert_close(got, expected.hidden_states[layer + 1][real], atol=hidden_tol, rtol=0)
+        assert_float32_close(got, expected.hidden_states[layer + 1][real], terms=d, depth=layer + 2,
+                             msg=f"hidden state after block {layer}")
         pattern, ref_pattern = cache[f"blocks.{layer}.attn.hook_pattern"], expected.attentions[layer]
         rows = real[:, None, :, None] & real[:, None, None, :]  # real queries x real keys
         rows = rows.expand_as(pattern)
-        torch.testing.assert_close(pattern[rows], ref_pattern[rows], atol=attn_tol, rtol=0)
-    torch.testing.assert_close(last[real], expected.last_hidden_state[real], atol=hidden_tol, rtol=0)
+        assert_float32_close(pattern[rows], ref_pattern[rows], terms=d, depth=layer + 1, scale=1.0,
+                             msg=f"attention probabilities, layer {layer}")
+    assert_float32_close(last[real], expected.last_hidden_state[real], terms=d, depth=n_layers + 1)
     # The plain forward (fused attention kernel, nothing hooked) agrees too.
     with torch.no_grad():
         plain = ours(**batch)
-    torch.testing.assert_close(plain[real], expected.last_hidden_state[real], atol=hidden_tol, rtol=0)
+    assert_float32_close(plain[real], expected.last_hidden_state[real], terms=d, depth=n_layers + 1)
 
 
 # ====================================================================== parity
@@ -72,7 +77,7 @@ def test_bundled_pooler_parity(bundled, hf_bundled, tokenizer):
     with torch.no_grad():
         ours = bundled.pool(bundled(**batch))
         ref = hf_bundled(**batch).pooler_output
-    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+    assert_float32_close(ours, ref, terms=bundled.config.d_model, depth=bundled.config.n_layers + 2)
 
 
 def test_random_bert_base_parity(tokenizer):
@@ -108,7 +113,7 @@ def test_tiny_checkpoints_load_and_match(tmp_path, tokenizer, cls):
             ref_out = ref(**batch)
         ref_logits = ref_out.logits if cls is transformers.BertForMaskedLM else ref_out.prediction_logits
         real = batch["attention_mask"].bool()
-        torch.testing.assert_close(logits[real], ref_logits[real], atol=1e-5, rtol=0)
+        assert_float32_close(logits[real], ref_logits[real], terms=48, depth=ours.config.n_layers + 2)
     else:
         with pytest.raises(RuntimeError, match="masked-LM head"):
             ours.mlm_logits(torch.zeros(1, 2, 48))
@@ -160,7 +165,7 @@ def test_dropout_matches_bert_in_train_mode_and_is_off_in_eval(tmp_path, tokeniz
     torch.manual_seed(123)
     got = ours(**batch)
     real = batch["attention_mask"].bool()
-    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)  # same masks, same places
+    assert_float32_close(got[real], expected[real], terms=48, depth=4)  # same masks, same places
     torch.manual_seed(7)
     assert not torch.allclose(ours(**batch)[real], got[real])  # dropout really is active in train mode
     ours.eval()
@@ -258,7 +263,7 @@ def test_hub_id_loads_from_local_cache(tmp_path, monkeypatch):
     ours = models.load("local/tiny-bert")
     ids = torch.tensor([[101, 2023, 2003, 102]])
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), ref(ids).last_hidden_state, atol=1e-5, rtol=0)
+        assert_float32_close(ours(ids), ref(ids).last_hidden_state, terms=48, depth=4)
 
 
 def test_folder_without_weights(tmp_path):

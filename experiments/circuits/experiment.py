@@ -25,7 +25,8 @@ interval over pairs: pairs resampled, every method's mean head scores recomputed
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import hashlib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from bertscope.experiments.circuits import measures
 from bertscope.experiments.options import sentences_used
 from bertscope.experiments.registry import CannotRun
 from bertscope.hooks import circuits
+from bertscope.hooks.circuits import table
+from bertscope.hooks.circuits.table import DEFAULTS
+from bertscope.hooks.naming import head_of
 
 NAME = "circuits"
 DIRNAME = "circuits"
@@ -48,21 +52,61 @@ SUMMARY_TABLES = ["agreement", "areas"]
 
 @dataclass(frozen=True)
 class Settings:
-    """Sizes and choices of the circuits run (recorded in the manifest)."""
+    """Sizes and choices of the circuits analysis: the one set of defaults of ``bertscope run circuits``, the old
+    ``bertscope circuits`` command and the Python functions (``hooks.circuits.table.DEFAULTS``); recorded in the
+    manifest. Checked when built (a bad ``--set`` is one line, exit 2, before any work)."""
 
+    task: str = ""  # a pairs JSONL file to analyse (--task FILE); empty: the built-in TFC1 task made from the corpus
+    metric: str = "cosine"  # the task file's metric (--metric): cosine, dot or mask-logit-diff; TFC1's is cosine
+    task_sha256: str = ""  # filled in from the task file's bytes (an edited file is a new run, not a finished one)
     n_pairs: int = 16  # TFC1 pairs at most, one per sentence (--max-sentences caps the sentences they come from)
     max_tokens: int = 24  # longest clean document, word pieces with [CLS]/[SEP]
     filler: str = "the"
     query_pieces: int = 1  # word pieces the query term (and the filler) add to the sentence: 1 in TFC1
-    ig_steps: int = 3
-    edge_method: str = "eap-ig"
-    candidates: int = 20
-    threshold: float = 0.02
-    n_random: int = 2
-    n_random_circuits: int = 10
-    checked_edges: int = 3  # path patching (~20 forward-equivalents an edge) of this many top and random edges
+    # head-score methods, from the node attribution table (hooks/circuits/table.py); default: its default ones
+    methods: tuple[str, ...] = field(default_factory=lambda: table.node_methods(default=True))
+    ig_steps: int = DEFAULTS.ig_steps  # integrated-gradient steps (EAP-IG head scores and edges)
+    edge_method: str = DEFAULTS.edge_method  # an edge method of the edge table (eap, eap-ig)
+    candidates: int = DEFAULTS.candidates  # greedy search starts from this many top edges
+    threshold: float = DEFAULTS.threshold  # an edge stays when dropping it moves m by this share of m(full)-m(empty)
+    n_random: int = DEFAULTS.n_random  # random edge orders for the faithfulness-curve control
+    n_random_circuits: int = DEFAULTS.n_random_circuits  # random circuits of the found circuit's size
+    top_edges: int = DEFAULTS.top_edges  # rows of the edges table kept
+    checked_edges: int = DEFAULTS.checked_edges  # path patching (~20 forward-equivalents an edge) of top/random edges
     n_boot: int = 1000
 
+    def __post_init__(self) -> None:
+        """Refuse settings no run could use (each message names the setting)."""
+        if self.n_pairs < DEFAULTS.min_pairs:
+            raise ValueError(f"n_pairs must be at least {DEFAULTS.min_pairs} (intervals over pairs), got "
+                             f"{self.n_pairs}")
+        for name in ("max_tokens", "query_pieces", "ig_steps", "candidates", "n_boot"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("n_random", "n_random_circuits", "top_edges", "checked_edges"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.threshold < 1:
+            raise ValueError(f"threshold must be in [0, 1), got {self.threshold}")
+        if not self.filler.strip():
+            raise ValueError("filler must be a word, got an empty text")
+        bad = [m for m in self.methods if m not in table.NODE_TABLE]
+        if bad or not self.methods:
+            raise ValueError(f"methods: unknown {', '.join(bad) or '(none given)'}; choose from "
+                             f"{', '.join(table.NODE_TABLE)}")
+        table.edge_method(self.edge_method)
+        if self.metric not in circuits.METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}; choose one of {', '.join(circuits.METRICS)}")
+        if not self.task and self.metric != "cosine":
+            raise ValueError(f"metric {self.metric!r} needs a task file (--task FILE); the TFC1 task's metric is "
+                             "cosine")
+        if self.task:
+            circuits.tasks.read_pairs(self.task)  # TaskError (a ValueError) naming the file and line
+            digest = hashlib.sha256(Path(self.task).read_bytes()).hexdigest()
+            object.__setattr__(self, "task_sha256", digest)
+
+
+measures.AnalysisSettings = Settings  # the old name of the analysis' settings: one class now
 
 CONVENTIONS = {
     "effect": "mean over pairs of m(clean run with the node patched from the corrupted run) - m(clean); AtP, AtP* "
@@ -77,35 +121,35 @@ CONVENTIONS = {
 }
 
 
+def check(inputs: Any, settings: Settings) -> None:
+    """Before anything is written: a task file (``--task``) must build a task for this model (equal lengths, the
+    metric's fields, a masked-LM head for mask-logit-diff) with at least ``DEFAULTS.min_pairs`` pairs."""
+    if settings.task:
+        _task_file(inputs.model, settings)
+
+
 def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
-    """Build the TFC1 task from the corpus, run :func:`measures.analyse`, write the side tables and ``task.jsonl``;
-    returns the long head-score table."""
+    """Build the task (the TFC1 pairs from the corpus, or ``settings.task``'s file), run :func:`measures.analyse`,
+    write the side tables and ``task.jsonl``; returns the long head-score table."""
     settings = ctx.use_settings(settings)
     model = ctx.model
-    n_scan, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
-    pairs = measures.tfc1_pairs([s.words for s in ctx.corpus[:n_scan]], model.tokenizer, filler=settings.filler,
-                                max_pairs=settings.n_pairs, max_tokens=settings.max_tokens, seed=ctx.seed,
-                                query_pieces=settings.query_pieces)
-    if len(pairs) < 2:
-        raise CannotRun(f"the corpus gave {len(pairs)} TFC1 pairs (a pair needs a sentence with a word "
-                        f"that occurs once and, appended, adds {settings.query_pieces} piece(s), as the filler "
-                        f"{settings.filler!r} must; at most {settings.max_tokens} pieces in all); at least 2 are "
-                        "needed for intervals over pairs")
-    ctx.log(f"{len(pairs)} TFC1 pairs (at most {settings.n_pairs}, --set circuits.n_pairs=N) from the first "
-            f"{n_scan} sentences of {ctx.corpus_id} ({why})")
-    task = circuits.make_task(model, pairs, "cosine")
+    if settings.task:
+        task = _task_file(model, settings)
+        pairs = task.pairs
+        ctx.log(f"{task.n_pairs} pairs from {settings.task} (metric {settings.metric})")
+    else:
+        pairs = _tfc1(ctx, settings)
+        task = circuits.make_task(model, pairs, "cosine")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     io.write_text(ctx.out_dir / "task.jsonl", "".join(_json(p) + "\n" for p in task.pairs))
     ctx.note("settings", asdict(settings))
     ctx.note("pairs", len(pairs))
-    ctx.record_used({"pairs": len(pairs)}, available=n_scan, unit="TFC1 pairs (one sentence each)",
-                    more="--set circuits.n_pairs=N")  # what the intervals resample: pairs
+    if settings.task:  # what the intervals resample: pairs
+        ctx.record_used({"pairs": len(pairs)}, unit=f"pairs of the task file {Path(settings.task).name}")
     ctx.note("conventions", CONVENTIONS)
-    known = {f.name for f in fields(measures.AnalysisSettings)}
-    analysis = measures.AnalysisSettings(**{k: v for k, v in asdict(settings).items() if k in known},
-                                         batch_size=ctx.options.batch_size)
-    tables = measures.analyse(model, task, analysis, positions=measures.injected_positions(task),
-                              progress=ctx.log, seed=ctx.seed)
+    positions = None if settings.task else measures.injected_positions(task)
+    tables = measures.analyse(model, task, settings, positions=positions, progress=ctx.log, seed=ctx.seed,
+                              batch_size=ctx.options.batch_size)
     if "agreement" not in tables:
         tables["agreement"] = agreement(tables["heads"])
     tables["overlap"] = overlap_table(tables, ctx.out_dir.parent, ctx.corpus_id, model.config)
@@ -113,9 +157,39 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
         if name != "heads":
             ctx.write_table(df, name)
     heads = tables["heads"]
-    heads.insert(0, "corpus", ctx.corpus_id)
+    heads.insert(0, "corpus", settings.task or ctx.corpus_id)
     heads.insert(0, "model", ctx.model_id)
     return heads
+
+
+def _tfc1(ctx: Any, settings: Settings) -> list[dict]:
+    n_scan, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
+    pairs = measures.tfc1_pairs([s.words for s in ctx.corpus[:n_scan]], ctx.model.tokenizer,
+                                filler=settings.filler, max_pairs=settings.n_pairs, max_tokens=settings.max_tokens,
+                                seed=ctx.seed, query_pieces=settings.query_pieces)
+    if len(pairs) < DEFAULTS.min_pairs:
+        raise CannotRun(f"the corpus gave {len(pairs)} TFC1 pairs (a pair needs a sentence with a word "
+                        f"that occurs once and, appended, adds {settings.query_pieces} piece(s), as the filler "
+                        f"{settings.filler!r} must; at most {settings.max_tokens} pieces in all); at least "
+                        f"{DEFAULTS.min_pairs} are needed for intervals over pairs")
+    ctx.log(f"{len(pairs)} TFC1 pairs (at most {settings.n_pairs}, --set circuits.n_pairs=N) from the first "
+            f"{n_scan} sentences of {ctx.corpus_id} ({why})")
+    ctx.record_used({"pairs": len(pairs)}, available=n_scan, unit="TFC1 pairs (one sentence each)",
+                    more="--set circuits.n_pairs=N")  # what the intervals resample: pairs
+    return pairs
+
+
+def _task_file(model: Any, settings: Settings) -> circuits.Task:
+    """The task of ``settings.task`` for ``model``; `CannotRun` (one line) when it cannot be built or has fewer
+    pairs than an interval over pairs needs."""
+    try:
+        task = circuits.load_task(model, settings.task, settings.metric)
+    except circuits.TaskError as e:
+        raise CannotRun(str(e)) from None
+    if task.n_pairs < DEFAULTS.min_pairs:
+        raise CannotRun(f"{settings.task} has {task.n_pairs} pair(s); at least {DEFAULTS.min_pairs} are needed "
+                        "for intervals over pairs")
+    return task
 
 
 def agreement(heads: pd.DataFrame) -> pd.DataFrame:
@@ -137,19 +211,14 @@ def overlap_table(tables: dict[str, pd.DataFrame], out_root: Path, corpus_id: st
     if not dup:
         return pd.DataFrame(columns=["heads", "overlap", "n_found", "n_other", "expected", "p_value"])
     n = config.n_layers * config.n_heads
-    found = {_head(node) for node in set(tables["circuit"].sender) | set(tables["circuit"].receiver)
-             if node.startswith("a")}
+    found = {head_of(node) for node in set(tables["circuit"].sender) | set(tables["circuit"].receiver)
+             if head_of(node)}
     exact = tables["heads"][tables["heads"].method == "exact"]
     top = exact.reindex(exact.normalised.abs().sort_values(ascending=False).index).head(len(dup))
     rows = [{"heads": "circuit", **measures.head_overlap(found, dup, n)},
             {"heads": f"top {len(dup)} by exact patching", **measures.head_overlap(
                 {(int(r.layer), int(r.head)) for r in top.itertuples()}, dup, n)}]
     return pd.DataFrame(rows)
-
-
-def _head(node: str) -> tuple[int, int]:
-    layer, head = node[1:].split(".h")
-    return int(layer), int(head)
 
 
 def _json(p: dict) -> str:

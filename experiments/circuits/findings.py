@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from bertscope.experiments.circuits.plots import LABELS, read_table
+from bertscope.experiments.circuits.plots import read_table
 from bertscope.experiments.findings import Finding, fmt_ci
 from bertscope.experiments.naming import head_name
+from bertscope.hooks.circuits import table
+from bertscope.hooks.naming import head_of
 
 CAPTIONS: dict[str, str] = {
     "fig_head_maps": "Which heads carry the term-frequency signal: each head's effect on the cosine between the "
@@ -34,7 +36,7 @@ def findings(out_dir: Path) -> list[Finding]:
         out += _top_heads(results, read_table(out_dir, "resid"))
     if agreement is not None and not agreement.empty:
         has_ci = "spearman_low" in agreement
-        parts = [f"{LABELS.get(r.method, r.method)} {r.spearman:.2f}"
+        parts = [f"{table.label(r.method)} {r.spearman:.2f}"
                  + (f" [{r.spearman_low:.2f}, {r.spearman_high:.2f}]" if has_ci else "")
                  for r in agreement.itertuples()]
         ci = "; 95% bootstrap intervals over pairs" if has_ci else ""
@@ -82,8 +84,8 @@ def _circuit(circuit: pd.DataFrame, areas: pd.DataFrame, rand: pd.DataFrame) -> 
     ours = areas[areas.ordering == "scores"].iloc[0]
     others = areas[areas.ordering != "scores"]
     beaten = int((rand.faithfulness < f).sum())
-    heads = sorted({n for n in set(circuit.sender) | set(circuit.receiver) if n.startswith("a")})
-    names = ", ".join(head_name(*map(int, n[1:].split(".h"))) for n in heads)
+    heads = sorted({head_of(n) for n in set(circuit.sender) | set(circuit.receiver) if head_of(n)})
+    names = ", ".join(head_name(*h) for h in heads)
     text = (f"Greedy pruning with exact patching keeps {len(circuit)} edges ({len(heads)} heads"
             f"{': ' + names if heads else ''}) with faithfulness "
             f"{f:.2f}; {beaten} of {len(rand)} random circuits of the same size score lower (best random "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,17 @@ import numpy as np
 import pandas as pd
 import torch
 from bertscope.hooks import circuits
+from bertscope.hooks.circuits import table
 from bertscope.hooks.circuits.results import effects_table, node_labels
 
-HEAD_METHODS = ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
 
-
-@dataclass(frozen=True)
-class AnalysisSettings:
-    """What :func:`analyse` computes and at which size."""
-
-    methods: tuple[str, ...] = HEAD_METHODS
-    ig_steps: int = 5  # EAP-IG's steps, for head scores and edges
-    edge_method: str = "eap-ig"
-    candidates: int = 30  # greedy search starts from this many top edges
-    threshold: float = 0.02  # an edge stays when dropping it moves the metric by this share of m(full) - m(empty)
-    n_random: int = 3  # random edge orders for the faithfulness-curve control
-    n_random_circuits: int = 20  # random circuits of the found circuit's size
-    top_edges: int = 40  # rows of the edges table kept
-    checked_edges: int = 3  # path patching (ground truth) of this many top edges and as many random ones
-    batch_size: int = 16
-    n_boot: int = 1000
+def __getattr__(name: str) -> Any:
+    """Old names, kept importable: ``HEAD_METHODS`` (the node table's default methods, read when asked for);
+    ``AnalysisSettings`` is the experiment's one ``Settings``, set here by ``experiment`` (always imported first,
+    by the package)."""
+    if name == "HEAD_METHODS":
+        return table.node_methods(default=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tfc1_pairs(sentences: Sequence[Sequence[str]], tokenizer: Any, *, filler: str = "the", max_pairs: int = 32,
@@ -76,28 +66,28 @@ def injected_positions(task: circuits.Task) -> torch.Tensor:
     return task.mask.sum(1) - 2
 
 
-def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
+def analyse(model: Any, task: circuits.Task, settings: Any, *,
             positions: torch.Tensor | None = None, progress: Callable[[str], None] = lambda msg: None,
-            seed: int = 0) -> dict[str, pd.DataFrame]:
-    """Every table of the circuits analysis of ``task`` (see the experiment's docstring for the columns):
-    ``heads`` (long: a row per method, layer and head), ``cost``, ``resid`` (when ``positions`` is given),
-    ``edges``, ``circuit``, ``faithfulness``, ``areas``, ``random_circuits``."""
+            seed: int = 0, batch_size: int | None = None) -> dict[str, pd.DataFrame]:
+    """Every table of the circuits analysis of ``task`` with the experiment's ``Settings`` (see the experiment's
+    docstring for the columns): ``heads`` (long: a row per method, layer and head; every method is read from the
+    node table, ``hooks/circuits/table.py``), ``cost``, ``resid`` (when ``positions`` is given), ``edges``,
+    ``circuit``, ``faithfulness``, ``areas``, ``random_circuits``. ``batch_size``: pairs per pass (default
+    ``settings.batch_size`` where it has one, else ``table.DEFAULTS.batch_size``)."""
     s = settings
+    batch = batch_size or getattr(s, "batch_size", None) or table.DEFAULTS.batch_size
     out: dict[str, pd.DataFrame] = {}
-    timer = _Timer(model, task, s.batch_size)
+    timer = _Timer(model, task, batch)
     heads, cost, per_pair = [], [], {}
     labels = node_labels("heads", model.config.n_layers, model.config.n_heads)
     for method in s.methods:
         progress(f"head scores: {method}")
-        if method == "exact":
-            (eff, total), secs = timer.time(lambda: circuits.patching.patch_effects(model, task, "heads",
-                                                                                    batch_size=s.batch_size))
-        else:
-            (eff, total), secs = timer.time(lambda m=method: circuits.attribution.attribute_effects(
-                model, task, m, "heads", steps=s.ig_steps, batch_size=s.batch_size))
-        table = effects_table(eff, total, labels, method=method, n_boot=s.n_boot, seed=seed)
-        table.insert(1, "source", "corrupted")
-        heads.append(table)
+        spec = table.node_method(method)
+        (eff, total), secs = timer.time(lambda spec=spec: spec.effects(model, task, "heads", steps=s.ig_steps,
+                                                                       batch_size=batch))
+        rows = effects_table(eff, total, labels, method=method, n_boot=s.n_boot, seed=seed)
+        rows.insert(1, "source", "corrupted")
+        heads.append(rows)
         per_pair[method] = eff
         cost.append({"method": method, "seconds": secs, "forward_equivalents": secs / timer.forward_seconds})
     out["heads"] = pd.concat(heads, ignore_index=True)
@@ -105,22 +95,22 @@ def analyse(model: Any, task: circuits.Task, settings: AnalysisSettings, *,
         out["agreement"] = agreement_table(per_pair, n_boot=s.n_boot, seed=seed)
     if positions is not None:
         progress("residual stream at the injected position")
-        out["resid"] = circuits.patch(model, task, "resid", positions=positions, batch_size=s.batch_size,
+        out["resid"] = circuits.patch(model, task, "resid", positions=positions, batch_size=batch,
                                       n_boot=s.n_boot, seed=seed)
     progress(f"edges: {s.edge_method}")
     scores, secs = timer.time(lambda: circuits.edges(model, task, s.edge_method, steps=s.ig_steps,
-                                                     batch_size=s.batch_size))
+                                                     batch_size=batch))
     cost.append({"method": f"edges:{s.edge_method}", "seconds": secs,
                  "forward_equivalents": secs / timer.forward_seconds})
     out["edges"] = scores.table().head(s.top_edges)
     if s.checked_edges > 0:
         progress(f"path patching of {2 * s.checked_edges} edges (ground truth for the edge scores)")
         out["edge_check"], secs = timer.time(lambda: edge_check(model, task, scores, s.checked_edges, seed=seed,
-                                                                batch_size=s.batch_size))
+                                                                batch_size=batch))
         cost.append({"method": "path patching (checked edges)", "seconds": secs,
                      "forward_equivalents": secs / timer.forward_seconds})
     progress("circuit search (greedy, exact patching)")
-    ev = circuits.Evaluator(model, task, batch_size=max(s.batch_size, 32))
+    ev = circuits.Evaluator(model, task, batch_size=max(batch, 32))
     circuit, secs = timer.time(lambda: circuits.find_circuit(model, task, scores, method="greedy",
                                                              candidates=s.candidates, threshold=s.threshold,
                                                              evaluator=ev))

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.hooks.circuits import table
+from bertscope.hooks.naming import head_of
 
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
-LABELS = {"exact": "exact patching", "atp": "AtP", "atp*": "AtP* (QK fix)", "eap-ig": "EAP-IG",
-          "eap-ig-act": "EAP-IG (activations)", "ig-act-own": "IG on each layer's own line"}
+
+
+def __getattr__(name: str) -> Any:
+    """The old name ``LABELS``, read from the node table when asked for."""
+    if name == "LABELS":  # old name: node method -> figure label, read from the node table when asked for
+        return {m: table.label(m) for m in table.node_methods()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 
@@ -47,7 +55,8 @@ def read_table(out_dir: Path, name: str) -> pd.DataFrame | None:
 def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    methods = [m for m in LABELS if m in set(results.method)]
+    present = set(results.method)  # the table's order, then any method no longer registered
+    methods = [m for m in table.node_methods() if m in present] + sorted(present - set(table.node_methods()))
     n_layers, n_heads = int(results.layer.max()) + 1, int(results["head"].max()) + 1
     grids = {m: results[results.method == m].pivot_table(index="layer", columns="head", values="normalised")
              .reindex(index=range(n_layers), columns=range(n_heads)).to_numpy() for m in methods}
@@ -57,7 +66,7 @@ def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORM
                              layout="constrained")  # fmt: skip
     for ax, m in zip(axes[0], methods, strict=True):
         im = ax.imshow(grids[m], cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
-        ax.set_title(LABELS[m], fontsize=9)
+        ax.set_title(table.label(m), fontsize=9)
         ax.set_xlabel("head")
     axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of the clean-to-corrupted change")
@@ -72,7 +81,7 @@ def _position(node: str, n_layers: int) -> tuple[float, float]:
         return 0.0, 2 * n_layers
     if node.startswith("m"):
         return 7.0, 2 * int(node[1:]) + 1
-    layer, head = node[1:].split(".h")
+    layer, head = head_of(node)
     return int(head) - 5.5, 2 * int(layer)
 
 
@@ -80,7 +89,7 @@ def plot_circuit(circuit: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
     import matplotlib.pyplot as plt
 
     nodes = sorted(set(circuit.sender) | set(circuit.receiver))
-    layers = [int(n[1:].split(".")[0]) for n in nodes if n[0] in "am"]
+    layers = [head_of(n)[0] if head_of(n) else int(n[1:]) for n in nodes if head_of(n) or n.startswith("m")]
     n_layers = (max(layers) + 1) if layers else 1
     pos = {n: _position(n, n_layers) for n in nodes}
     fig, ax = plt.subplots(figsize=(7, 1.0 + 0.6 * n_layers))

@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_activations(options, inputs, modules, alone=args.experiment != "all")
     for name, err in broken.items():
         print(f"bertscope: {name} failed to import: {err}", file=sys.stderr)
-    refused = _refused(modules, inputs, alone=args.experiment != "all", options=options)
+    refused = _refused(modules, inputs, alone=args.experiment != "all", overrides=options.settings)
 
     results = []
     if inputs is not None:
@@ -278,13 +278,14 @@ def _check_set_targets(options: RunOptions, names: list[str]) -> None:
 def _type_settings(options: RunOptions, modules: dict[str, Any]) -> None:
     """Type and check each experiment's ``--set`` values against its ``Settings`` (`UsageError` if bad); the
     options then hold the typed values (what the manifest and the fingerprint record)."""
-    from bertscope.experiments.settings import apply_overrides
+    from bertscope.experiments.settings import apply_overrides, changed_fields
 
     for name, texts in list(options.settings.items()):
         if name in modules:
             defaults = modules[name].Settings()
             typed = apply_overrides(name, defaults, texts)
-            options.settings[name] = {k: getattr(typed, k) for k in texts}
+            # with the fields the Settings derive from them (circuits' task_sha256 from its task file)
+            options.settings[name] = {**{k: getattr(typed, k) for k in texts}, **changed_fields(defaults, typed)}
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -294,7 +295,9 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file, not a folder; choose another --out")
     check_corpus_spelling(args.corpus)
-    return RunOptions(
+    from bertscope.experiments.jobs import set_thread_budget
+
+    options = RunOptions(
         model=args.model,
         corpus=args.corpus,
         max_sentences=args.max_sentences,
@@ -310,7 +313,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         settings=_set_assignments(args),
         activations=getattr(args, "activations", None),
         eval_corpus=getattr(args, "eval_corpus", None),
+        threads=getattr(args, "threads", None),
     )
+    options.threads = set_thread_budget(options.threads)  # once, where the CLI starts any workers
+    return options
 
 
 def _set_assignments(args: argparse.Namespace) -> dict[str, dict[str, str]]:
@@ -345,13 +351,14 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
     from bertscope.experiments.activations import CaptureSource
     from bertscope.experiments.capture import CaptureError
     from bertscope.experiments.options import sentences_used
+    from bertscope.experiments.settings import experiment_settings
 
     try:
         source = CaptureSource(options.activations, inputs.model)
         for name, module in modules.items():
             own = getattr(module, "check_capture", None)  # a capture of the experiment's own sequences
             if own is not None:
-                why = own(source, inputs, options, experiment_settings(module, options))
+                why = own(source, inputs, options, experiment_settings(module, options.settings))
                 if why is not None and alone:
                     raise UsageError(f"--activations: {why}")
                 if why is not None:
@@ -371,30 +378,25 @@ def check_activations(options: RunOptions, inputs: Any, modules: dict[str, Any],
         raise UsageError(f"--activations: {e}") from None
 
 
-def experiment_settings(module: Any, options: RunOptions) -> Any:
-    """The experiment's ``Settings`` with this run's typed ``--set`` values (`_type_settings`)."""
-    import dataclasses
-
-    return dataclasses.replace(module.Settings(), **options.settings.get(module.NAME, {}))
-
-
-def _refused(modules: dict[str, Any], inputs: Any, alone: bool, options: RunOptions | None = None) -> dict[str, str]:
-    """Check every experiment against the inputs, with its ``--set`` settings, before anything runs: a setting
-    the model cannot take (`registry.check_settings`: a layer it lacks) is a `UsageError` (exit 2, nothing
-    written, in ``run all`` too); then `registry.check_inputs`: an experiment asked for alone that cannot run is a
-    `UsageError`; in ``run all`` it is dropped from ``modules`` with one line saying why. Returns
-    ``{name: reason}`` of the dropped ones."""
+def _refused(modules: dict[str, Any], inputs: Any, alone: bool,
+             overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
+    """Check every experiment against the inputs, with the settings it will run with (``overrides``: the typed
+    ``--set`` values), before anything runs: a setting the model cannot take (`registry.check_settings`: a layer
+    it lacks) is a `UsageError` (exit 2, nothing written, in ``run all`` too); then `registry.check_inputs`: an
+    experiment asked for alone that cannot run is a `UsageError`; in ``run all`` it is dropped from ``modules``
+    with one line saying why. Returns ``{name: reason}`` of the dropped ones."""
     from bertscope.experiments.registry import CannotRun, check_inputs, check_settings
+    from bertscope.experiments.settings import experiment_settings
 
     for module in modules.values():
         try:
-            check_settings(module, inputs.model, None if options is None else experiment_settings(module, options))
+            check_settings(module, inputs.model, experiment_settings(module, overrides))
         except ValueError as e:
             raise UsageError(f"--set {' '.join(str(e).split())}") from None
     refused = {}
     for name, module in list(modules.items()):
         try:
-            check_inputs(module, inputs, None if options is None else experiment_settings(module, options))
+            check_inputs(module, inputs, experiment_settings(module, overrides))
         except CannotRun as e:
             if alone:
                 raise UsageError(f"{name}: {e}") from None

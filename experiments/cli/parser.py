@@ -13,6 +13,7 @@ from bertscope.experiments.registry import EXPERIMENTS
 
 from .circuits_command import add_circuits
 from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run, cmd_sae
+from .threads import add_threads_option
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -32,9 +33,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _add_report(sub)
     _add_explore(sub)
     _add_clean(sub)
-    add_circuits(sub)
+    add_circuits(sub, argv, run=_run_argv)
     _add_sae(sub, argv)
     return parser
+
+
+def _run_argv(argv: list[str]) -> int:
+    """Run the ``bertscope`` command line ``argv`` with its handler (what an alias such as ``circuits`` runs;
+    `UsageError` propagates to ``main``)."""
+    args = build_parser(argv).parse_args(argv)
+    return args.handler(args)
 
 
 def _add_clean(sub: Any) -> None:
@@ -226,6 +234,7 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
     entries import torch, which no other command's usage errors wait for)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     table = _dictionary_architectures() if "sae" in argv else None
+    recipe = _dictionary_recipe() if "sae" in argv else _NO_RECIPE
     p = sub.add_parser("sae", help="train and evaluate sparse dictionaries (SAEs, transcoders) on a model's sites",
                        description="Sparse autoencoders and transcoders: `sae train` streams activations from a "
                        "corpus (or a capture) into dictionaries saved in SAELens's format; `sae eval` scores them "
@@ -235,7 +244,8 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
         "train", help="train dictionaries at one or more sites",
         description="Stream the model's activations at each --site over --corpus (or a `bertscope capture` folder "
         "with --activations) into one sparse dictionary per site, saved in SAELens's format under OUT/<site>/ "
-        "with PCA and neuron-basis controls at the same L0 (OUT/controls/), OUT/training.json and "
+        "with each latent's top activating contexts and quantile samples (OUT/<site>/latent_contexts.parquet), "
+        "PCA and neuron-basis controls at the same L0 (OUT/controls/), OUT/training.json and "
         "OUT/manifest.json. Every option is checked before the model loads; a finished OUT with the same settings "
         "is left as it is, one with other settings needs --force; an interrupted run resumes from its checkpoint. "
         "Training runs in whole --train-batch batches (docs/dictionaries.md).",
@@ -251,21 +261,31 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
                    default=None if table is None else table.DEFAULT,
                    help="the dictionary architecture" if table is None else
                    "; ".join(f"{a.name}: {a.summary}" for a in table.TABLE.values()) + f" (default {table.DEFAULT})")
-    t.add_argument("--k", type=_positive_int, default=32, help="active latents per token (architectures that take "
-                   "k" + ("" if table is None else f": {', '.join(table.with_k())}") + "; default 32)")
-    t.add_argument("--width", default="8x", help="latents: a multiple of the site's width (8x) or a number")
-    t.add_argument("--tokens", type=_count, default=2_000_000, help="training tokens, e.g. 2M (default 2M)")
+    with_k = "" if table is None else f": {', '.join(table.with_k())}"
+    t.add_argument("--k", type=_positive_int, default=recipe.k,
+                   help=f"active latents per token (architectures that take k{with_k}; default {recipe.k})")
+    t.add_argument("--width", default=recipe.width, help="latents: a multiple of the site's width (8x) or a number "
+                   f"(default {recipe.width})")
+    t.add_argument("--tokens", type=_count, default=recipe.tokens,
+                   help=f"training tokens, e.g. 2M (default {recipe.tokens:,})")
     t.add_argument("--activations", default=None, metavar="DIR", help="read a `bertscope capture` folder "
                    "instead of running the model (its corpus is --corpus)")
     t.add_argument("--include-special", action="store_true", help="train on [CLS]/[SEP]-like tokens too")
-    t.add_argument("--train-batch", type=_positive_int, default=4096, help="tokens per step (default 4096)")
+    t.add_argument("--train-batch", type=_positive_int, default=recipe.batch_size,
+                   help=f"tokens per step (default {recipe.batch_size}, the recipe chosen on held-out data: "
+                   "docs/dictionaries.md)")
     t.add_argument("--buffer", type=_count, default=262_144, help="buffer rows (bounds memory; a corpus that fits "
                    "is computed once and reshuffled every epoch; default 262144)")
-    t.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
+    t.add_argument("--lr", type=float, default=recipe.lr, help=f"Adam learning rate (default {recipe.lr:g})")
     t.add_argument("--l1", type=float, default=5.0, help="L1 coefficient of an L1-penalised architecture (relu; "
                    ">= 0, default 5)")
     t.add_argument("--l0", type=float, default=1e-3, help="L0 coefficient of a thresholded architecture (jumprelu; "
                    ">= 0, default 1e-3)")
+    t.add_argument("--auxk", choices=["saelens", "gao"], default="saelens",
+                   help="AuxK convention for dead TopK/BatchTopK latents: saelens (SAELens's, default) or gao "
+                   "(openai/sparse_autoencoder's: 256 dead latents, normalised MSE; its coefficient is 1/32, "
+                   "set with --aux-coefficient)")
+    t.add_argument("--aux-coefficient", type=float, default=1.0, help="AuxK coefficient (>= 0, default 1.0)")
     t.add_argument("--checkpoint-every", type=_count, default=500_000, help="tokens between checkpoints")
     t.add_argument("--no-controls", action="store_true", help="skip the PCA / neuron-basis controls")
     t.add_argument("--e2e-steps", type=_positive_int, default=None, metavar="N",
@@ -290,6 +310,23 @@ def _add_sae(sub: Any, argv: Sequence[str] | None = None) -> None:
     e.add_argument("--include-special", action="store_true", help="score and splice special tokens too")
     _add_shared_options(e, out_default=Path("results/sae-eval"))
     e.set_defaults(handler=cmd_sae)
+
+
+class _NoRecipe:
+    """Placeholder defaults for the ``sae`` parser when the command line is another command's (never used)."""
+
+    k, width, tokens, batch_size, lr = None, None, 0, None, 0.0
+
+
+_NO_RECIPE = _NoRecipe()
+
+
+def _dictionary_recipe() -> Any:
+    """``bertscope.probes.dictionary.RECIPE``: the defaults of ``sae train`` (read only when ``argv`` asks for
+    ``sae``, as the architecture table is)."""
+    from bertscope.probes.dictionary import RECIPE
+
+    return RECIPE
 
 
 def _dictionary_architectures() -> Any:
@@ -379,7 +416,7 @@ def _add_shared_options(p: argparse.ArgumentParser, out_default: Path) -> None:
     p.add_argument("--out", type=Path, default=out_default, help=f"output folder (default {out_default})")
     p.add_argument("--force", action="store_true", help="recompute even what is already finished")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
-
+    add_threads_option(p)
 
 
 def _int(text: str) -> int:
@@ -424,6 +461,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         if flag is None or action.dest in ("help", "nproc"):
             continue
         value = getattr(args, action.dest, None)
+        if action.dest == "threads" and value is not None and getattr(args, "nproc", None):
+            value = max(1, value // args.nproc)  # --threads is the whole run's: each process gets its share
         if isinstance(action, argparse._StoreTrueAction):
             argv += [flag] if value else []
         elif isinstance(value, list):

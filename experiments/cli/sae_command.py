@@ -37,6 +37,7 @@ def check_train_options(args: Any) -> None:
     _finite("--lr", args.lr, positive=True)
     _finite("--l1", args.l1)
     _finite("--l0", args.l0)
+    _finite("--aux-coefficient", getattr(args, "aux_coefficient", None))
     _finite("--e2e-lambda (the FVU's mse_coefficient)", getattr(args, "e2e_lambda", None))
     _finite("--e2e-lr", getattr(args, "e2e_lr", None), positive=True)
     if args.tokens < args.train_batch:
@@ -52,8 +53,12 @@ def check_train_options(args: Any) -> None:
 
 
 def _train_settings(args: Any, options: Any, sites: Sequence[str]) -> dict[str, Any]:
-    """What ``sae train`` records as its settings (the manifest's; a rerun with other ones is refused)."""
-    return {"sites": list(sites), "site_out": args.site_out, "arch": args.arch, "k": args.k, "kind": args.kind,
+    """What ``sae train`` records as its settings (the manifest's; a rerun with other ones is refused). The AuxK
+    convention and coefficient are recorded when not the defaults (so older folders still match)."""
+    auxk = {k: v for k, v in (("auxk", getattr(args, "auxk", "saelens")),
+                              ("aux_coefficient", getattr(args, "aux_coefficient", 1.0)))
+            if v != {"auxk": "saelens", "aux_coefficient": 1.0}[k]}
+    return auxk | {"sites": list(sites), "site_out": args.site_out, "arch": args.arch, "k": args.k, "kind": args.kind,
             "width": str(args.width), "tokens": args.tokens, "train_batch": args.train_batch, "buffer": args.buffer,
             "lr": args.lr, "l1": args.l1, "l0": args.l0, "include_special": args.include_special,
             "checkpoint_every": args.checkpoint_every, "controls": not args.no_controls,
@@ -119,7 +124,9 @@ def run_train_command(args: Any, options: Any) -> int:
                              lr=args.lr, seed=options.seed, device=str(inputs.device),
                              dtype=str(inputs.dtype).removeprefix("torch."), include_special=args.include_special,
                              checkpoint_tokens=args.checkpoint_every, progress=not options.quiet,
-                             l1_coefficient=args.l1, l0_coefficient=args.l0)
+                             l1_coefficient=args.l1, l0_coefficient=args.l0,
+                             auxk=getattr(args, "auxk", "saelens"),
+                             aux_coefficient=getattr(args, "aux_coefficient", 1.0))
     whole = args.tokens - args.tokens % args.train_batch
     partial = (f"--tokens {args.tokens:,} is not a whole number of training batches of {args.train_batch:,}: "
                f"training {whole:,} tokens ({whole // args.train_batch} batches)") if whole != args.tokens else None

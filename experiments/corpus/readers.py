@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ...hooks.jsonl import json_objects
+from ...hooks.jsonl import json_objects, utf8_lines
 from .base import Corpus, CorpusError, CorpusFileNotFoundError, Sentence, invisible_problem, tree_problems
 
 CONLLU_COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
@@ -135,18 +135,10 @@ def _read_lines(path: Path) -> list[str]:
         )
     if path.is_dir():
         raise CorpusError(f"{path} is a directory; give a corpus file (.txt, .conllu or .jsonl)")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise CorpusError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}); "
-            "re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
-    if not text.strip():
+    lines = utf8_lines(path.read_bytes(), path, CorpusError)
+    if not any(line.strip() for line in lines):
         raise CorpusError(f"{path} is empty; a corpus file needs at least one sentence")
-    return [line.removesuffix("\r") for line in text.split("\n")]
+    return lines
 
 
 def _check_visible(path: Path, lineno: int, words: list[str]) -> None:

@@ -30,9 +30,11 @@ class Split:
 
 
 def site(layer: int) -> str:
-    """The residual-stream site of layer number ``layer``: 0 = the embedding output, k = block k-1's output
-    (``blocks.{k-1}.hook_resid_post``), as the structure experiment numbers layers."""
-    return "embed.hook_out" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+    """The residual-stream site of the tables' index ``layer`` (`naming.residual_site`: 0 = the embeddings,
+    k = the stream after layer k-1, ``blocks.{k-1}.hook_resid_post``), as the structure experiment counts it."""
+    from bertscope.experiments.naming import residual_site
+
+    return residual_site(layer)
 
 
 def usable(corpus: Any, min_words: int, max_words: int) -> list:

@@ -64,7 +64,8 @@ class Prepared:
 
 
 def layers_of(model: Any) -> list[int]:
-    """Layer numbers 0..n_layers (0 = embeddings, k = ``blocks.{k-1}.hook_resid_post``; `data.site`)."""
+    """The tables' residual indices 0..n_layers (0 = the embeddings, k = the stream after layer k-1,
+    ``blocks.{k-1}.hook_resid_post``; `data.site`, `naming.residual_name`)."""
     return list(range(model.config.n_layers + 1))
 
 
@@ -72,7 +73,9 @@ def erase_layers(run: RunValues, settings: Any) -> list[int]:
     """The layers erased: `layers_to_erase` of the model (a log line names default layers it lacks)."""
     keep, dropped = layers_to_erase(settings, run.model.config.n_layers)
     if dropped:
-        run.log(f"default erase layers {dropped} left out: the model has layers 0..{run.model.config.n_layers}")
+        n = run.model.config.n_layers
+        run.log(f"default erase_layers {dropped} left out: the model's residual indices are 0 (embeddings) .. {n} "
+                f"(after layer {n - 1})")
     return keep
 
 
@@ -83,8 +86,8 @@ def layers_to_erase(settings: Any, n_layers: int) -> tuple[list[int], list[int]]
     layers = list(dict.fromkeys(settings.erase_layers))
     outside = [k for k in layers if not 0 <= k <= n_layers]
     if outside and tuple(settings.erase_layers) != type(settings)().erase_layers:
-        raise ValueError(f"erase layer {outside[0]} is outside 0..{n_layers} (0 = embeddings, k = block k-1's "
-                         "output)")
+        raise ValueError(f"erase layer {outside[0]} is outside 0..{n_layers} (0 = the embeddings, k = "
+                         "after layer k-1)")
     return [k for k in layers if k not in outside], outside
 
 
@@ -205,10 +208,26 @@ def _clean_rows(settings: Any, prep: Prepared, layers: list[int], probed: tuple[
         for i, k in enumerate(layers):
             rows.append({**base, "measure": name, "target": "tree", "layer": k, "value": float(v[i]),
                          "ci_low": float(lo[i]), "ci_high": float(hi[i]), "delta": 0.0})
+    rows += _tree_baseline_rows(settings, prep, layers[-1], base)
     if prep.clean_eval.mlm is not None:
         hits, count = prep.clean_eval.mlm
         r = measures.accuracy_with_change(hits, hits, count, seed=4, **boot)
         rows.append({**base, "measure": "mlm_accuracy", "target": "token", "layer": layers[-1], **r})
+    return rows
+
+
+def _tree_baseline_rows(settings: Any, prep: Prepared, last: int, base: dict) -> list[dict]:
+    """UUAS of trees that read no vectors, on the evaluation sentences (the structure experiment's baselines,
+    `structure.measures.baselines`): ``uuas_random_tree`` (a uniformly random spanning tree, in expectation) and
+    ``uuas_linear_chain`` (each word attached to the next); what an erased UUAS is read against."""
+    from bertscope.experiments.structure.measures import baselines, resample_weights
+
+    weights = resample_weights(len(prep.heads), settings.n_boot, [2, 0])
+    rows = []
+    for name, scored in baselines(prep.heads, prep.punct, weights, settings.ci).items():
+        rows.append({**base, "measure": f"uuas_{name}", "target": "tree", "layer": last,
+                     "value": float(scored.value), "ci_low": float(scored.ci_low), "ci_high": float(scored.ci_high),
+                     "delta": 0.0})
     return rows
 
 

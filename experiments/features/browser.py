@@ -1,7 +1,8 @@
 """The feature browser: one self-contained, offline HTML page built from the features experiment's saved tables
 (``browser_latents``, ``browser_contexts``, ``browser_tokens``).
 
-It lists the latents of every site with their label (and test MCC), density, an activation histogram, the
+It lists the latents of every site with their label (and test MCC, and what the label means in words:
+`labels.meaning`; a "What a label means" section lists every variable and family), density, an activation histogram, the
 top-activating test contexts (the token highlighted, with its value) and, where the model has a masked-LM head,
 the vocabulary the decoder direction promotes, and the ``bertscope explore`` command that colours a text's tokens
 by the latent (where the run saved or loaded its dictionaries); a search box filters by label and another by token
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments.explorer.page import script_json
+from bertscope.experiments.features.labels import FAMILIES, MEANINGS, meaning
 
 FILENAME = "feature_browser.html"
 
@@ -74,6 +76,7 @@ _SCRIPT = r"""
     if (site.labelled[i]) h.appendChild(el("span", "fb-badge", "labelled"));
     h.appendChild(el("span", "fb-muted", "density " + (100 * site.density[i]).toFixed(2) + "%"));
     c.appendChild(h);
+    if (site.meaning && site.meaning[i]) c.appendChild(el("div", "fb-meaning", "label means: " + site.meaning[i]));
     var hist = el("div", "fb-hist"), counts = site.hist[i].split(" ").map(Number);
     var top = Math.max.apply(null, counts) || 1;
     counts.forEach(function (n) {
@@ -124,7 +127,8 @@ body{font:14px system-ui,sans-serif;margin:1em;color:#222}.fb-muted{color:#777;m
 .fb-hist{display:flex;align-items:flex-end;height:32px;gap:1px;margin:.3em 0}.fb-bar{width:8px;background:#58a}
 .fb-ctx{font-family:monospace;font-size:12px;white-space:nowrap;overflow:hidden}.fb-val{color:#a50;margin-right:.6em}
 .fb-tok{margin-right:.25em}.fb-hi{background:#fd6;font-weight:bold}.fb-promoted{font-size:12px;color:#555}
-.fb-explore{font-size:12px;color:#555}.fb-explore code{user-select:all}
+.fb-explore{font-size:12px;color:#555}.fb-explore code{user-select:all}.fb-meaning{font-size:12px;color:#555}
+.fb-glossary{font-size:12px;color:#444;margin:.5em 0}.fb-glossary dt{font-family:monospace;margin-top:.2em}
 """
 
 _PAGE = """<!DOCTYPE html>
@@ -140,6 +144,11 @@ _PAGE = """<!DOCTYPE html>
 <h1>{{title}}</h1>
 <p><span id="fb-model"></span> <span class="fb-muted">labels: the concept with the best MCC on dev sentences; scores,
 contexts and histograms: test sentences</span></p>
+<details class="fb-glossary"><summary>What a label means</summary>
+<p>A label is the known variable a latent best detects (a rule "fires / does not fire" on its activation, chosen
+by MCC on dev). Families: {{families}}</p>
+<dl>{{glossary}}</dl>
+</details>
 <div class="fb-controls">
 <label>Site <select id="fb-site"></select></label>
 <label>Label <input id="fb-label" type="search" placeholder="e.g. position, upos=NOUN"></label>
@@ -180,6 +189,7 @@ def payload(latents: pd.DataFrame, contexts: pd.DataFrame, tokens: pd.DataFrame)
             "explore": explore_command(folder) if folder else "",
             "density": g["density"].astype(float).round(6).tolist(),
             "label": [None if pd.isna(x) else str(x) for x in g["label"]],
+            "meaning": [None if pd.isna(x) else meaning(str(x)) for x in g["label"]],
             "mcc": [None if pd.isna(x) else float(x) for x in mcc],
             "labelled": [bool(x) for x in g["labelled"].fillna(False)],
             "hist": g["histogram"].astype(str).tolist(),
@@ -206,7 +216,11 @@ def render(data: dict, title: str = "bertscope feature browser") -> str:
         raise RuntimeError("the browser's script or style must not contain a closing tag")
     digest = base64.b64encode(hashlib.sha256(_SCRIPT.encode("utf-8")).digest()).decode("ascii")
     csp = f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'"
-    parts = {"title": html.escape(title), "style": _STYLE, "script": _SCRIPT, "csp": csp, "data": script_json(data)}
+    glossary = "".join(f"<dt>{html.escape(v)}</dt><dd>{html.escape(MEANINGS[v].format(v='…'))}</dd>"
+                       for v in MEANINGS)
+    families = "; ".join(f"{html.escape(f)}: {html.escape(', '.join(vs))}" for f, vs in FAMILIES.items())
+    parts = {"title": html.escape(title), "style": _STYLE, "script": _SCRIPT, "csp": csp, "data": script_json(data),
+             "glossary": glossary, "families": families}
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _PAGE)
 
 

@@ -45,8 +45,11 @@ def compute(run: S.RunValues, settings: Any, split: dict[str, list], sites: Sequ
     rng = np.random.default_rng([run.seed, 7])
     shuffled = S.Splits({k: v[rng.permutation(len(v))] for k, v in y.y.items()}, y.names)
     results, baselines, probing, browser_latents, contexts = [], [], [], [], []
+    trained: dict[str, Any] = {}
     for enc_name in encoders:
-        dicts = _dictionaries(data[enc_name]["train"], sites, settings, run, enc_name)
+        dicts = _dictionaries(data[enc_name]["train"], sites, settings, run, enc_name, match=trained)
+        if enc_name == "trained":
+            trained = dicts
         for site in run.progress(sites, desc=f"labelling ({enc_name})"):
             d = data[enc_name]
             latents = {s: S.encode(dicts[site.name], d[s].acts[site.name]) for s in ("train", "dev", "test")}
@@ -57,7 +60,9 @@ def compute(run: S.RunValues, settings: Any, split: dict[str, list], sites: Sequ
                 bases["pca"] = {s: (d[s].acts[site.name] - mean) @ comps for s in ("train", "dev", "test")}
             density = M.densities(latents["train"])
             alive = np.flatnonzero(density > 0)
-            where = {**base, "encoder": enc_name, "site": site.name, "kind": site.kind, "layer": site.layer}
+            where = {**base, "encoder": enc_name, "site": site.name, "kind": site.kind, "layer": site.layer,
+                     "d_sae": int(dicts[site.name].config.d_sae),
+                     "tokens_trained": int(dicts[site.name].config.metadata.get("tokens_trained") or 0)}
             best = {}
             for basis, a in bases.items():
                 sparse = basis == "latent"
@@ -94,9 +99,30 @@ def compute(run: S.RunValues, settings: Any, split: dict[str, list], sites: Sequ
     return pd.concat([t.assign(table=name) for name, t in parts.items()], ignore_index=True)
 
 
+def control_recipe(settings: Any, dictionary: Any) -> tuple[Any, int]:
+    """The settings and width a control dictionary is trained with so that it matches ``dictionary`` (a loaded
+    one): its width (``d_sae``), ``k``, and its training budget as its metadata records it (``tokens_trained``;
+    ``train_settings``' learning rate and batch size); what the metadata lacks stays ``settings``'."""
+    import dataclasses
+
+    cfg = dictionary.config
+    meta = cfg.metadata or {}
+    recorded = meta.get("train_settings") or {}
+    changes = {"tokens": int(meta.get("tokens_trained") or settings.tokens)}
+    if cfg.k:
+        changes["k"] = int(cfg.k)
+    for name in ("lr", "batch_size"):
+        if recorded.get(name):
+            changes[name] = type(getattr(settings, name))(recorded[name])
+    return dataclasses.replace(settings, **changes), int(cfg.d_sae)
+
+
 def _dictionaries(train: S.Collected, sites: Sequence[S.Site], settings: Any, run: S.RunValues,
-                  enc_name: str) -> dict[str, Any]:
-    """Loaded from ``settings.dictionaries`` (trained model) when given, else trained on the train split."""
+                  enc_name: str, match: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Loaded from ``settings.dictionaries`` (trained model) when given, else trained on the train split.
+    ``match``: the trained model's dictionaries per site; the re-initialised model's control is trained with
+    each one's width and training budget (`control_recipe`), so a loaded 3,072-latent dictionary trained on 2M
+    tokens gets a 3,072-latent control trained on 2M tokens."""
     if settings.dictionaries and enc_name == "trained":
         try:
             return S.load_site_dictionaries(run.model, settings.dictionaries, sites)
@@ -104,13 +130,29 @@ def _dictionaries(train: S.Collected, sites: Sequence[S.Site], settings: Any, ru
             raise CannotRun(str(e)) from None
     from bertscope.experiments.dictionary import parse_width
 
-    widths = {s.name: parse_width(settings.width, train.acts[s.name].shape[1]) for s in sites}
-    run.log(f"training {len(sites)} dictionaries on the {enc_name} model ({settings.tokens} rows each)")
     device = next(run.model.parameters()).device
     meta = {"model": getattr(run.model, "source", None), "weights_sha256": getattr(run.model, "weights_sha256", None),
             "max_length": run.max_length} if enc_name == "trained" else {"model": "re-initialised"}
-    out = {k: v.eval() for k, v in S.train_site_dictionaries(train, sites, settings, seed=run.seed, widths=widths,
-                                                             device=device, metadata=meta).items()}
+    recipes: dict[str, tuple[Any, int]] = {}
+    for s in sites:
+        if match and s.name in match:
+            recipes[s.name] = control_recipe(settings, match[s.name])
+        else:
+            recipes[s.name] = (settings, parse_width(settings.width, train.acts[s.name].shape[1]))
+    out: dict[str, Any] = {}
+    groups: dict[tuple, list[S.Site]] = {}
+    for s in sites:  # sites sharing a recipe train together (one pass over the rows)
+        st, _ = recipes[s.name]
+        groups.setdefault((st.tokens, st.k, st.lr, st.batch_size), []).append(s)
+    for group in groups.values():
+        st = recipes[group[0].name][0]
+        widths = {s.name: recipes[s.name][1] for s in group}
+        run.log(f"training {len(group)} dictionaries on the {enc_name} model ({st.tokens} rows each, widths "
+                f"{sorted(set(widths.values()))})")
+        trained = S.train_site_dictionaries(train, group, st, seed=run.seed, widths=widths, device=device,
+                                            metadata=meta)
+        out.update({k: v.eval() for k, v in trained.items()})
+    out = {s.name: out[s.name] for s in sites}
     if enc_name == "trained" and run.save_dictionaries is not None:
         S.save_site_dictionaries(out, run.save_dictionaries)
         run.log(f"dictionaries saved to {run.save_dictionaries}/<site>/ (bertscope explore --dictionary DIR "
@@ -133,11 +175,13 @@ def _results(results: list, baselines: list, settings: Any) -> pd.DataFrame:
 
 
 def _summary(r: pd.DataFrame, settings: Any) -> pd.DataFrame:
-    """Per site, encoder and basis: units, labelled units per family, the share beating both baselines."""
+    """Per site, encoder and basis: units, labelled units per family, the share beating both baselines, and the
+    width and training rows of the site's dictionary (``d_sae``, ``tokens_trained``: the control's must match)."""
     rows = []
     for (enc, site, basis), g in r.groupby(["encoder", "site", "basis"], sort=False):
         row = {"encoder": enc, "site": site, "kind": g["kind"].iloc[0], "layer": int(g["layer"].iloc[0]),
-               "basis": basis, "n_units": len(g), "threshold": settings.threshold}
+               "basis": basis, "n_units": len(g), "threshold": settings.threshold,
+               "d_sae": int(g["d_sae"].iloc[0]), "tokens_trained": int(g["tokens_trained"].iloc[0])}
         for fam in FAMILIES:
             row[f"n_{fam}"] = int((g["labelled"] & (g["family"] == fam)).sum())
         row["n_labelled"] = int(g["labelled"].sum())

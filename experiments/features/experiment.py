@@ -41,12 +41,13 @@ from typing import Any
 import pandas as pd
 from bertscope.experiments.features import compute, labels, steps
 from bertscope.experiments.registry import CannotRun
+from bertscope.probes.dictionary.settings import RECIPE
 
 NAME = "features"
 DIRNAME = "features"
 SUMMARY_TABLES = ["summary", "sparse_probing_summary"]
 DICTIONARIES = "dictionaries"  # OUT/features/dictionaries/<site>/: the trained model's dictionaries (SAELens format)
-INT_COLUMNS = {"layer", "unit", "latent", "k", "rank", "sentence", "position", "rule_sign"}
+INT_COLUMNS = {"layer", "unit", "latent", "k", "rank", "sentence", "position", "rule_sign", "d_sae", "tokens_trained"}
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,12 @@ class Settings:
     n_test: int = 100  # sentences every reported number comes from
     layers: tuple[int, ...] = ()  # blocks with an SAE at hook_resid_post (default: first, middle, last)
     transcoder_layer: int | None = None  # block of the MLP transcoder (default: the middle one; -1: none)
-    width: str = "2x"  # latents: a multiple of the site's width or a number
-    k: int = 32  # active latents per token (TopK; BatchTopK on average)
+    width: str = RECIPE.width  # latents: a multiple of the site's width or a number (the one recipe's)
+    k: int = RECIPE.k  # active latents per token (TopK; BatchTopK on average)
     tokens: int = 12_000  # training rows per dictionary (--tokens N, = --set features.tokens=N, scales it up)
-    batch_size: int = 1024
+    batch_size: int = RECIPE.batch_size  # the one recipe's (bertscope.probes.dictionary.RECIPE)
     buffer_rows: int = 16384
-    lr: float = 1e-3
+    lr: float = RECIPE.lr
     dictionaries: str = ""  # --dictionaries DIR: trained dictionaries (DIR/<site>/cfg.json ...) to load, not train
     reinit: bool = True  # the re-initialised model's dictionaries (control)
     threshold: float = 0.5  # test MCC at or above which a unit's label counts

@@ -11,15 +11,21 @@ from bertscope.experiments.findings import Finding, fmt_ci
 
 CAPTIONS = {
     "fig_labelled_units": "Units whose dev-chosen label reaches test MCC at or above the stated threshold, per "
-    "concept family, one panel per dictionary (its layer and the hooks it reads; a transcoder also names the hook it "
-    "predicts): the dictionary's latents, the site's neurons (a transcoder's: the MLP's own), its PCA directions, "
-    "the re-initialised model's latents, and the latents against shuffled labels (chance; zero bars are expected).",
+    "concept family (position: word pieces' position and distance to [SEP]; [CLS] and [SEP] detectors count as "
+    "special tokens, not position), one panel per dictionary (its layer and the hooks it reads; a transcoder also "
+    "names the hook it predicts): the dictionary's latents, the site's neurons (a transcoder's: the MLP's own), "
+    "its PCA directions, "
+    "the re-initialised model's latents (a dictionary of the same width and training rows), and the latents against "
+    "shuffled labels (chance; zero bars are expected). Each panel has its own count axis; the numbers are the "
+    "counts.",
     "fig_sparse_probing": "k-sparse probing (SAEBench's protocol: top-k units by mean difference on train, logistic "
     "probe, balanced test accuracy) averaged over a variable's one-vs-rest concepts, one row per variable and one "
     "column per dictionary, one line per kind of unit. Error bars: 95% bootstrap over test sentences (all concepts "
     "resampled together; the training of the dictionary is not resampled).",
 }
 FAMILIES = ("position", "duplicate", "syntax", "special")
+#: A family in a sentence: special tokens are token identities, counted apart from position (`labels`).
+FAMILY_WORDS = {"special": "special-token ([CLS], [SEP]) or punctuation"}
 
 
 def findings(out_dir: Path) -> list[Finding]:
@@ -40,7 +46,7 @@ def findings(out_dir: Path) -> list[Finding]:
         if lat is None:
             continue
         t = lat["threshold"]
-        fams = ", ".join(f"{lat[f'n_{f}']} {f}" for f in FAMILIES)
+        fams = ", ".join(f"{lat[f'n_{f}']} {FAMILY_WORDS.get(f, f)}" for f in FAMILIES)
         where = site_words(site, lat["kind"], int(lat["layer"]), short=True)
         where += f" ({site})" if lat["kind"] == "sae" else f" ({site} -> blocks.{int(lat['layer'])}.hook_mlp_out)"
         text = (f"At the {where}, {lat['n_labelled']} of {lat['n_units']} alive latents carry a label "

@@ -3,13 +3,17 @@
 Every concept is a boolean column over token rows (word pieces and the special tokens of each sentence, in the
 activations stage's row order) and belongs to one family:
 
-- ``position``: absolute position bins (``position=0`` ... ``position=20+``) and distance to the sentence's
-  [SEP] (``to_sep=0`` is [SEP] itself, ``to_sep=1`` the last piece, ... ``to_sep=11+``);
+- ``position``: absolute position bins of the word pieces (``position=1`` is the first piece after [CLS], ...
+  ``position=20+``) and distance to the sentence's [SEP] (``to_sep=1`` the last piece, ... ``to_sep=11+``). Only
+  word pieces carry them: [CLS] is always at position 0 and [SEP] at distance 0, so a position 0 / distance 0 bin
+  would be the special token itself (token identity, counted in ``special``), not position;
 - ``duplicate``: ``repeats_earlier`` (the piece's id occurred earlier in the sentence) and ``earlier_copy`` (it
   occurs again later in the sentence); special tokens are never either;
 - ``syntax``: ``upos=X``, ``deprel=X`` (universal relation, subtypes dropped) and ``depth=d`` (edges to the root,
   ``5+`` pooled), every piece of a word carrying its word's label (only with gold trees);
-- ``special``: ``cls``, ``sep`` and ``punct`` (a punctuation piece).
+- ``special``: the special tokens ``cls`` ([CLS]) and ``sep`` ([SEP]), and ``punct`` (a punctuation piece).
+
+``MEANINGS`` says what every label means in words (the feature browser shows it).
 """
 
 from __future__ import annotations
@@ -24,8 +28,23 @@ import numpy as np
 #: Concept family -> the variables it holds (prefix of the concept names).
 FAMILIES = {"position": ("position", "to_sep"), "duplicate": ("repeats_earlier", "earlier_copy"),
             "syntax": ("upos", "deprel", "depth"), "special": ("cls", "sep", "punct")}
-POSITION_BINS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 7), (8, 11), (12, 19), (20, 10_000))
-SEP_BINS = ((0, 0), (1, 1), (2, 2), (3, 5), (6, 10), (11, 10_000))
+POSITION_BINS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 7), (8, 11), (12, 19), (20, 10_000))  # word pieces only
+SEP_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 10_000))  # word pieces only ([SEP] itself is ``sep``)
+
+#: What each variable of a label means, in words (``{v}``: the label's value).
+MEANINGS = {
+    "position": "a word piece at token position {v} of its sentence ([CLS] is position 0 and is never a position "
+                "label: it is 'cls')",
+    "to_sep": "a word piece {v} tokens before the sentence's [SEP] ([SEP] itself is 'sep')",
+    "repeats_earlier": "a word piece whose token occurred earlier in the sentence",
+    "earlier_copy": "a word piece whose token occurs again later in the sentence",
+    "upos": "a piece of a word with universal part of speech {v} (gold annotation)",
+    "deprel": "a piece of a word attached to its head by the relation {v} (gold annotation)",
+    "depth": "a piece of a word {v} edges below the root of the gold tree",
+    "cls": "the [CLS] special token (token identity, not position)",
+    "sep": "the [SEP] special token (token identity, not position)",
+    "punct": "a punctuation piece",
+}
 MAX_DEPTH = 5
 
 
@@ -36,6 +55,13 @@ def family_of(concept: str) -> str:
         if variable in variables:
             return family
     raise KeyError(f"unknown concept {concept!r}")
+
+
+def meaning(concept: str) -> str:
+    """A label in words (``position=5-7`` -> "a word piece at token position 5-7 of its sentence ..."; see
+    ``MEANINGS``)."""
+    variable, _, value = concept.partition("=")
+    return MEANINGS[variable].format(v=value) if variable in MEANINGS else concept
 
 
 def variable_of(concept: str) -> str:
@@ -85,9 +111,11 @@ def concept_matrix(rows: TokenRows, sentences: Sequence[Any], tokens: Sequence[s
         last[int(rows.sentence[r])] = max(last.get(int(rows.sentence[r]), 0), int(rows.position[r]))
     for r in range(n):
         s, p = int(rows.sentence[r]), int(rows.position[r])
-        values["position"][r] = _bin_name(p, POSITION_BINS)
-        values["to_sep"][r] = _bin_name(sep_at.get(s, last[s] + 1) - p, SEP_BINS) if sep_at.get(s, last[s] + 1) >= p \
-            else None
+        if rows.is_cls[r] or rows.is_sep[r] or rows.word[r] < 0:
+            continue  # special tokens are token identities ("cls", "sep"), never a position
+        values["position"][r] = _bin_name(p, POSITION_BINS) if p >= 1 else None
+        to_sep = sep_at.get(s, last[s] + 1) - p
+        values["to_sep"][r] = _bin_name(to_sep, SEP_BINS) if to_sep >= 1 else None
     repeats, earlier = np.zeros(n, bool), np.zeros(n, bool)
     real = (~rows.is_cls) & (~rows.is_sep) & (rows.word >= 0)
     seen: dict[tuple[int, int], list[int]] = {}

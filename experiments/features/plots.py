@@ -58,8 +58,15 @@ def _wrap(text: str, width: int = 34) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
+#: The families' names on the figure's axis (`labels.FAMILIES`).
+FAMILY_TICKS = {"position": "position", "duplicate": "duplicate", "syntax": "syntax",
+                "special": "[CLS]/[SEP]\n& punct."}
+
+
 def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Labelled units per family and site: trained latents, neurons, PCA, re-initialised latents, shuffled."""
+    """Labelled units per family and site: trained latents, neurons, PCA, re-initialised latents, shuffled. Each
+    panel has its own count axis (the counts differ by orders of magnitude between dictionaries) and every bar
+    carries its count, zeros included."""
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
 
@@ -68,25 +75,41 @@ def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
     groups = [("trained", "latent"), ("trained", "neuron"), ("trained", "pca"), ("reinit", "latent"),
               ("trained", "latent_shuffled_labels")]
     titles = _site_titles(s)
-    fig, axes = plt.subplots(1, len(sites), figsize=(3.4 * len(sites), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(sites), figsize=(3.6 * len(sites), 3.9), squeeze=False)
+    handles, names = [], []
     for ax, site in zip(axes[0], sites, strict=True):
         g = s[s["site"] == site]
         width = 0.8 / len(groups)
+        top = 0
         for j, (enc, basis) in enumerate(groups):
             row = g[(g["encoder"] == enc) & (g["basis"] == basis)]
             if row.empty:
                 continue
             vals = [int(row[f"n_{f}"].iloc[0]) for f in fams]
-            ax.bar([i + j * width for i in range(len(fams))], vals, width, label=GROUP_NAMES[(enc, basis)],
-                   color=f"C{j}")
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(fams))], fams, fontsize=7)
-        ax.set_title(_wrap(titles[site]), fontsize=8)
+            xs = [i + j * width for i in range(len(fams))]
+            label = GROUP_NAMES[(enc, basis)]
+            if "d_sae" in row and basis == "latent":
+                label += f" ({int(row['d_sae'].iloc[0])} latents)" if enc == "reinit" else ""
+            bars = ax.bar(xs, vals, width, label=label, color=f"C{j}")
+            for x, v in zip(xs, vals, strict=True):
+                ax.text(x, v, str(v), ha="center", va="bottom", fontsize=5.5, rotation=90 if v >= 1000 else 0)
+            top = max(top, *vals)
+            if label not in names:
+                handles.append(bars)
+                names.append(label)
+        ax.set_ylim(0, max(1, top) * 1.25)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(fams))], [FAMILY_TICKS[f] for f in fams], fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+        title = titles[site]
+        lat = g[(g["encoder"] == "trained") & (g["basis"] == "latent")]
+        if len(lat) and "d_sae" in lat:
+            title += f", {int(lat['d_sae'].iloc[0])} latents"
+        ax.set_title(_wrap(title), fontsize=8)
     threshold = float(s["threshold"].iloc[0]) if "threshold" in s and len(s) else float("nan")
-    axes[0][0].set_ylabel(f"units labelled (test MCC \u2265 {threshold:g})", fontsize=8)
-    handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=7, frameon=False)
-    fig.suptitle("Units whose best label (chosen on dev) holds on test, per family and dictionary")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    axes[0][0].set_ylabel(f"units labelled (test MCC \u2265 {threshold:g})\n(own scale per panel)", fontsize=8)
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.suptitle("Units whose best label (chosen on dev) holds on test, per family and dictionary", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     out = save_figure(fig, out_dir / "fig_labelled_units")
     plt.close(fig)
     return out

@@ -13,6 +13,12 @@ direction per example (several per example): since ``E_r |<r, J>| = sqrt(2 / pi)
 proportional to the norm of the first-order change of the embedding's direction when the head is scaled, a
 first-order (Taylor) estimate of the ``pooled_cos`` ablation effect. The distance from the clean embedding
 itself would be useless here: it is minimal at ``g = 1``, so its gradient there is zero.
+
+Relation to the circuits' node attribution table (``hooks/circuits/table.py``): ``|dL/dg|`` is the absolute value
+of AtP's estimate for zero-ablating the head (``(0 - z) . dL/dz``), but taken per token (Michel et al.'s gate per
+head and token) before summing, on a loss that is not a task's metric, with no corrupted run; the table's ``atp``
+sums the signed estimate over positions against a corrupted run. The two compute different quantities, so this
+module does not read that table; ``circuits.attribute(model, task, "atp")`` is the AtP of a task's heads.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ One entry point per step (definitions and equations in ``docs/experiments/circui
 >>> circuit = find_circuit(model, task, scores)                  # greedy pruning with exact patching
 >>> curve, areas = faithfulness(model, task, scores, n_random=5) # MIB faithfulness curve, CPR, CMD
 
-Modules: ``tasks`` (pairs and metrics), ``graph`` (senders, receivers, the frozen-LN rebuilt forward),
-``patching``, ``attribution``, ``edges``, ``search``.
+Modules: ``table`` (the registered node and edge attribution methods and the one set of defaults, ``DEFAULTS``),
+``tasks`` (pairs and metrics), ``graph`` (senders, receivers, the frozen-LN rebuilt forward), ``patching``,
+``attribution``, ``edges``, ``search``.
 """
 
 from bertscope.hooks.circuits.attribution import attribute

@@ -28,27 +28,36 @@ For a node with clean activation ``a`` and corrupted ``a*`` (gradients through t
   path (costs ``n_layers x steps`` passes). Before this variant had its own name it was ``eap-ig-act``.
 
 Every estimate is per pair (gradients of the sum over pairs, which are independent), so the table carries the
-same intervals as exact patching's.
+same intervals as exact patching's. Each method is one entry of the node table (``table.NODE_TABLE``, which
+:func:`attribute` dispatches through) and one function here; a gradient method is one ``estimate(chunk)`` given
+to :func:`per_batch`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from bertscope.hooks.circuits.results import (
-    HEAD_PARTS,
     NODE_SITES,
     by_length,
     effects_table,
     in_task_order,
     node_labels,
 )
+from bertscope.hooks.circuits.table import DEFAULTS, node_method, node_methods
 from bertscope.hooks.circuits.tasks import Task
 
-METHODS = ("atp", "atp*", "eap-ig", "eap-ig-act", "ig-act-own")
+
+def __getattr__(name: str) -> Any:
+    """The old name ``METHODS``, read from the node table when asked for."""
+    if name == "METHODS":  # the registered estimates (every node method but exact patching), read when asked for
+        return node_methods(estimates=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def attribute(
@@ -57,15 +66,15 @@ def attribute(
     method: str = "atp",
     nodes: str = "heads",
     *,
-    steps: int = 5,
-    batch_size: int = 16,
+    steps: int = DEFAULTS.ig_steps,
+    batch_size: int = DEFAULTS.batch_size,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Attribution-patching estimates of every node's patching effect -> the table :func:`patch` returns
-    (``method`` = "atp", "atp*", "eap-ig", "eap-ig-act" or "ig-act-own"; ``nodes`` "heads", "queries", "keys",
-    "values" or "mlps"; ``atp*`` attention nodes only: on "queries", "keys" and "values" it is the paper's per-node
-    estimate, on "heads" their sum)."""
+    (``method``: a registered node method, ``table.NODE_TABLE``: "atp", "atp*", "eap-ig", "eap-ig-act",
+    "ig-act-own" built in; ``nodes`` "heads", "queries", "keys", "values" or "mlps"; ``atp*`` attention nodes only:
+    on "queries", "keys" and "values" it is the paper's per-node estimate, on "heads" their sum)."""
     effects, total = attribute_effects(model, task, method, nodes, steps=steps, batch_size=batch_size)
     labels = node_labels(nodes, model.config.n_layers, model.config.n_heads)
     table = effects_table(effects, total, labels, method=method, n_boot=n_boot, seed=seed)
@@ -74,97 +83,185 @@ def attribute(
 
 
 def attribute_effects(
-    model: Any, task: Task, method: str = "atp", nodes: str = "heads", *, steps: int = 5, batch_size: int = 16
+    model: Any, task: Task, method: str = "atp", nodes: str = "heads", *, steps: int = DEFAULTS.ig_steps,
+    batch_size: int = DEFAULTS.batch_size,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(estimates [n_pairs, n_nodes], total [n_pairs])`` for :func:`attribute`."""
-    if method not in METHODS:
-        raise ValueError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
-    kinds = ("heads", *HEAD_PARTS) if method == "atp*" else ("heads", *HEAD_PARTS, "mlps")
-    if nodes not in kinds:
-        raise ValueError(f"{method} attributes {', '.join(kinds)}, not {nodes!r}")
-    if method in ("eap-ig", "eap-ig-act", "ig-act-own") and steps < 1:
-        raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
+    """``(estimates [n_pairs, n_nodes], total [n_pairs])`` for :func:`attribute`, by the table's ``method``."""
+    return node_method(method).effects(model, task, nodes, steps=steps, batch_size=batch_size)
+
+
+@dataclass
+class Chunk:
+    """One batch of pairs as the gradient methods see it: ``clean`` / ``corr`` inputs, ``rows`` (their indices in
+    the task), the node ``site`` (``blocks.{L}.<site>``), the hook ``names`` cached, the corrupted cache ``ck``,
+    the corrupted run's output ``out_k`` and ``loss`` (the metric summed over pairs: per-pair gradients)."""
+
+    model: Any
+    task: Task
+    nodes: str
+    steps: int
+    clean: dict
+    corr: dict
+    rows: torch.Tensor
+    site: str
+    names: list[str]
+    ck: Any
+    out_k: Any
+    loss: Callable[[Any], torch.Tensor]
+
+    def clean_cache(self) -> Any:
+        """The clean run's cache of ``names`` (no gradients)."""
+        with torch.no_grad():
+            return self.model.run_with_cache(**self.clean, names_filter=self.names)[1]
+
+    def grad_with(self, hook: tuple, names: list[str]) -> Any:
+        """A clean run with the forward ``hook``, caching ``names`` and their gradients of ``loss``."""
+        return self.model.run_with_cache(**self.clean, names_filter=names, fwd_hooks=[hook], incl_bwd=True,
+                                         loss_fn=self.loss)[1]
+
+
+def per_batch(model: Any, task: Task, nodes: str, steps: int, batch_size: int,
+              estimate: Callable[[Chunk], tuple[Any, list[torch.Tensor]]], extra: tuple[str, ...] = ()
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(estimates [n_pairs, n_nodes], total [n_pairs])`` of a gradient method: ``estimate(chunk) -> (clean
+    cache, per-layer gradients of the node site)`` on each batch (``extra``: more hook names to cache), the
+    estimate of a node being ``(a* - a) . gradient`` summed over positions (and the head's dimensions)."""
+    return _batched(model, task, batch_size, lambda *a: _linear(_chunk(model, task, nodes, steps, extra, *a),
+                                                                estimate))
+
+
+def _batched(model, task, batch_size, fn) -> tuple[np.ndarray, np.ndarray]:
     out, totals, order = [], [], by_length(task.mask, batch_size)
     for rows in order:
-        clean, corr = task.batch(rows, "clean"), task.batch(rows, "corrupted")
-        est, total = _chunk(model, task, method, nodes, steps, clean, corr, rows)
+        est, total = fn(task.batch(rows, "clean"), task.batch(rows, "corrupted"), rows)
         out.append(est)
         totals.append(total)
     return in_task_order(out, order).numpy(), in_task_order(totals, order).numpy()
 
 
-def _chunk(model, task, method, nodes, steps, clean, corr, rows) -> tuple[torch.Tensor, torch.Tensor]:
-    mask = clean["attention_mask"]
-    n = model.config.n_layers
+def _chunk(model, task, nodes, steps, extra, clean, corr, rows) -> Chunk:
     site = NODE_SITES[nodes]
-    extra = ["blocks.*.attn.hook_q", "blocks.*.attn.hook_k", "blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern",
-             "blocks.*.attn.hook_scores", "blocks.*.hook_resid_pre"] if method == "atp*" else []
-    if method == "eap-ig-act":
-        extra = ["blocks.*.attn.hook_z", "blocks.*.hook_mlp_out"]
     names = [f"blocks.*.{site}", "embed.hook_out", *extra]
     with torch.no_grad():
         out_k, ck = model.run_with_cache(**corr, names_filter=names)
+    mask = clean["attention_mask"]
     loss = lambda out: task.metric(out, mask, rows).sum()  # noqa: E731  (per-pair gradients: pairs are independent)
-    if method == "eap-ig":
-        grads = None
-        with torch.no_grad():
-            _, cc = model.run_with_cache(**clean, names_filter=names)
-        e_clean, e_corr = cc["embed.hook_out"], ck["embed.hook_out"]
-        for k in range(steps):
-            mixed = e_corr + (k / steps) * (e_clean - e_corr)
-            hook = ("embed.hook_out", lambda t, hook, mixed=mixed: mixed)
-            _, cg = model.run_with_cache(**clean, names_filter=names[:1], fwd_hooks=[hook], incl_bwd=True,
-                                         loss_fn=loss)
-            g = [cg[f"blocks.{L}.{site}_grad"] for L in range(n)]
-            grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
-        grads = [g / steps for g in grads]
-    elif method == "eap-ig-act":
-        with torch.no_grad():
-            _, cc = model.run_with_cache(**clean, names_filter=names)
-        grads = [None] * n
-        lines = ["embed.hook_out"] + [f"blocks.{L}.{s}" for L in range(n) for s in ("attn.hook_z", "hook_mlp_out")]
-        for line in lines:  # Hanna et al.: every node's own line, the gradient read at every node on every pass
-            for k in range(1, steps + 1):
-                mixed = (k / steps) * cc[line] + (1 - k / steps) * ck[line]
-                hook = (line, lambda t, hook, mixed=mixed: mixed)
-                _, cg = model.run_with_cache(**clean, names_filter=names[:1], fwd_hooks=[hook], incl_bwd=True,
-                                             loss_fn=loss)
-                for L in range(n):
-                    g = cg[f"blocks.{L}.{site}_grad"]
-                    grads[L] = g if grads[L] is None else grads[L] + g
-        grads = [g / (len(lines) * steps) for g in grads]
-    elif method == "ig-act-own":
-        with torch.no_grad():
-            _, cc = model.run_with_cache(**clean, names_filter=names)
-        grads = []
-        for L in range(n):
-            name = f"blocks.{L}.{site}"
-            a, a_k = cc[name], ck[name]
-            total_grad = torch.zeros_like(a)
-            for k in range(1, steps + 1):
-                mixed = (k / steps) * a + (1 - k / steps) * a_k
-                hook = (name, lambda t, hook, mixed=mixed: mixed)
-                _, cg = model.run_with_cache(**clean, names_filter=[name], fwd_hooks=[hook], incl_bwd=True,
-                                             loss_fn=loss)
-                total_grad += cg[name + "_grad"]
-            grads.append(total_grad / steps)
-    else:
-        _, cc = model.run_with_cache(**clean, names_filter=names, incl_bwd=True, loss_fn=loss)
-        grads = [cc[f"blocks.{L}.{site}_grad"] for L in range(n)]
+    return Chunk(model, task, nodes, steps, clean, corr, rows, site, names, ck, out_k, loss)
+
+
+def _total(c: Chunk) -> torch.Tensor:
+    mask = c.clean["attention_mask"]
     with torch.no_grad():
-        m_clean = task.metric(model(**clean), mask, rows)
-        total = (task.metric(out_k, mask, rows) - m_clean).double().cpu()
+        m_clean = c.task.metric(c.model(**c.clean), mask, c.rows)
+        return (c.task.metric(c.out_k, mask, c.rows) - m_clean).double().cpu()
+
+
+def _linear(c: Chunk, estimate) -> tuple[torch.Tensor, torch.Tensor]:
+    cc, grads = estimate(c)
+    total = _total(c)
+    with torch.no_grad():
         per_layer = []
-        for L in range(n):
-            delta = ck[f"blocks.{L}.{site}"] - cc[f"blocks.{L}.{site}"]
-            if method == "atp*":
-                parts = atp_star_parts(model, L, cc, ck, mask)
-                per_layer.append(sum(parts.values()) if nodes == "heads" else parts[_PART[nodes]])
-            elif nodes != "mlps":
+        for L in range(c.model.config.n_layers):
+            delta = c.ck[f"blocks.{L}.{c.site}"] - cc[f"blocks.{L}.{c.site}"]
+            if c.nodes != "mlps":
                 per_layer.append((delta * grads[L]).sum((1, 3)))  # [b, h]
             else:
                 per_layer.append((delta * grads[L]).sum((1, 2))[:, None])
     return torch.cat(per_layer, dim=1).double().cpu(), total
+
+
+def _atp(c: Chunk) -> tuple[Any, list[torch.Tensor]]:
+    _, cc = c.model.run_with_cache(**c.clean, names_filter=c.names, incl_bwd=True, loss_fn=c.loss)
+    return cc, [cc[f"blocks.{L}.{c.site}_grad"] for L in range(c.model.config.n_layers)]
+
+
+def _eap_ig(c: Chunk) -> tuple[Any, list[torch.Tensor]]:
+    grads = None
+    cc = c.clean_cache()
+    e_clean, e_corr = cc["embed.hook_out"], c.ck["embed.hook_out"]
+    for k in range(c.steps):
+        mixed = e_corr + (k / c.steps) * (e_clean - e_corr)
+        cg = c.grad_with(("embed.hook_out", lambda t, hook, mixed=mixed: mixed), c.names[:1])
+        g = [cg[f"blocks.{L}.{c.site}_grad"] for L in range(c.model.config.n_layers)]
+        grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
+    return cc, [g / c.steps for g in grads]
+
+
+def _eap_ig_act(c: Chunk) -> tuple[Any, list[torch.Tensor]]:
+    n = c.model.config.n_layers
+    cc = c.clean_cache()
+    grads = [None] * n
+    lines = ["embed.hook_out"] + [f"blocks.{L}.{s}" for L in range(n) for s in ("attn.hook_z", "hook_mlp_out")]
+    for line in lines:  # Hanna et al.: every node's own line, the gradient read at every node on every pass
+        for k in range(1, c.steps + 1):
+            mixed = (k / c.steps) * cc[line] + (1 - k / c.steps) * c.ck[line]
+            cg = c.grad_with((line, lambda t, hook, mixed=mixed: mixed), c.names[:1])
+            for L in range(n):
+                g = cg[f"blocks.{L}.{c.site}_grad"]
+                grads[L] = g if grads[L] is None else grads[L] + g
+    return cc, [g / (len(lines) * c.steps) for g in grads]
+
+
+def _ig_act_own(c: Chunk) -> tuple[Any, list[torch.Tensor]]:
+    cc = c.clean_cache()
+    grads = []
+    for L in range(c.model.config.n_layers):
+        name = f"blocks.{L}.{c.site}"
+        a, a_k = cc[name], c.ck[name]
+        total_grad = torch.zeros_like(a)
+        for k in range(1, c.steps + 1):
+            mixed = (k / c.steps) * a + (1 - k / c.steps) * a_k
+            total_grad += c.grad_with((name, lambda t, hook, mixed=mixed: mixed), [name])[name + "_grad"]
+        grads.append(total_grad / c.steps)
+    return cc, grads
+
+
+_ACT_SITES = ("blocks.*.attn.hook_z", "blocks.*.hook_mlp_out")
+_STAR_SITES = ("blocks.*.attn.hook_q", "blocks.*.attn.hook_k", "blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern",
+               "blocks.*.attn.hook_scores", "blocks.*.hook_resid_pre")
+
+
+def atp_effects(model: Any, task: Task, nodes: str, *, steps: int = 1, batch_size: int = DEFAULTS.batch_size
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """AtP (table entry ``atp``): ``(a* - a) . dm/da`` at the clean run (``steps`` unused)."""
+    return per_batch(model, task, nodes, steps, batch_size, _atp)
+
+
+def eap_ig_effects(model: Any, task: Task, nodes: str, *, steps: int = DEFAULTS.ig_steps,
+                   batch_size: int = DEFAULTS.batch_size) -> tuple[np.ndarray, np.ndarray]:
+    """EAP-IG on the inputs (table entry ``eap-ig``; see the module docstring)."""
+    return per_batch(model, task, nodes, steps, batch_size, _eap_ig)
+
+
+def eap_ig_act_effects(model: Any, task: Task, nodes: str, *, steps: int = DEFAULTS.ig_steps,
+                       batch_size: int = DEFAULTS.batch_size) -> tuple[np.ndarray, np.ndarray]:
+    """EAP-IG-activations (table entry ``eap-ig-act``; see the module docstring)."""
+    return per_batch(model, task, nodes, steps, batch_size, _eap_ig_act, _ACT_SITES)
+
+
+def ig_act_own_effects(model: Any, task: Task, nodes: str, *, steps: int = DEFAULTS.ig_steps,
+                       batch_size: int = DEFAULTS.batch_size) -> tuple[np.ndarray, np.ndarray]:
+    """The own-layer variant of EAP-IG-activations (table entry ``ig-act-own``; see the module docstring)."""
+    return per_batch(model, task, nodes, steps, batch_size, _ig_act_own)
+
+
+def atp_star_effects(model: Any, task: Task, nodes: str, *, steps: int = 1, batch_size: int = DEFAULTS.batch_size
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """AtP* (table entry ``atp*``): per query, key and value node (:func:`atp_star_parts`); on "heads" their sum."""
+
+    def chunk(clean, corr, rows):
+        c = _chunk(model, task, nodes, steps, _STAR_SITES, clean, corr, rows)
+        cc, _ = _atp(c)
+        total = _total(c)
+        mask = clean["attention_mask"]
+        with torch.no_grad():
+            per_layer = []
+            for L in range(model.config.n_layers):
+                parts = atp_star_parts(model, L, cc, c.ck, mask)
+                per_layer.append(sum(parts.values()) if nodes == "heads" else parts[_PART[nodes]])
+        return torch.cat(per_layer, dim=1).double().cpu(), total
+
+    return _batched(model, task, batch_size, chunk)
 
 
 _PART = {"queries": "query", "keys": "key", "values": "value"}

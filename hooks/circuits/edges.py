@@ -19,7 +19,7 @@ of ``r`` is recomputed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +35,16 @@ from bertscope.hooks.circuits.graph import (
     receiver_slices,
 )
 from bertscope.hooks.circuits.results import by_length, chunks
+from bertscope.hooks.circuits.table import DEFAULTS, edge_method, edge_methods
 from bertscope.hooks.circuits.tasks import Task
 from einops import einsum
 
-EDGE_METHODS = ("eap", "eap-ig")
+
+def __getattr__(name: str) -> Any:
+    """The old name ``EDGE_METHODS``, read from the edge table when asked for."""
+    if name == "EDGE_METHODS":  # the registered edge methods, read from the table when asked for
+        return edge_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -64,14 +70,15 @@ class EdgeScores:
         return out.sort_values("rank").reset_index(drop=True)
 
 
-def edges(model: Any, task: Task, method: str = "eap", *, steps: int = 5, batch_size: int = 8) -> EdgeScores:
-    """Score every edge of ``model``'s graph on ``task`` (``method`` "eap" or "eap-ig"; see the module
-    docstring). Cost per pair: two frozen-model forwards to capture, then one (eap) or ``steps`` (eap-ig)
-    forward+backward passes of the rebuilt model."""
-    if method not in EDGE_METHODS:
-        raise ValueError(f"unknown edge method {method!r}; choose one of {', '.join(EDGE_METHODS)}")
-    if method == "eap-ig" and steps < 1:
-        raise ValueError(f"eap-ig needs steps >= 1, got {steps}")
+def edges(model: Any, task: Task, method: str = DEFAULTS.edge_method, *, steps: int = DEFAULTS.ig_steps,
+          batch_size: int = DEFAULTS.batch_size) -> EdgeScores:
+    """Score every edge of ``model``'s graph on ``task`` (``method``: a registered edge method, "eap" or "eap-ig"
+    built in; see the module docstring; defaults: ``table.DEFAULTS``, as ``bertscope run circuits``). Cost per
+    pair: two frozen-model forwards to capture, then one (eap) or ``steps`` (eap-ig) forward+backward passes of
+    the rebuilt model."""
+    spec = edge_method(method)
+    if spec.uses_steps and steps < 1:
+        raise ValueError(f"{method} needs steps >= 1, got {steps}")
     g = graph_of(model)
     total = torch.zeros(g.valid.shape, dtype=torch.float64)
     for rows in by_length(task.mask, batch_size):
@@ -79,9 +86,29 @@ def edges(model: Any, task: Task, method: str = "eap", *, steps: int = 5, batch_
     return EdgeScores(g, total / task.n_pairs, method, task.n_pairs)
 
 
-def edge_scores_per_pair(model: Any, task: Task, rows: torch.Tensor, method: str = "eap",
-                         steps: int = 5) -> torch.Tensor:
-    """``[len(rows), n_senders, n_receivers]`` edge scores of pairs ``rows`` (float64)."""
+def edge_scores_per_pair(model: Any, task: Task, rows: torch.Tensor, method: str = DEFAULTS.edge_method,
+                         steps: int = DEFAULTS.ig_steps) -> torch.Tensor:
+    """``[len(rows), n_senders, n_receivers]`` edge scores of pairs ``rows`` (float64) by the registered edge
+    method ``method`` (``table.EDGE_TABLE``)."""
+    return edge_method(method).scores(model, task, rows, steps)
+
+
+def eap_scores(model: Any, task: Task, rows: torch.Tensor, steps: int = 1) -> torch.Tensor:
+    """EAP (Syed et al. 2023) on the frozen-LN graph: the gradient at the clean run (``steps`` unused)."""
+    return gradient_edge_scores(model, task, rows, lambda clean, corr: [clean])
+
+
+def eap_ig_scores(model: Any, task: Task, rows: torch.Tensor, steps: int = DEFAULTS.ig_steps) -> torch.Tensor:
+    """EAP-IG (Hanna et al. 2024): the gradient averaged over inputs ``e* + k/steps (e - e*)``, ``k < steps``."""
+    return gradient_edge_scores(
+        model, task, rows, lambda clean, corr: [corr + (a / steps) * (clean - corr) for a in range(steps)])
+
+
+def gradient_edge_scores(model: Any, task: Task, rows: torch.Tensor,
+                         path: Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
+    """``[len(rows), n_senders, n_receivers]``: each edge's (corrupted - clean sender term) times the receiver's
+    gradient, averaged over the frozen-model runs whose input embeddings are ``path(clean [b, p, m], corrupted
+    [b, p, m])`` (a list)."""
     g = graph_of(model)
     clean, corr_batch = task.batch(rows, "clean"), task.batch(rows, "corrupted")
     mask = clean["attention_mask"]
@@ -91,7 +118,7 @@ def edge_scores_per_pair(model: Any, task: Task, rows: torch.Tensor, method: str
     with torch.no_grad():
         _, tr = circuit_forward(model, k, c.embed, full, mask, trace=True)
     terms = {key: t for key, t in tr.terms.items()}  # clean - corrupted, at each receiver
-    inputs = [k.embed + (a / steps) * (c.embed - k.embed) for a in range(steps)] if method == "eap-ig" else [c.embed]
+    inputs = path(c.embed, k.embed)
     grads: dict[tuple, torch.Tensor] = {}
     for e in inputs:
         hidden, rec = frozen_forward(model, c.scales, e.detach().requires_grad_(), mask)

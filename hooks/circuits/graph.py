@@ -1,8 +1,8 @@
 """The computational graph of an encoder for circuit work, and the frozen-LayerNorm run that makes it a sum.
 
-Senders write into the residual stream: ``input`` (``embed.hook_out``), every head ``a{L}.h{H}`` (its
+Senders write into the residual stream: ``input`` (``embed.hook_out``), every head ``L{L}H{H}`` (its
 ``attn.hook_result`` slice, ``z_h W_O^h``) and every MLP ``m{L}`` (``hook_mlp_out``). Receivers read it: every
-head ``a{L}.h{H}`` (its q, k and v inputs together), every MLP ``m{L}`` and ``output`` (the final hidden state the
+head ``L{L}H{H}`` (its q, k and v inputs together), every MLP ``m{L}`` and ``output`` (the final hidden state the
 metric reads). An edge ``s->r`` exists when ``s`` writes before ``r`` reads.
 
 Post-LN blocks (BERT, RoBERTa, ...) re-normalise the stream twice a layer, so a receiver's input is not a sum of
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from bertscope.hooks.naming import head_name
 from einops import einsum
 
 
@@ -44,14 +45,14 @@ class Graph:
     def senders(self) -> list[str]:
         names = ["input"]
         for layer in range(self.n_layers):
-            names += [f"a{layer}.h{h}" for h in range(self.n_heads)] + [f"m{layer}"]
+            names += [head_name(layer, h) for h in range(self.n_heads)] + [f"m{layer}"]
         return names
 
     @property
     def receivers(self) -> list[str]:
         names = []
         for layer in range(self.n_layers):
-            names += [f"a{layer}.h{h}" for h in range(self.n_heads)] + [f"m{layer}"]
+            names += [head_name(layer, h) for h in range(self.n_heads)] + [f"m{layer}"]
         return names + ["output"]
 
     def sender_head(self, layer: int, head: int) -> int:

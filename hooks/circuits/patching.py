@@ -68,6 +68,13 @@ def patch(
     return table
 
 
+def exact_effects(model: Any, task: Task, nodes: str = "heads", *, steps: int = 0, batch_size: int = 16
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact patching as the node table's ``exact`` entry calls it: :func:`patch_effects` from the corrupted run
+    (``steps`` unused)."""
+    return patch_effects(model, task, nodes, batch_size=batch_size)
+
+
 @torch.no_grad()
 def patch_effects(
     model: Any,

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.hooks.circuits.table import DEFAULTS
+from bertscope.hooks.naming import head_name
 
 INTERVAL = "95% percentile bootstrap over pairs (resampling pairs: the variance of the pair sample)"
 
@@ -43,11 +45,12 @@ NODE_SITES = {"heads": "attn.hook_z", "queries": "attn.hook_q", "keys": "attn.ho
 
 def node_labels(kind: str, n_layers: int, n_heads: int, positions: bool = False) -> list[tuple[str, int, int]]:
     """``(node, layer, head)`` of every node of ``kind`` ("heads" | "queries" | "keys" | "values" | "mlps" |
-    "resid"); head is -1 where none. A head's query, key and value nodes are ``a{L}.h{h}.q`` (``.k``, ``.v``)."""
+    "resid"); head is -1 where none. Heads are named ``L{L}H{h}`` (``hooks.naming.head_name``), a head's query,
+    key and value nodes ``L{L}H{h}.q`` (``.k``, ``.v``)."""
     if kind == "heads":
-        return [(f"a{L}.h{h}", L, h) for L in range(n_layers) for h in range(n_heads)]
+        return [(head_name(L, h), L, h) for L in range(n_layers) for h in range(n_heads)]
     if kind in HEAD_PARTS:
-        return [(f"a{L}.h{h}.{kind[0]}", L, h) for L in range(n_layers) for h in range(n_heads)]
+        return [(f"{head_name(L, h)}.{kind[0]}", L, h) for L in range(n_layers) for h in range(n_heads)]
     if kind == "mlps":
         return [(f"m{L}", L, -1) for L in range(n_layers)]
     return [(f"resid{L}", L, -1) for L in range(n_layers + 1)]
@@ -64,7 +67,8 @@ def effects_table(
 ) -> pd.DataFrame:
     """``effects [n_pairs, n_nodes]`` (per pair, metric change when the node is patched) and ``total [n_pairs]``
     (``m(corrupted) - m(clean)``) -> one row per node: ``effect`` (mean over pairs), ``normalised`` (sum of
-    effects / sum of totals: the share of the clean->corrupted change the node carries) and their intervals."""
+    effects / sum of totals: the share of the clean->corrupted change the node carries) and their intervals (NaN,
+    with ``interval`` saying so, below ``table.DEFAULTS.min_pairs`` pairs: one pair has no spread to resample)."""
     from bertscope.probes.bootstrap import ratio_of_sums
 
     eff = np.asarray(effects, dtype=np.float64)
@@ -78,4 +82,8 @@ def effects_table(
     rows["normalised"], rows["normalised_low"], rows["normalised_high"] = norm.value, norm.low, norm.high
     rows["n_pairs"] = n
     rows["interval"] = INTERVAL
+    if n < DEFAULTS.min_pairs:
+        for col in ("effect_low", "effect_high", "normalised_low", "normalised_high"):
+            rows[col] = np.nan
+        rows["interval"] = f"none: {n} pair(s), an interval over pairs needs at least {DEFAULTS.min_pairs}"
     return rows

@@ -25,6 +25,7 @@ import torch
 from bertscope.hooks.circuits.edges import EdgeScores
 from bertscope.hooks.circuits.graph import Capture, Graph, capture, circuit_forward, graph_of
 from bertscope.hooks.circuits.results import by_length, in_task_order
+from bertscope.hooks.circuits.table import DEFAULTS
 from bertscope.hooks.circuits.tasks import Task
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -139,17 +140,18 @@ def find_circuit(
     *,
     method: str = "greedy",
     n_edges: int | None = None,
-    candidates: int | None = None,
-    threshold: float = 0.01,
+    candidates: int | None = DEFAULTS.candidates,
+    threshold: float = DEFAULTS.threshold,
     evaluator: Evaluator | None = None,
 ) -> Circuit:
     """Find a circuit from edge ``scores``.
 
     ``method="topn"``: the ``n_edges`` top edges by absolute score, pruned. ``method="greedy"`` (ACDC-style,
-    Conmy et al. 2023, with exact patching): start from the top ``candidates`` edges (default: every edge),
+    Conmy et al. 2023, with exact patching): start from the top ``candidates`` edges (``None``: every edge),
     visit receivers from the output backwards and, within a receiver, its edges from the smallest absolute score
     up; drop an edge when dropping it moves the metric by less than ``threshold`` times ``|m(full) -
-    m(empty)|``; finally prune. Each tried edge costs one evaluation of the circuit on the whole task."""
+    m(empty)|``; finally prune. Each tried edge costs one evaluation of the circuit on the whole task. Defaults:
+    ``table.DEFAULTS``, the same as ``bertscope run circuits``'s."""
     ev = evaluator or Evaluator(model, task)
     g = ev.graph
     if method == "topn":
@@ -182,7 +184,7 @@ def faithfulness(
     scores: EdgeScores,
     *,
     percentages: Sequence[float] = PERCENTAGES,
-    n_random: int = 0,
+    n_random: int = DEFAULTS.n_random,
     seed: int = 0,
     evaluator: Evaluator | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..jsonl import json_objects
+from ..jsonl import json_objects, utf8_lines
 
 METRICS = ("cosine", "dot", "mask-logit-diff")
 
@@ -89,12 +89,20 @@ class Task:
 
 
 def read_pairs(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON records of a task file, each checked to have string ``clean`` and ``corrupted``."""
+    """The JSON records of a task file, each checked to have non-empty string ``clean`` and ``corrupted``
+    (`TaskError` naming the file and line otherwise: a missing file, a folder, bytes that are not UTF-8, a line that
+    is not a JSON object, an empty text, no pairs)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(f"task file {path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     pairs = []
-    lines = Path(path).read_text().splitlines()
+    lines = utf8_lines(path.read_bytes(), path, TaskError)
     for i, rec in json_objects(lines, lambda i, problem: TaskError(f"{path}: line {i}: {problem}")):
         if not isinstance(rec.get("clean"), str) or not isinstance(rec.get("corrupted"), str):
             raise TaskError(f"{path}: line {i} needs string fields 'clean' and 'corrupted'")
+        empty = [k for k in ("clean", "corrupted") if not rec[k].strip()]
+        if empty:
+            raise TaskError(f"{path}: line {i}: the {empty[0]} text is empty")
         rec["_line"] = i
         pairs.append(rec)
     if not pairs:

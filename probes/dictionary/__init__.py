@@ -4,8 +4,8 @@ judged the way an encoder needs (``docs/dictionaries.md``).
 - :class:`DictionaryConfig`, :class:`Dictionary`: every registered architecture (built in: ReLU, TopK, BatchTopK,
   JumpReLU); SAEs, MLP transcoders and skip transcoders.
 - :func:`train_dictionaries` with :class:`TrainSettings`: streaming training over an iterable of
-  :class:`ActivationBatch` (or tensors): shuffle buffer, normalisation folded back, dead-latent revival,
-  checkpoints and resume, several sites in one pass.
+  batch-like objects (the activations stage's batches, :func:`plain_rows`, dicts or tensors): shuffle buffer,
+  normalisation folded back, dead-latent revival, checkpoints and resume, several sites in one pass.
 - :func:`evaluate_dictionary`, :func:`splice_fidelity`, :func:`metrics_table`, :func:`saelens_metrics`: metrics
   overall and per token class, and the model's own objective with the dictionary spliced in.
 - :func:`finetune_e2e` with :class:`E2ESettings`, :func:`e2e_loss`: end-to-end fine-tuning of a trained SAE
@@ -13,6 +13,9 @@ judged the way an encoder needs (``docs/dictionaries.md``).
 - :func:`save_dictionary`, :func:`load_dictionary`: SAELens's on-disk format (``cfg.json`` +
   ``sae_weights.safetensors``).
 - :func:`pca_topk_dictionary`, :func:`neuron_topk_dictionary`: controls at the same L0.
+- :func:`spliced`: a dictionary in place of its site (SAELens's ``run_with_saes``), its latents hook points
+  (``<site>.hook_sae_acts_post``); :func:`latent_samples`: each latent's top rows and quantile samples.
+- :data:`RECIPE`: the one default training recipe (``TrainSettings``, ``sae train``, ``run features``).
 
 - :mod:`.architectures`: one file per architecture, registered in one table (``register(Architecture(...))``).
 - :func:`load_for_model`, :func:`site_width`, :func:`transcoder_sites`, :func:`site_folder`,
@@ -25,7 +28,8 @@ tensors.
 
 from . import architectures
 from .architectures import Architecture, register
-from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer
+from .contexts import latent_samples
+from .data import SPECIAL_CLASSES, ActivationBatch, EpochBuffer, RowReader, ShuffleBuffer, plain_rows
 from .e2e import DEFAULT_MSE_COEFFICIENT, E2ESettings, e2e_loss, finetune_e2e, site_variance
 from .evaluate import (
     TOKEN_CLASSES,
@@ -46,6 +50,7 @@ from .metrics import latent_statistics, metrics_table, reconstruction_metrics, s
 from .models import KINDS, Dictionary, DictionaryConfig, batch_topk_activation, topk_activation
 from .placement import find_dictionaries, load_for_model, site_folder, site_width, transcoder_sites
 from .saelens_format import DictionaryFormatError, is_dictionary, load_dictionary, save_dictionary
+from .settings import RECIPE, Recipe
 from .train import (
     TrainingInterrupted,
     TrainSettings,
@@ -78,6 +83,7 @@ __all__ = [
     "SPECIAL_CLASSES",
     "TOKEN_CLASSES",
     "ActivationBatch",
+    "plain_rows",
     "Dictionary",
     "DictionaryConfig",
     "DictionaryFormatError",
@@ -85,6 +91,8 @@ __all__ = [
     "RowReader",
     "ShuffleBuffer",
     "TrainSettings",
+    "RECIPE",
+    "Recipe",
     "TrainingInterrupted",
     "auxk_loss",
     "basis_topk_dictionary",
@@ -114,6 +122,7 @@ __all__ = [
     "save_dictionary",
     "splice_fidelity",
     "spliced",
+    "latent_samples",
     "token_classes",
     "topk_activation",
     "train_dictionaries",

@@ -1,9 +1,11 @@
 """Activation batches in, shuffled training batches out, with memory bounded by a buffer.
 
-A source is any iterable of activations-stage batches (``bertscope.experiments.activations.ActivationBatch``, read
-by duck typing; a source may carry ``token_pieces``, the piece-class table :func:`stage_classes` refines real tokens
-with), of :class:`ActivationBatch` rows (or plain tensors ``[rows, d]``, or dicts site -> tensor): rows of one or
-several sites, aligned, with each row's token class. The trainer reads it through a
+A source is any iterable of batch-like objects, read by duck typing: the activations stage's batches
+(``bertscope.experiments.activations.ActivationBatch``, the one batch type: ``flat(site)``, ``rows()``,
+``token_class``; a source may carry ``token_pieces``, the piece-class table :func:`stage_classes` refines real
+tokens with), plain rows (anything with ``acts`` site -> ``[rows, d]`` and ``classes()``, e.g. :func:`plain_rows`),
+dicts site -> tensor, or plain tensors ``[rows, d]``: rows of one or several sites, aligned, with each row's token
+class. The trainer reads it through a
 :class:`RowReader` (exact row counts, resumable by skipping rows) into a :class:`ShuffleBuffer` that mixes rows
 across sentences and batches.
 """
@@ -24,8 +26,9 @@ DEFAULT_CLASS = "token"
 
 
 @dataclass
-class ActivationBatch:
-    """Rows of activations at one or several sites, aligned row by row.
+class _Rows:
+    """Plain rows of activations at one or several sites, aligned row by row (the trainer's internal form of a
+    source item; build one with :func:`plain_rows`; ``ActivationBatch`` is its old public name).
 
     ``acts``: site name -> ``[rows, d_site]``; ``token_class``: ``[rows]`` class names (e.g. ``"word"``,
     ``"continuation"``, ``"punct"``, ``"special"``, ``"pad"``); ``sentence``: ``[rows]`` sentence index (optional,
@@ -58,6 +61,17 @@ class ActivationBatch:
         return np.asarray(self.token_class, dtype=object)
 
 
+def plain_rows(acts: Mapping[str, torch.Tensor], token_class: Sequence[str] | np.ndarray | None = None,
+               sentence: np.ndarray | torch.Tensor | None = None) -> _Rows:
+    """Rows without a model: ``acts`` site -> ``[rows, d_site]`` (aligned), optional ``token_class`` ``[rows]``
+    (e.g. ``"word"``, ``"special"``; special ones are left out of training) and ``sentence`` ``[rows]``."""
+    return _Rows(dict(acts), token_class, sentence)
+
+
+#: The old public name of the plain-rows container (``bertscope.probes.dictionary.ActivationBatch``; kept
+#: importable). The one activation batch is the activations stage's; prefer :func:`plain_rows` for plain rows.
+ActivationBatch = _Rows
+
 #: the activations stage's class of a real token (its vocabulary: real, cls, sep, padding)
 STAGE_REAL = "real"
 
@@ -81,24 +95,29 @@ def is_stage_batch(item: Any) -> bool:
         and hasattr(item, "token_class")
 
 
-def as_batch(item: Any, site: str | None, pieces: np.ndarray | None = None) -> ActivationBatch:
-    """Wrap a source item as rows: an :class:`ActivationBatch` as is; an activations-stage batch (read by duck
-    typing: ``flat(site)`` for each of its ``sites``, classes by :func:`stage_classes` with ``pieces``, sentences
-    from ``rows()``); a dict site -> tensor; or a plain tensor (which needs ``site``, the one site the caller
-    trains)."""
-    if isinstance(item, ActivationBatch):
+def is_plain_rows(item: Any) -> bool:
+    """Whether ``item`` is plain rows (``acts`` site -> tensor and ``classes()``), by duck typing."""
+    return isinstance(getattr(item, "acts", None), Mapping) and callable(getattr(item, "classes", None))
+
+
+def as_batch(item: Any, site: str | None, pieces: np.ndarray | None = None) -> _Rows:
+    """Wrap a source item as rows: plain rows (:func:`is_plain_rows`) as they are; an activations-stage batch
+    (read by duck typing: ``flat(site)`` for each of its ``sites``, classes by :func:`stage_classes` with
+    ``pieces``, sentences from ``rows()``); a dict site -> tensor; or a plain tensor (which needs ``site``, the one
+    site the caller trains)."""
+    if is_plain_rows(item):
         return item
     if is_stage_batch(item):
         sites = list(getattr(item, "sites", None) or item.tensors)
-        return ActivationBatch({s: item.flat(s) for s in sites}, stage_classes(item, pieces),
+        return _Rows({s: item.flat(s) for s in sites}, stage_classes(item, pieces),
                                item.rows()["sentence_index"].to_numpy())
     if isinstance(item, torch.Tensor):
         if site is None:
             raise ValueError("a plain tensor source feeds one site only: train one dictionary, or yield dicts")
-        return ActivationBatch({site: item})
+        return _Rows({site: item})
     if isinstance(item, Mapping):
-        return ActivationBatch(dict(item))
-    raise TypeError(f"a source yields activations-stage batches, ActivationBatch rows, dict site -> tensor or "
+        return _Rows(dict(item))
+    raise TypeError(f"a source yields activations-stage batches, plain rows, dicts site -> tensor or "
                     f"tensors; got {type(item).__name__}")
 
 
@@ -129,7 +148,7 @@ class RowReader:
         self._empty_epoch = True
         self._stop_at_epoch_end = False
 
-    def _next_item(self) -> ActivationBatch | None:
+    def _next_item(self) -> _Rows | None:
         while True:
             if self._it is None:
                 self._it = iter(self.source)

@@ -169,7 +169,7 @@ def site_variance(model: Any, dictionary: Dictionary, texts: Sequence[str], *, i
 def _site_rows_stats(model: Any, dictionary: Dictionary, texts: Sequence[str], *, include_special: bool = False,
                      batch_size: int = 32, batches: Iterable[Any] | None = None) -> tuple[float, float]:
     """``(total variance per token, mean norm)`` of the site's kept rows on ``texts`` (``batches``: those rows
-    already collected: the activations stage's batches, or ``ActivationBatch`` rows)."""
+    already collected: the activations stage's batches, or plain rows)."""
     excluded = _excluded(include_special)
     rows = []
     if batches is None:
@@ -280,7 +280,7 @@ def finetune_e2e(model: Any, dictionary: Dictionary, sentences: Sequence[str],
     seed, sentences, the site variance and the loss terms at the first and last steps; the input dictionary is
     unchanged. ``steps == 0`` returns an unchanged copy (still recorded). ``rows``: the site's rows of the first
     ``settings.variance_sentences`` sentences, already collected (the command reads them through the activations
-    stage's batches, or ``ActivationBatch`` rows); without it they are collected here."""
+    stage's batches, or plain rows); without it they are collected here."""
     s = settings or E2ESettings()
     if dictionary.config.kind != "sae":
         raise ValueError("end-to-end fine-tuning is for SAEs (a transcoder's spliced site is another site)")

@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from bertscope.hooks.hook_points import HookPoint
 from bertscope.hooks.sites import last_block
 from scipy.stats import spearmanr
 
 from .architectures.relu import RELU
 from .architectures.topk import TOPK
-from .data import SPECIAL_CLASSES, ActivationBatch, as_batch
+from .data import SPECIAL_CLASSES, _Rows, as_batch
 from .metrics import metrics_table
 from .models import Dictionary, DictionaryConfig
 
@@ -85,8 +86,8 @@ def text_batches(model: Any, texts: Sequence[str], batch_size: int = 32) -> Iter
 
 @torch.no_grad()
 def collect_activations(model: Any, texts: Sequence[str], sites: Sequence[str], *, batch_size: int = 32,
-                        include_pad: bool = False) -> Iterator[ActivationBatch]:
-    """One :class:`ActivationBatch` per batch of texts: rows of every real token (padding left out unless
+                        include_pad: bool = False) -> Iterator[_Rows]:
+    """Plain rows (:func:`~.data.plain_rows`) per batch of texts: rows of every real token (padding left out unless
     ``include_pad``) at ``sites`` (hook names; a site the model lacks raises ``KeyError``), with token classes
     and sentence indices. The forward stops at the last block any site needs."""
     sites = list(sites)
@@ -107,25 +108,44 @@ def collect_activations(model: Any, texts: Sequence[str], sites: Sequence[str], 
         keep = np.ones(classes.shape, dtype=bool) if include_pad else classes != "pad"
         flat = torch.from_numpy(keep.reshape(-1))
         sentence = np.broadcast_to(np.arange(start, start + classes.shape[0])[:, None], classes.shape)
-        yield ActivationBatch({s: store[s].reshape(-1, store[s].shape[-1])[flat].float().cpu() for s in sites},
+        yield _Rows({s: store[s].reshape(-1, store[s].shape[-1])[flat].float().cpu() for s in sites},
                               classes.reshape(-1)[keep.reshape(-1)], sentence.reshape(-1)[keep.reshape(-1)])
         del b
+
+
+#: The hook points a spliced dictionary adds under its site (SAELens's names): ``<site>.hook_sae_input`` the rows it
+#: reads ``[batch, pos, d_in]``, ``<site>.hook_sae_acts_post`` its latent activations ``[batch, pos, d_sae]``,
+#: ``<site>.hook_sae_recons`` its reconstruction ``[batch, pos, d_out]`` (before ``positions`` keeps clean rows).
+SPLICE_HOOKS = ("hook_sae_input", "hook_sae_acts_post", "hook_sae_recons")
 
 
 @contextmanager
 def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionary",
             positions: Callable[[], torch.Tensor | None] | None = None,
             mean: torch.Tensor | None = None) -> Iterator[Any]:
-    """Replace the dictionary's output site on every forward inside the block.
+    """Replace the dictionary's output site on every forward inside the block (SAELens's ``run_with_saes``).
 
     ``mode``: ``"dictionary"`` (the reconstruction; a transcoder's prediction from its input site, read in the
     same forward), ``"zero"`` or ``"mean"`` (ablations: ``mean [d]``). ``positions()`` returns the bool
     ``[batch, pos]`` of positions to replace for the current forward (None: all); the others keep their clean
     activation.
+
+    In ``"dictionary"`` mode the dictionary's own activations are hook points while the block lasts, named as
+    SAELens names them (:data:`SPLICE_HOOKS`, under ``d.cfg.hook_name``): ``model.run_with_cache(...)`` inside the
+    block returns ``"<site>.hook_sae_acts_post"`` ``[batch, pos, d_sae]`` (and ``hook_sae_input``,
+    ``hook_sae_recons``), and a hook on them edits the latents the model then uses::
+
+        with spliced(model, d):
+            _, cache = model.run_with_cache(ids, names_filter="*.hook_sae_acts_post")
+        acts = cache[f"{d.cfg.hook_name}.hook_sae_acts_post"]
     """
     cfg = dictionary.config
     site_in, site_out = cfg.site, cfg.site_out or cfg.site
     seen: dict[str, torch.Tensor] = {}
+    # a stand-in that is only callable (the e2e trainer's recorder) gets no latent hook point
+    latents = callable(getattr(dictionary, "encode", None)) and callable(getattr(dictionary, "decode", None))
+    names = [n for n in SPLICE_HOOKS if latents or n != "hook_sae_acts_post"] if mode == "dictionary" else []
+    points = {name: HookPoint() for name in names}
 
     def read(t: torch.Tensor, hook: Any) -> None:
         seen["x"] = t
@@ -133,7 +153,12 @@ def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionar
     def replace(t: torch.Tensor, hook: Any) -> torch.Tensor:
         if mode == "dictionary":
             x = seen.pop("x", t) if site_in != site_out else t
-            new = dictionary(x.to(dictionary.W_enc.dtype)).to(t.dtype)
+            x = points["hook_sae_input"](x.to(dictionary.W_enc.dtype))
+            if latents:
+                new = dictionary.decode(points["hook_sae_acts_post"](dictionary.encode(x)), x)
+            else:
+                new = dictionary(x)
+            new = points["hook_sae_recons"](new).to(t.dtype)
         elif mode == "zero":
             new = torch.zeros_like(t)
         elif mode == "mean":
@@ -146,8 +171,34 @@ def spliced(model: Any, dictionary: Dictionary | None, *, mode: str = "dictionar
         return torch.where(where.to(t.device)[..., None], new, t)
 
     hooks = [(site_in, read)] if (mode == "dictionary" and site_in != site_out) else []
-    with model.hooks([*hooks, (site_out, replace)]):
-        yield model
+    with _hook_points(model, site_out, {f"{site_in}.{n}": p for n, p in points.items()}):
+        with model.hooks([*hooks, (site_out, replace)]):
+            yield model
+
+
+@contextmanager
+def _hook_points(model: Any, after: str, points: dict[str, HookPoint]) -> Iterator[None]:
+    """Add ``points`` (name -> hook point) to ``model.hook_dict`` right after ``after`` (forward order) while the
+    block lasts; refused when a name is taken (a dictionary spliced twice at one site)."""
+    if not points:
+        yield
+        return
+    taken = [n for n in points if n in model.hook_dict]
+    if taken:
+        raise ValueError(f"{taken[0]} is already a hook point: one dictionary spliced at a site at a time")
+    old = model.hook_dict
+    new: dict[str, HookPoint] = {}
+    for name, point in old.items():
+        new[name] = point
+        if name == after:
+            new.update(points)
+    for name, point in points.items():
+        point.name = name
+    model.hook_dict = new
+    try:
+        yield
+    finally:
+        model.hook_dict = old
 
 
 def _pooled(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -288,7 +339,7 @@ def _objective_rows(objective: str, model: Any, batches: list[dict[str, torch.Te
 
 
 @torch.no_grad()
-def reconstruct(dictionary: Dictionary, batches: Sequence[ActivationBatch], *,
+def reconstruct(dictionary: Dictionary, batches: Sequence[Any], *,
                 chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
     """Targets, reconstructions, latent activations and token classes of ``batches`` (rows of the dictionary's
     input and output sites): ``(y [n, d_out], y_hat [n, d_out], f [n, d_sae], classes [n])``."""
@@ -317,7 +368,7 @@ def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str]
 
     ``batches``: the rows of the dictionary's sites for ``texts``, already collected: the activations stage's
     batches (the commands read them through it; classes derived by ``data.stage_classes``) or
-    :class:`ActivationBatch` rows. Without it they are collected here (:func:`collect_activations`)."""
+    plain rows. Without it they are collected here (:func:`collect_activations`)."""
     cfg = dictionary.config
     sites = [cfg.site] + ([cfg.site_out] if cfg.site_out and cfg.site_out != cfg.site else [])
     if batches is None:
@@ -340,11 +391,11 @@ def evaluate_dictionary(model: Any, dictionary: Dictionary, texts: Sequence[str]
     return pd.concat(parts, ignore_index=True)
 
 
-def _drop(batch: Any, excluded: set[str]) -> ActivationBatch:
+def _drop(batch: Any, excluded: set[str]) -> _Rows:
     keep = ~np.isin(batch.classes(), list(excluded))
     idx = torch.from_numpy(np.flatnonzero(keep))
     sent = None if batch.sentence is None else np.asarray(batch.sentence)[keep]
-    return ActivationBatch({s: t[idx] for s, t in batch.acts.items()}, batch.classes()[keep], sent)
+    return _Rows({s: t[idx] for s, t in batch.acts.items()}, batch.classes()[keep], sent)
 
 
 # ---------------------------------------------------------------------------------------------- controls

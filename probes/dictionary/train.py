@@ -55,11 +55,11 @@ def train_dictionaries(
     """Train dictionaries on a stream of activations; returns name -> trained :class:`Dictionary` (eval mode,
     input normalisation folded in, ``config.metadata`` recording tokens, classes and settings).
 
-    ``source``: an iterable of :class:`ActivationBatch` (or dicts site -> ``[rows, d]``, or, for one
-    dictionary, plain tensors ``[rows, d]``). A re-iterable source is read again from the start when ``tokens``
-    asks for more rows than it holds; a resumed run must get the same source. ``configs``: name ->
-    :class:`DictionaryConfig` (each names its ``site``, and a transcoder its ``site_out``); one config alone is
-    named by its site. ``checkpoint_dir``: where ``checkpoint.pt`` is written (every
+    ``source``: an iterable of batch-like objects (the activations stage's batches, ``plain_rows``, dicts site ->
+    ``[rows, d]``, or, for one dictionary, plain tensors ``[rows, d]``). A re-iterable source is read again from
+    the start when ``tokens`` asks for more rows than it holds; a resumed run must get the same source.
+    ``configs``: name -> :class:`DictionaryConfig` (each names its ``site``, and a transcoder its ``site_out``);
+    one config alone is named by its site. ``checkpoint_dir``: where ``checkpoint.pt`` is written (every
     ``settings.checkpoint_tokens`` tokens, at the end of a buffer round, atomically) and, with ``resume``, read
     back. ``stop_after_tokens`` stops (raising :class:`TrainingInterrupted`) after the first checkpoint past that
     many tokens: how tests interrupt a run.

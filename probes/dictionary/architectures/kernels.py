@@ -183,9 +183,55 @@ def auxk_on_dead(d: Any, h_dead: torch.Tensor, cols: torch.Tensor, y: torch.Tens
     return scale * (recon - (y - y_hat).detach()).pow(2).sum(-1).mean()
 
 
+#: The AuxK conventions: ``saelens`` (SAELens's ``calculate_topk_aux_loss``, the default) and ``gao``
+#: (openai/sparse_autoencoder's ``train.py``, the code of Gao et al. 2024).
+AUXK_VARIANTS = ("saelens", "gao")
+#: openai/sparse_autoencoder ``train.py``'s ``Config.auxk`` (dead latents kept per row) and ``auxk_coef``.
+GAO_AUX_K, GAO_AUX_COEFFICIENT = 256, 1 / 32
+
+
+def auxk_gao_on_dead(d: Any, h_dead: torch.Tensor, cols: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor,
+                     aux_k: int = GAO_AUX_K) -> torch.Tensor:
+    """Gao et al.'s AuxK without its coefficient, as openai/sparse_autoencoder's ``train.py`` computes it: the
+    ``aux_k`` largest pre-activations ``h_dead [rows, n_dead]`` of the dead latents (``cols``), ReLU'd, decoded
+    with the bias, against ``(y - y_hat).detach() + b_dec.detach()``, as a normalised MSE (its ``normalized_mse``):
+    ``mean((e_hat - e)^2) / mean((e - mean_rows(e))^2)`` with ``e = y - y_hat`` (NaN -> 0). Unlike SAELens's
+    (:func:`auxk_loss`): a fixed ``aux_k`` with no ``n_dead / k_aux`` scale, ReLU on the kept values, and the
+    residual's variance as the unit."""
+    top = h_dead.topk(min(aux_k, int(cols.numel())), dim=-1, sorted=False)
+    recon = SparseDecodeFunction.apply(top.values.relu(), top.indices, d.W_dec[cols]) + d.b_dec
+    target = (y - y_hat).detach() + d.b_dec.detach()
+    mse = (recon - target).pow(2).mean()
+    unit = (target - target.mean(0)).pow(2).mean()
+    return (mse / unit).nan_to_num(0.0)
+
+
+def auxk_gao(d: Any, h: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor, dead: torch.Tensor,
+             aux_k: int = GAO_AUX_K) -> torch.Tensor:
+    """:func:`auxk_gao_on_dead` from every latent's pre-activations ``h [rows, d_sae]`` and the ``dead [d_sae]``
+    mask."""
+    if int(dead.sum()) == 0:
+        return h.new_zeros(())
+    cols = dead.nonzero().squeeze(1)
+    return auxk_gao_on_dead(d, h[:, cols], cols, y, y_hat, aux_k)
+
+
+def auxk_dead_term(d: Any, h_dead: torch.Tensor, cols: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor,
+                   settings: Any) -> torch.Tensor:
+    """AuxK of the chosen convention (``settings.auxk``: ``saelens`` or ``gao``, its ``aux_k``) times
+    ``settings.aux_coefficient``, from the dead latents' pre-activations."""
+    if getattr(settings, "auxk", "saelens") == "gao":
+        return settings.aux_coefficient * auxk_gao_on_dead(d, h_dead, cols, y, y_hat, settings.aux_k)
+    return settings.aux_coefficient * auxk_on_dead(d, h_dead, cols, y, y_hat)
+
+
 def auxk_term(d: Any, h: torch.Tensor, y: torch.Tensor, y_hat: torch.Tensor, dead: torch.Tensor | None,
               settings: Any) -> torch.Tensor | None:
-    """AuxK with its coefficient (``settings.aux_coefficient``) when some latent is dead; None otherwise."""
+    """AuxK with its coefficient (``settings.aux_coefficient``) when some latent is dead; None otherwise
+    (``settings.auxk`` picks SAELens's convention or Gao et al.'s, :func:`auxk_dead_term`)."""
     if dead is None or int(dead.sum()) == 0:
         return None
+    cols = dead.nonzero().squeeze(1)
+    if getattr(settings, "auxk", "saelens") == "gao":
+        return settings.aux_coefficient * auxk_gao_on_dead(d, h[:, cols], cols, y, y_hat, settings.aux_k)
     return settings.aux_coefficient * auxk_loss(d, h, y, y_hat, dead)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .kernels import SparseDecodeFunction, TopKEncodeFunction, auxk_on_dead, auxk_term, topk_activation
+from .kernels import SparseDecodeFunction, TopKEncodeFunction, auxk_dead_term, auxk_term, topk_activation
 from .table import Architecture, register
 
 
@@ -37,7 +37,7 @@ def topk_loss(d: Any, x: torch.Tensor, y: torch.Tensor, settings: Any, dead: tor
         cols = dead.nonzero().squeeze(1)
         shifted = x_in - d.b_dec if d.is_sae else x_in
         h_dead = torch.addmm(d.b_enc[cols], shifted, d.W_enc[:, cols])
-        loss = loss + settings.aux_coefficient * auxk_on_dead(d, h_dead, cols, y, y_hat)
+        loss = loss + auxk_dead_term(d, h_dead, cols, y, y_hat, settings)
     return loss, values, indices, y_hat
 
 

@@ -1,0 +1,62 @@
+"""Every pairwise method on STS-B dev pairs: completeness (|error| / |score|) and time per pair (issue 41).
+
+    python benchmarks/similarity_methods.py [--pairs 200] [--docs docs/similarity.md]
+
+Integrated Jacobians run twice, with the default trapezoid rule and with xsbert's right Riemann sum, both at 50
+steps. Times are wall-clock seconds per pair on the threads given, printed beside the machine's load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from similarity_stsb import DEV, read_pairs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--docs", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import bertscope
+    from bertscope import similarity as S
+
+    a, b, _ = read_pairs(DEV, args.pairs)
+    model = bertscope.load().eval()
+    runs = [(m, {}) for m in S.TABLE] + [("integrated-jacobians", {"rule": "xsbert"})]
+    stats: dict[str, tuple[list[float], list[float]]] = {}
+    load = [os.getloadavg()[0]]
+    for i in range(len(a)):
+        for method, opts in runs:
+            label = method + (" (rule=xsbert)" if opts else "")
+            t = time.perf_counter()
+            r = S.attribute(model, a[i], b[i], method=method, **opts)
+            times, errs = stats.setdefault(label, ([], []))
+            times.append(time.perf_counter() - t)
+            errs.append(abs(r.error) / max(abs(r.score), 1e-12))
+        load.append(os.getloadavg()[0])
+    lines = [f"{len(a)} STS-B dev pairs (the first), {args.threads} threads, load average "
+             f"{min(load):.1f} to {max(load):.1f}", "",
+             "| method | exact | median s / pair | median |error|/|score| | max |error|/|score| |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for label, (times, errs) in stats.items():
+        exact = S.TABLE[label.split(" ")[0]].exact
+        lines.append(f"| {label} | {exact} | {statistics.median(times):.2f} | {statistics.median(errs):.1e} | "
+                     f"{max(errs):.1e} |")  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if args.docs:
+        from benchutils import write_docs
+
+        write_docs(args.docs, text, "methods")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""STS-B dev anchor and speed of ``bertscope.similarity`` (issue 41, item 1 and the speed targets).
+
+    python benchmarks/similarity_stsb.py [--pairs 1500] [--ij-pairs 3] [--docs docs/similarity.md]
+
+1. The model's own embedding (last block, mean pooling, cosine) on ``../shared/data/stsb-en/stsb-en-dev.csv``:
+   Spearman against the gold scores, beside transformers' ``BertModel`` with mean pooling over the attention mask,
+   max length 256 (the README's anchor, 0.8672). The STS Benchmark test split is not in the shared data, so MTEB's
+   0.8203 cannot be checked here.
+2. The ``benchmark`` computation: every site (each block's ``hook_resid_post``) x pooling (mean, cls, max), one
+   forward pass per batch, timed (target < 60 s for 1,500 pairs on 2 cores).
+3. Integrated Jacobians for one pair at 50 steps, timed (target < 1 s), and their completeness error.
+
+Times depend on the machine's load: the load average is printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+from pathlib import Path
+
+import torch
+from scipy.stats import spearmanr
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV = ROOT.parent / "shared" / "data" / "stsb-en" / "stsb-en-dev.csv"
+
+
+def read_pairs(path: Path, n: int) -> tuple[list[str], list[str], list[float]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.reader(f) if r][:n]
+    return [r[0] for r in rows], [r[1] for r in rows], [float(r[2]) for r in rows]
+
+
+@torch.no_grad()
+def transformers_spearman(a: list[str], b: list[str], gold: list[float]) -> float:
+    """transformers ``BertModel``, mean pooling over the attention mask, max length 256, cosine."""
+    from bertscope.models.loading import resolve_source
+    from transformers import AutoTokenizer, BertModel
+
+    folder = resolve_source(None)
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = BertModel.from_pretrained(folder).eval()
+
+    def emb(texts: list[str]) -> torch.Tensor:
+        out = []
+        for i in range(0, len(texts), 64):
+            enc = tok(texts[i:i + 64], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            h = model(**enc).last_hidden_state
+            m = enc["attention_mask"][..., None].float()
+            out.append((h * m).sum(1) / m.sum(1).clamp_min(1e-9))
+        return torch.cat(out)
+
+    cos = torch.nn.functional.cosine_similarity(emb(a), emb(b), dim=-1)
+    return float(spearmanr(cos.numpy(), gold).statistic)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=1500)
+    parser.add_argument("--ij-pairs", type=int, default=3, help="pairs timed for integrated Jacobians")
+    parser.add_argument("--docs", type=Path, default=None, help="write the numbers into this markdown file")
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    import bertscope
+    from bertscope import similarity as S
+
+    a, b, gold = read_pairs(DEV, args.pairs)
+    model = bertscope.load().eval()
+    lines = [f"STS-B dev, {len(a)} pairs, {torch.get_num_threads()} threads, load average at start "
+             f"{os.getloadavg()[0]:.1f}", ""]  # fmt: skip
+
+    sites = [f"blocks.{L}.hook_resid_post" for L in range(model.config.n_layers)]
+    t0 = time.perf_counter()
+    texts = a + b
+    embs = S.embed(model, texts, pooling=S.POOLINGS, sites=sites)
+    rows = []
+    for (site, how), e in embs.items():
+        cos = S.score(e[: len(a)], e[len(a):])
+        rows.append((site, how, float(spearmanr(cos.numpy(), gold).statistic)))
+    t_bench = time.perf_counter() - t0
+    own = next(r[2] for r in rows if r[0] == S.final_site(model) and r[1] == "mean")
+    lines.append(f"- bertscope, model's own embedding (last block, mean, cosine): Spearman **{own:.4f}**")
+    if not args.skip_transformers:
+        ref = transformers_spearman(a, b, gold)
+        lines.append(f"- transformers BertModel, mean pooling, max length 256: Spearman {ref:.4f} "
+                     f"(|difference| {abs(own - ref):.1e}; anchor 0.8672)")  # fmt: skip
+    lines.append(f"- every site x pooling ({len(rows)} rows) in {t_bench:.1f} s (target < 60 s; load average "
+                 f"{os.getloadavg()[0]:.1f})")  # fmt: skip
+    lines += ["", "| site | mean | cls | max |", "|---|---|---|---|"]
+    for site in sites:
+        vals = {how: sp for s, how, sp in rows if s == site}
+        lines.append(f"| {site} | {vals['mean']:.4f} | {vals['cls']:.4f} | {vals['max']:.4f} |")
+
+    times, errors = [], []
+    for i in range(args.ij_pairs):
+        t = time.perf_counter()
+        r = S.attribute(model, a[i], b[i], method="integrated-jacobians", steps=50)
+        times.append(time.perf_counter() - t)
+        errors.append(abs(r.error) / max(abs(r.score), 1e-12))
+    lines += ["", f"- integrated Jacobians, one pair, 50 steps, block 0's input: median "
+              f"{sorted(times)[len(times) // 2]:.2f} s over {len(times)} pairs (target < 1 s; load average "
+              f"{os.getloadavg()[0]:.1f}); |error| / |score| up to {max(errors):.1e}"]  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if args.docs:
+        from benchutils import write_docs
+
+        write_docs(args.docs, text, "stsb")
+
+
+if __name__ == "__main__":
+    main()
