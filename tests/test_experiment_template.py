@@ -100,7 +100,7 @@ def test_computation_modules_have_the_role_names(name: str) -> None:
 def test_the_roles_are_stated_in_the_docs() -> None:
     for role in registry.ROLE_MODULES:
         assert f"| `{role}.py`" in ARCHITECTURE, role
-    for old in registry.RETIRED_MODULES[:-1]:  # compute: features' (its alias follows the merge)
+    for old in registry.RETIRED_MODULES:
         assert f"{old}.py`" in ARCHITECTURE, old
 
 

@@ -1,7 +1,8 @@
 """Experiment `circuits` (see :mod:`bertscope.experiments.circuits.experiment` for what it measures and writes).
 
-Files by role: ``experiment`` (Settings, run: the one place that sees the run context), ``measures`` (the TFC1
-task and the analysis of any task as tables, shared with ``bertscope circuits``), ``plots``, ``findings``.
+Files by role: ``experiment`` (Settings, run: the one place that sees the run context), ``data`` (the TFC1 pairs
+from the corpus, the injected positions), ``measures`` (the analysis of any task as tables, shared with
+``bertscope circuits``), ``plots``, ``findings``.
 """
 
 from bertscope.experiments.circuits.experiment import (

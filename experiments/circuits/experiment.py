@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 from bertscope.experiments import io
-from bertscope.experiments.circuits import measures
+from bertscope.experiments.circuits import data, measures
 from bertscope.experiments.options import sentences_used
 from bertscope.experiments.registry import CannotRun
 from bertscope.hooks import circuits
@@ -147,7 +147,7 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     if settings.task:  # what the intervals resample: pairs
         ctx.record_used({"pairs": len(pairs)}, unit=f"pairs of the task file {Path(settings.task).name}")
     ctx.note("conventions", CONVENTIONS)
-    positions = None if settings.task else measures.injected_positions(task)
+    positions = None if settings.task else data.injected_positions(task)
     tables = measures.analyse(model, task, settings, positions=positions, progress=ctx.log, seed=ctx.seed,
                               batch_size=ctx.options.batch_size)
     if "agreement" not in tables:
@@ -164,9 +164,9 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
 
 def _tfc1(ctx: Any, settings: Settings) -> list[dict]:
     n_scan, why = sentences_used(ctx.options.max_sentences, None, len(ctx.corpus))
-    pairs = measures.tfc1_pairs([s.words for s in ctx.corpus[:n_scan]], ctx.model.tokenizer,
-                                filler=settings.filler, max_pairs=settings.n_pairs, max_tokens=settings.max_tokens,
-                                seed=ctx.seed, query_pieces=settings.query_pieces)
+    pairs = data.tfc1_pairs([s.words for s in ctx.corpus[:n_scan]], ctx.model.tokenizer,
+                            filler=settings.filler, max_pairs=settings.n_pairs, max_tokens=settings.max_tokens,
+                            seed=ctx.seed, query_pieces=settings.query_pieces)
     if len(pairs) < DEFAULTS.min_pairs:
         raise CannotRun(f"the corpus gave {len(pairs)} TFC1 pairs (a pair needs a sentence with a word "
                         f"that occurs once and, appended, adds {settings.query_pieces} piece(s), as the filler "

@@ -177,9 +177,8 @@ def _run_values(ctx: Any, split: data.Split) -> steps.RunValues:
 
     source = open_capture(ctx.options.activations, ctx.model)
     ours = (ctx.corpus_id, f"{ctx.corpus_id}:train-part", f"{ctx.corpus_id}:eval-part")
-    return steps.RunValues(model=ctx.model, encode=ctx.encode, seed=ctx.seed, progress=ctx.progress, log=ctx.log,
-                           capture_train=source if split.train_name in ours else None,
-                           capture_eval=source if split.eval_name in ours else None)
+    return ctx.run_values(capture_train=source if split.train_name in ours else None,
+                          capture_eval=source if split.eval_name in ours else None)
 
 
 def activation_sites(model: Any) -> list[str]:

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from bertscope.experiments.io import FIGURE_FORMATS
 from bertscope.experiments.naming import residual_name, residual_tick
 
 #: One colour per method in every figure (the equal-rank random subspace: the method's colour, dashed).
@@ -16,18 +18,20 @@ METHOD_NAMES = {"leace": "LEACE", "inlp": "INLP", "mean": "mean projection"}
 LAYER_AXIS = "residual stream after layer (emb = embeddings)"
 
 
-def plot(out_dir: Path) -> list[Path]:
-    """Every figure of the experiment from the tables in ``out_dir``; returns the written files."""
+def plot(out_dir: Path, formats: Sequence[str] | None = None) -> list[Path]:
+    """Every figure of the experiment from the tables in ``out_dir``; returns the written files (figures as
+    ``formats``, png and pdf by default)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    formats = tuple(formats or FIGURE_FORMATS)
     path = Path(out_dir) / "results.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; run `bertscope run erasure` first")
     results = pd.read_parquet(path)
-    written = _uuas(results, Path(out_dir)) + _probes(results, Path(out_dir))
+    written = _uuas(results, Path(out_dir), formats) + _probes(results, Path(out_dir), formats)
     if (Path(out_dir) / "probing.parquet").is_file():
-        written += _probing(pd.read_parquet(Path(out_dir) / "probing.parquet"), Path(out_dir))
+        written += _probing(pd.read_parquet(Path(out_dir) / "probing.parquet"), Path(out_dir), formats)
     return written
 
 
@@ -43,7 +47,7 @@ def _rank_of(r: pd.DataFrame, concept: str, layer: int, method: str) -> int | No
     return int(g["rank"].iloc[0]) if len(g) else None
 
 
-def _uuas(r: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _uuas(r: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
     """UUAS (not its change: the bands are the erased values' intervals) per erased concept (rows) and erasure
     layer (columns): clean, each method, each method's equal-rank random subspace, trees reading no vectors."""
     import matplotlib.pyplot as plt
@@ -96,7 +100,7 @@ def _uuas(r: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.suptitle("Erasing a concept at one layer: the distance probe's parse trees downstream", fontsize=10)
     fig.tight_layout(rect=(0, 0.1 if len(concepts) == 1 else 0.06, 1, 1))
-    out = save_figure(fig, out_dir / "erasure_uuas")
+    out = save_figure(fig, out_dir / "erasure_uuas", formats=formats)
     plt.close(fig)
     return out
 
@@ -114,7 +118,7 @@ def _one_value(r: pd.DataFrame, measure: str, layer: int) -> float | None:
     return float(m["value"].iloc[0]) if len(m) else None
 
 
-def _probes(r: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _probes(r: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
     """Per erasure (panel: concept and layer) the change of every clean probe at the last layer, one bar per
     method, with the equal-rank random subspace of each method as a black tick."""
     import matplotlib.pyplot as plt
@@ -162,12 +166,12 @@ def _probes(r: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.suptitle("Clean-trained probes read the erased run (last layer)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08 if len(concepts) == 1 else 0.05, 1, 1))
-    out = save_figure(fig, out_dir / "erasure_probes")
+    out = save_figure(fig, out_dir / "erasure_probes", formats=formats)
     plt.close(fig)
     return out
 
 
-def _probing(p: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _probing(p: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
     """Per probed concept: accuracy (task, control task, majority) on top, selectivity on its own axis below."""
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
@@ -205,6 +209,6 @@ def _probing(p: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.supxlabel(LAYER_AXIS, fontsize=8, y=0.07)
     fig.suptitle("Word-level probes with control tasks, per layer (clean run)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    out = save_figure(fig, out_dir / "erasure_probing")
+    out = save_figure(fig, out_dir / "erasure_probing", formats=formats)
     plt.close(fig)
     return out

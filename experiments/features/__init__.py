@@ -3,9 +3,10 @@ neurons, PCA, the re-initialised model's dictionary and shuffled labels as contr
 feature browser (see :mod:`bertscope.experiments.features.experiment`).
 
 Files by role: ``experiment`` (Settings, run), ``labels`` (known variables as binary concepts), ``measures``
-(labelling and k-sparse probing on arrays, intervals), ``steps`` (activations, dictionaries, per-unit tables),
-``compute`` (the whole computation on plain values), ``browser`` (the HTML page), ``plots`` (figures and the page
-from the tables), ``findings`` (sentences from the tables).
+(labelling and k-sparse probing on arrays, intervals), ``data`` (sites, activations, dictionaries, per-unit tables;
+old name ``steps``), ``steps`` (the whole computation on plain values, the run's one stage; old name ``compute``, an
+alias; it re-exports ``data``'s names under their old module), ``browser`` (the HTML page), ``plots`` (figures and
+the page from the tables), ``findings`` (sentences from the tables).
 """
 
 from bertscope.experiments.features.experiment import (

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-from bertscope.experiments.features import compute, labels, steps
+from bertscope.experiments.features import data, labels, steps
 from bertscope.experiments.registry import CannotRun
 from bertscope.probes.dictionary.settings import RECIPE
 
@@ -115,15 +115,15 @@ def width_latents(width: str, d_in: int) -> int:
 
 def check(inputs: Any, settings: Settings) -> None:
     """The corpus needs enough sentences for three splits; ``--dictionaries DIR`` needs a dictionary of every site
-    made for this model (`steps.load_site_dictionaries`)."""
+    made for this model (`data.load_site_dictionaries`)."""
     n = len(inputs.corpus)
     if n < 12:
         raise CannotRun(f"features needs at least 12 sentences for its train/dev/test splits, the corpus has {n}; "
                         "use --corpus builtin or raise --max-sentences")
     if settings.dictionaries:  # every site's dictionary, fitting this model, before anything is written
-        sites = steps.default_sites(inputs.model.config.n_layers, settings.layers or None, settings.transcoder_layer)
+        sites = data.default_sites(inputs.model.config.n_layers, settings.layers or None, settings.transcoder_layer)
         try:
-            steps.load_site_dictionaries(inputs.model, settings.dictionaries, sites)
+            data.load_site_dictionaries(inputs.model, settings.dictionaries, sites)
         except ValueError as e:
             raise CannotRun(str(e)) from None
 
@@ -156,14 +156,13 @@ def run(ctx: Any, settings: Settings | None = None) -> pd.DataFrame:
     ctx.record_used({k: len(v) for k, v in split.items()}, available=len(ctx.corpus),
                     more="--set features.n_train=N (and features.n_dev, features.n_test)")
     ctx.log(f"train {len(split['train'])}, dev {len(split['dev'])}, test {len(split['test'])} sentences")
-    sites = steps.default_sites(ctx.model.config.n_layers, settings.layers or None, settings.transcoder_layer)
+    sites = data.default_sites(ctx.model.config.n_layers, settings.layers or None, settings.transcoder_layer)
     info = {"model": ctx.model_id, "corpus": ctx.corpus_id, "syntax": labels.has_syntax(
         [s for v in split.values() for s in v])}
     key = {"sentences": [[s.id for s in v] for v in split.values()], "sites": [s.name for s in sites],
            "max_length": ctx.options.max_length}
-    run_values = steps.RunValues(model=ctx.model, seed=ctx.seed, progress=ctx.progress, log=ctx.log,
-                                 max_length=ctx.options.max_length, save_dictionaries=ctx.out_dir / DICTIONARIES)
-    tables = ctx.step("features", lambda: compute.compute(run_values, settings, split, sites, info), **key)
+    run_values = ctx.run_values(save_dictionaries=ctx.out_dir / DICTIONARIES)
+    tables = ctx.step("features", lambda: steps.compute(run_values, settings, split, sites, info), **key)
     out = {name: _integers(g.drop(columns="table").dropna(axis=1, how="all").reset_index(drop=True))
            for name, g in tables.groupby("table", sort=False)}
     for name, table in out.items():

@@ -3,25 +3,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+from bertscope.experiments.io import FIGURE_FORMATS
 
 
-def plot(out_dir: Path) -> list[Path]:
-    """Every figure of the experiment and ``feature_browser.html`` from the tables in ``out_dir``."""
+def plot(out_dir: Path, formats: Sequence[str] | None = None) -> list[Path]:
+    """Every figure of the experiment and ``feature_browser.html`` from the tables in ``out_dir`` (figures as
+    ``formats``, png and pdf by default)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    formats = tuple(formats or FIGURE_FORMATS)
     from bertscope.experiments.features.browser import write_browser
 
     out_dir = Path(out_dir)
     path = out_dir / "summary.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; run `bertscope run features` first")
-    written = _families(pd.read_parquet(path), out_dir)
+    written = _families(pd.read_parquet(path), out_dir, formats)
     if (out_dir / "sparse_probing_summary.parquet").is_file():
-        written += _sparse(pd.read_parquet(out_dir / "sparse_probing_summary.parquet"), out_dir)
+        written += _sparse(pd.read_parquet(out_dir / "sparse_probing_summary.parquet"), out_dir, formats)
     return written + write_browser(out_dir)
 
 
@@ -63,7 +67,7 @@ FAMILY_TICKS = {"position": "position", "duplicate": "duplicate", "syntax": "syn
                 "special": "[CLS]/[SEP]\n& punct."}
 
 
-def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _families(s: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
     """Labelled units per family and site: trained latents, neurons, PCA, re-initialised latents, shuffled. Each
     panel has its own count axis (the counts differ by orders of magnitude between dictionaries) and every bar
     carries its count, zeros included."""
@@ -110,12 +114,12 @@ def _families(s: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.legend(handles, names, loc="lower center", ncol=3, fontsize=7, frameon=False)
     fig.suptitle("Units whose best label (chosen on dev) holds on test, per family and dictionary", fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    out = save_figure(fig, out_dir / "fig_labelled_units")
+    out = save_figure(fig, out_dir / "fig_labelled_units", formats=formats)
     plt.close(fig)
     return out
 
 
-def _sparse(p: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _sparse(p: pd.DataFrame, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
     """k-sparse probing accuracy against k per variable, one line per source."""
     import matplotlib.pyplot as plt
     from bertscope.experiments.io import save_figure
@@ -146,6 +150,6 @@ def _sparse(p: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=7, frameon=False)
     fig.suptitle("k-sparse probing (SAEBench): the best k units of each kind predicting each variable")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    out = save_figure(fig, out_dir / "fig_sparse_probing")
+    out = save_figure(fig, out_dir / "fig_sparse_probing", formats=formats)
     plt.close(fig)
     return out

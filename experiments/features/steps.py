@@ -1,246 +1,278 @@
-"""The features experiment's computation: activations of the train / dev / test sentences at every site, one
-dictionary per site (trained on the train sentences, or loaded), the same for the re-initialised model, then the
-labelling and k-sparse probing tables and the feature browser's tables."""
+"""The features experiment's stage (the template's ``steps`` role; old name ``compute``), end to end on plain
+values: activations, dictionaries, labels, k-sparse probing and
+the browser's tables, returned as one long frame (column ``table`` names each table) for the step cache."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
+from bertscope.experiments.features import data as S
 from bertscope.experiments.features import labels as L
 from bertscope.experiments.features import measures as M
-from bertscope.probes.dictionary.placement import site_folder
+from bertscope.experiments.features.data import (  # noqa: F401 (the names `steps` held before `data`)
+    SELECTION,
+    Collected,
+    RunValues,
+    Site,
+    Splits,
+    baseline_scores,
+    collect,
+    concept_splits,
+    default_sites,
+    encode,
+    hooks_of,
+    label_table,
+    load_site_dictionaries,
+    promoted_tokens,
+    save_site_dictionaries,
+    top_contexts,
+    train_site_dictionaries,
+)
+from bertscope.experiments.registry import CannotRun
 
-SELECTION = ("label, firing rule and best baseline unit chosen by MCC on dev sentences, scored on test sentences; "
-             "k-sparse probes: units by mean difference and the probe fitted on train sentences, scored on test")
-
-
-from bertscope.experiments.context import RunValues  # noqa: E402, F401 - one class, built by `Context.run_values`
-
-
-@dataclass(frozen=True)
-class Site:
-    """One dictionary's place: ``name`` (the hook it reads), ``kind`` (``sae`` / ``transcoder``), ``site_out``
-    (the hook a transcoder predicts), ``neurons`` (the hook whose coordinates are the neuron baseline) and
-    ``layer`` (block index)."""
-
-    name: str
-    kind: str
-    site_out: str | None
-    neurons: str
-    layer: int
-
-
-def default_sites(n_layers: int, layers: Sequence[int] | None, transcoder_layer: int | None) -> list[Site]:
-    """``hook_resid_post`` at a low, a middle and the last block (or ``layers``), and one MLP transcoder (block
-    ``transcoder_layer``, default the middle one; -1: none) from ``hook_resid_mid`` to ``hook_mlp_out``."""
-    chosen = list(dict.fromkeys(layers if layers else (0, n_layers // 2, n_layers - 1)))
-    for layer in chosen:
-        if not 0 <= layer < n_layers:
-            raise ValueError(f"layer {layer} is outside 0..{n_layers - 1}")
-    out = [Site(f"blocks.{lay}.hook_resid_post", "sae", None, f"blocks.{lay}.hook_resid_post", lay) for lay in chosen]
-    t = n_layers // 2 if transcoder_layer is None else transcoder_layer
-    if t >= 0:
-        out.append(Site(f"blocks.{t}.hook_resid_mid", "transcoder", f"blocks.{t}.hook_mlp_out",
-                        f"blocks.{t}.mlp.hook_post", t))
-    return out
+FAMILIES = tuple(L.FAMILIES)
 
 
-@dataclass
-class Collected:
-    """Activations of one split: ``acts`` hook -> ``[rows, d]`` float32 and the token rows."""
+def compute(run: S.RunValues, settings: Any, split: dict[str, list], sites: Sequence[S.Site],
+            info: dict) -> pd.DataFrame:
+    """Every table of the experiment (see ``experiment``'s docstring)."""
+    model = run.model
+    tokens = model.tokenizer.convert_ids_to_tokens(list(range(len(model.tokenizer))))
+    hooks = S.hooks_of(sites)
+    encoders = {"trained": model}
+    if settings.reinit:
+        from bertscope.models import random_encoder
 
-    acts: dict[str, np.ndarray]
-    rows: L.TokenRows
+        encoders["reinit"] = random_encoder(model.config, seed=run.seed, tokenizer=model.tokenizer,
+                                            device=next(model.parameters()).device)
+    data = {}
+    for name, net in encoders.items():
+        data[name] = {s: S.collect(net, split[s], hooks, max_length=run.max_length) for s in ("train", "dev", "test")}
+        run.log(f"{name}: activations of {sum(len(c.rows) for c in data[name].values())} token rows")
+    y = S.concept_splits(data["trained"], split, tokens, syntax=info["syntax"], min_positives=settings.min_positives)
+    if not y.names:
+        raise CannotRun(f"no concept has {settings.min_positives} positive and {settings.min_positives} negative "
+                        "token rows in each of the train, dev and test sentences; use a larger --corpus or "
+                        "--max-sentences, or a smaller --set features.min_positives")
+    run.log(f"{len(y.names)} concepts")
+    test_sentence = data["trained"]["test"].rows.sentence
+    base = {"model": info["model"], "corpus": info["corpus"], "threshold": settings.threshold, "split": "test",
+            "selection": S.SELECTION}
+    rng = np.random.default_rng([run.seed, 7])
+    shuffled = S.Splits({k: v[rng.permutation(len(v))] for k, v in y.y.items()}, y.names)
+    results, baselines, probing, browser_latents, contexts = [], [], [], [], []
+    trained: dict[str, Any] = {}
+    for enc_name in encoders:
+        dicts = _dictionaries(data[enc_name]["train"], sites, settings, run, enc_name, match=trained)
+        if enc_name == "trained":
+            trained = dicts
+        for site in run.progress(sites, desc=f"labelling ({enc_name})"):
+            d = data[enc_name]
+            latents = {s: S.encode(dicts[site.name], d[s].acts[site.name]) for s in ("train", "dev", "test")}
+            bases = {"latent": latents}
+            if enc_name == "trained":
+                bases["neuron"] = {s: d[s].acts[site.neurons] for s in ("train", "dev", "test")}
+                mean, comps = M.pca_basis(d["train"].acts[site.name])
+                bases["pca"] = {s: (d[s].acts[site.name] - mean) @ comps for s in ("train", "dev", "test")}
+            density = M.densities(latents["train"])
+            alive = np.flatnonzero(density > 0)
+            where = {**base, "encoder": enc_name, "site": site.name, "kind": site.kind, "layer": site.layer,
+                     "d_sae": int(dicts[site.name].config.d_sae),
+                     "tokens_trained": int(dicts[site.name].config.metadata.get("tokens_trained") or 0)}
+            best = {}
+            for basis, a in bases.items():
+                sparse = basis == "latent"
+                units = alive if sparse else np.arange(a["dev"].shape[1])
+                table, dev = S.label_table(a["dev"], a["test"], y, test_sentence, sparse=sparse, units=units,
+                                           n_boot=settings.n_boot, seed=run.seed)
+                table = table.assign(basis=basis, density=M.densities(a["train"])[units] if sparse else np.nan)
+                best[basis] = S.baseline_scores(dev, a["test"], y, test_sentence, n_boot=settings.n_boot,
+                                                seed=run.seed)
+                baselines.append(best[basis].assign(**where, basis=basis))
+                results.append((basis, table.assign(**where)))
+            if enc_name == "trained":
+                shuf, _ = S.label_table(latents["dev"], latents["test"], shuffled, test_sentence, sparse=True,
+                                        units=alive, n_boot=0, seed=run.seed)
+                results.append(("latent_shuffled_labels", shuf.assign(**where, basis="latent_shuffled_labels",
+                                                                      density=density[alive])))
+                browser_latents.append(_browser_latents(results, best, where, density, latents, dicts[site.name],
+                                                        run, settings, tokens, site))
+                contexts.append(_contexts(latents["test"], data["trained"]["test"].rows, settings.n_top, where))
+            for basis, a in bases.items():
+                probing += _probe(a, y, d, settings, run, {**where, "source": basis if enc_name == "trained"
+                                                           else "reinit_latent"})
+    table = _results(results, baselines, settings)
+    summary = _summary(table, settings)
+    probing_t = pd.DataFrame(probing)
+    probing_summary = _probing_summary(probing_t, settings, run.seed)
+    probing_t = probing_t.drop(columns="_part") if len(probing_t) else probing_t
+    tok = _tokens(data["trained"]["test"].rows, tokens)
+    parts = {"results": table, "summary": summary, "baselines": pd.concat(baselines, ignore_index=True),
+             "sparse_probing": probing_t, "sparse_probing_summary": probing_summary,
+             "browser_latents": pd.concat(browser_latents, ignore_index=True) if browser_latents else pd.DataFrame(),
+             "browser_contexts": pd.concat(contexts, ignore_index=True) if contexts else pd.DataFrame(),
+             "browser_tokens": tok}
+    return pd.concat([t.assign(table=name) for name, t in parts.items()], ignore_index=True)
 
 
-@torch.no_grad()
-def collect(model: Any, sentences: Sequence[Any], hooks: Sequence[str], *, max_length: int = 128,
-            batch_size: int = 32) -> Collected:
-    """Every token row (word pieces and special tokens) of ``sentences`` at ``hooks``."""
-    from bertscope.experiments.activations import CLS, SEP, iter_activations
+def control_recipe(settings: Any, dictionary: Any) -> tuple[Any, int]:
+    """The settings and width a control dictionary is trained with so that it matches ``dictionary`` (a loaded
+    one): its width (``d_sae``), ``k``, and its training budget as its metadata records it (``tokens_trained``;
+    ``train_settings``' learning rate and batch size); what the metadata lacks stays ``settings``'."""
+    import dataclasses
 
-    acts: dict[str, list[np.ndarray]] = {h: [] for h in hooks}
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("sentence", "position", "token_id", "word", "cls", "sep")}
-    for batch in iter_activations(model, list(sentences), list(hooks), batch_size=batch_size, max_length=max_length,
-                                  include_special=True, device="cpu", dtype=torch.float32):
-        for h in hooks:
-            acts[h].append(batch.flat(h).numpy())
-        keep = batch.keep()
-        sent, pos = torch.nonzero(keep, as_tuple=True)
-        cls = batch.token_class[keep].numpy()
-        parts["sentence"].append(np.asarray(batch.batch.sentence_index)[sent.numpy()])
-        parts["position"].append(pos.numpy())
-        parts["token_id"].append(batch.batch.input_ids[sent, pos].numpy())
-        parts["word"].append(batch.batch.word_ids[sent, pos].numpy())
-        parts["cls"].append(cls == CLS)
-        parts["sep"].append(cls == SEP)
-    cat = {k: np.concatenate(v) for k, v in parts.items()}
-    rows = L.TokenRows(cat["sentence"], cat["position"], cat["token_id"], cat["word"], cat["cls"], cat["sep"])
-    return Collected({h: np.concatenate(v).astype(np.float32) for h, v in acts.items()}, rows)
+    cfg = dictionary.config
+    meta = cfg.metadata or {}
+    recorded = meta.get("train_settings") or {}
+    changes = {"tokens": int(meta.get("tokens_trained") or settings.tokens)}
+    if cfg.k:
+        changes["k"] = int(cfg.k)
+    for name in ("lr", "batch_size"):
+        if recorded.get(name):
+            changes[name] = type(getattr(settings, name))(recorded[name])
+    return dataclasses.replace(settings, **changes), int(cfg.d_sae)
 
 
-def load_site_dictionaries(model: Any, folder: str | Path, sites: Sequence[Site]) -> dict[str, Any]:
-    """``folder/<site>/`` for every site, loaded on the model's device and checked against the model and the site
-    (``probes.dictionary.load_for_model``: a site the model has, its widths, and the weights it was trained on when
-    it records them, ``metadata.weights_sha256``). ``ValueError`` (one line, naming the ``bertscope sae train``
-    command that makes the missing one) otherwise."""
-    from bertscope.probes.dictionary import is_dictionary, load_for_model
-
-    root = Path(folder)
-    if not root.is_dir():
-        raise ValueError(f"--dictionaries {folder} is not a folder")
-    out = {}
-    for s in sites:
-        sub = root / site_folder(s.name)
-        if not is_dictionary(sub):
-            how = (f"--site {s.name}" if s.kind == "sae"
-                   else f"--kind transcoder --arch batchtopk --site {s.name} --site-out {s.site_out}")
-            raise ValueError(f"--dictionaries {folder} has no dictionary for site {s.name} (no {sub.name}/cfg.json); "
-                             f"train it with `bertscope sae train {how} --out {folder}`")
+def _dictionaries(train: S.Collected, sites: Sequence[S.Site], settings: Any, run: S.RunValues,
+                  enc_name: str, match: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Loaded from ``settings.dictionaries`` (trained model) when given, else trained on the train split.
+    ``match``: the trained model's dictionaries per site; the re-initialised model's control is trained with
+    each one's width and training budget (`control_recipe`), so a loaded 3,072-latent dictionary trained on 2M
+    tokens gets a 3,072-latent control trained on 2M tokens."""
+    if settings.dictionaries and enc_name == "trained":
         try:
-            d = load_for_model(sub, model)
-        except ValueError as e:
-            raise ValueError(f"--dictionaries {sub}: {e}") from None
-        cfg = d.config
-        fits = cfg.site == s.name and ((cfg.kind == "sae") if s.kind == "sae" else cfg.site_out == s.site_out)
-        if not fits:
-            made = cfg.site if cfg.kind == "sae" else f"{cfg.site} -> {cfg.site_out} ({cfg.kind})"
-            want = s.name if s.kind == "sae" else f"{s.name} -> {s.site_out} (transcoder)"
-            raise ValueError(f"--dictionaries {sub} is a dictionary of {made}; the features site needs {want}")
-        out[s.name] = d
-    return out
+            return S.load_site_dictionaries(run.model, settings.dictionaries, sites)
+        except ValueError as e:  # `check` found none of this up front only if the folder changed since
+            raise CannotRun(str(e)) from None
+    from bertscope.experiments.dictionary import parse_width
 
-
-def save_site_dictionaries(dictionaries: dict[str, Any], folder: Path) -> None:
-    """Each dictionary to ``folder/<site>/`` (SAELens's format, ``probes.dictionary.save_dictionary``)."""
-    from bertscope.probes.dictionary import save_dictionary
-
-    for site, d in dictionaries.items():
-        save_dictionary(d, Path(folder) / site_folder(site))
-
-
-def hooks_of(sites: Sequence[Site]) -> list[str]:
-    """Every hook the sites read, predict, or use as neurons."""
-    return list(dict.fromkeys(h for s in sites for h in (s.name, s.site_out, s.neurons) if h))
-
-
-def train_site_dictionaries(train: Collected, sites: Sequence[Site], settings: Any, *, seed: int,
-                            widths: dict[str, int], device: str = "cpu",
-                            metadata: dict | None = None) -> dict[str, Any]:
-    """One dictionary per site trained on the train split's non-special rows (`probes.dictionary`'s streaming
-    trainer, SAELens conventions): TopK SAEs, BatchTopK transcoders; ``settings.tokens`` rows in all.
-    ``metadata``: provenance saved with each (model, weights sha256)."""
-    from bertscope.probes.dictionary import ActivationBatch, DictionaryConfig, TrainSettings, train_dictionaries
-
-    special = train.rows.is_cls | train.rows.is_sep
-    classes = np.where(special, "special", "word").astype(object)
-    configs = {}
+    device = next(run.model.parameters()).device
+    meta = {"model": getattr(run.model, "source", None), "weights_sha256": getattr(run.model, "weights_sha256", None),
+            "max_length": run.max_length} if enc_name == "trained" else {"model": "re-initialised"}
+    recipes: dict[str, tuple[Any, int]] = {}
     for s in sites:
-        d_in = train.acts[s.name].shape[1]
-        configs[s.name] = DictionaryConfig(
-            d_in=d_in, d_sae=widths[s.name], arch="topk" if s.kind == "sae" else "batchtopk", k=settings.k,
-            kind=s.kind, d_out=train.acts[s.site_out].shape[1] if s.site_out else None, site=s.name,
-            site_out=s.site_out, metadata={"experiment": "features", **(metadata or {})})
-    hooks = list(dict.fromkeys([s.name for s in sites] + [s.site_out for s in sites if s.site_out]))
-    n = len(classes)
-    step = 4096
-    source = [ActivationBatch({h: torch.from_numpy(train.acts[h][i:i + step]) for h in hooks}, classes[i:i + step],
-                              train.rows.sentence[i:i + step]) for i in range(0, n, step)]
-    # a batch never larger than the training tokens (a corpus that fits the buffer is read once, not cycled)
-    batch = max(1, min(settings.batch_size, int((~special).sum())))
-    ts = TrainSettings(tokens=max(settings.tokens, batch), batch_size=batch, buffer_rows=settings.buffer_rows,
-                       lr=settings.lr, seed=seed, dead_tokens=max(batch, settings.tokens // 4), progress=False,
-                       device=str(device))
-    return train_dictionaries(source, configs, ts)
-
-
-@torch.no_grad()
-def encode(dictionary: Any, x: np.ndarray, chunk: int = 8192) -> np.ndarray:
-    """Latent activations ``[rows, d_sae]`` (float32, on the CPU) of rows ``x`` (encoded on the dictionary's
-    device)."""
-    device = dictionary.W_enc.device
-    out = [dictionary.encode(torch.from_numpy(x[i:i + chunk]).to(device)).float().cpu().numpy()
-           for i in range(0, len(x), chunk)]
-    return np.concatenate(out).astype(np.float32) if out else np.zeros((0, dictionary.config.d_sae), np.float32)
-
-
-@dataclass
-class Splits:
-    """The three sentence splits' labels: concepts ``[rows, c]`` per split and their names."""
-
-    y: dict[str, np.ndarray]
-    names: list[str]
-
-
-def concept_splits(data: dict[str, Collected], sentences: dict[str, list], tokens: Sequence[str], *,
-                   syntax: bool, min_positives: int) -> Splits:
-    """Concepts of every split, keeping those with at least ``min_positives`` positive and negative rows in each."""
-    ys, names = {}, None
-    for split, col in data.items():
-        y, n = L.concept_matrix(col.rows, sentences[split], tokens, syntax=syntax)
-        ys[split] = pd.DataFrame(y, columns=n)
-        names = n if names is None else [c for c in names if c in n]
-    keep = [c for c in names if all(min_positives <= ys[s][c].sum() <= len(ys[s]) - min_positives for s in ys)]
-    return Splits({s: ys[s].reindex(columns=keep, fill_value=False).to_numpy(bool) for s in ys}, keep)
-
-
-def label_table(a_dev: np.ndarray, a_test: np.ndarray, y: Splits, test_sentence: np.ndarray, *, sparse: bool,
-                units: np.ndarray, n_boot: int, seed: int) -> tuple[pd.DataFrame, M.DevScores]:
-    """Per unit (``units``: indices to label): the dev-chosen concept and rule, dev MCC, test MCC with interval."""
-    dev = M.dev_scores(a_dev, y.y["dev"], sparse=sparse)
-    u = units
-    value, low, high = M.score_on_test(a_test, y.y["test"], u, dev.unit_concept[u], dev.unit_sign[u],
-                                       dev.unit_threshold[u], test_sentence, n_boot=n_boot, seed=seed)
-    concept = np.asarray(y.names, dtype=object)[dev.unit_concept[u]] if len(u) else np.zeros(0, dtype=object)
-    table = pd.DataFrame({"unit": u.astype(int), "label": concept,
-                          "family": [L.family_of(c) for c in concept],
-                          "rule_sign": dev.unit_sign[u].astype(int), "rule_threshold": dev.unit_threshold[u],
-                          "dev_mcc": dev.unit_mcc[u], "test_mcc": value, "ci_low": low, "ci_high": high})
-    return table, dev
-
-
-def baseline_scores(dev: M.DevScores, a_test: np.ndarray, y: Splits, test_sentence: np.ndarray, *, n_boot: int,
-                    seed: int) -> pd.DataFrame:
-    """Per concept: the best single unit of a baseline basis chosen on dev and its test MCC with interval."""
-    c = np.arange(len(y.names))
-    value, low, high = M.score_on_test(a_test, y.y["test"], dev.concept_unit, c, dev.concept_sign,
-                                       dev.concept_threshold, test_sentence, n_boot=n_boot, seed=seed)
-    return pd.DataFrame({"label": y.names, "unit": dev.concept_unit, "dev_mcc": dev.concept_mcc, "test_mcc": value,
-                         "ci_low": low, "ci_high": high})
-
-
-def top_contexts(a: np.ndarray, n_top: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of the ``n_top`` largest activations of every unit ``[m, n_top]`` and their values (0-padded rows
-    are -1 where a unit fires on fewer rows)."""
-    n = min(n_top, len(a))
-    idx = np.argpartition(-a, n - 1, axis=0)[:n]  # [n, m]
-    vals = np.take_along_axis(a, idx, 0)
-    order = np.argsort(-vals, axis=0, kind="stable")
-    idx, vals = np.take_along_axis(idx, order, 0).T, np.take_along_axis(vals, order, 0).T
-    return np.where(vals > 0, idx, -1), np.where(vals > 0, vals, 0.0)
-
-
-@torch.no_grad()
-def promoted_tokens(model: Any, dictionary: Any, scale: np.ndarray, tokens: Sequence[str], n: int) -> list[str]:
-    """Per latent, the ``n`` vocabulary items whose masked-LM logits rise most when the decoder direction
-    (times the latent's mean non-zero activation ``scale``) is added to the decoder bias, through the model's
-    own masked-LM head; ``[]`` when the model has none."""
-    head = getattr(model, "mlm_head", None)
-    if head is None:
-        return []
-    device = next(model.parameters()).device
-    w = dictionary.W_dec.detach().float().to(device)
-    base = dictionary.b_dec.detach().float().to(device)[None]
-    out = []
-    for i in range(0, w.shape[0], 256):
-        x = base + w[i:i + 256] * torch.as_tensor(scale[i:i + 256], dtype=torch.float32, device=device)[:, None]
-        delta = model.mlm_logits(x) - model.mlm_logits(base)
-        top = delta.topk(n, dim=-1).indices.cpu().numpy()
-        out += [" ".join(tokens[j] for j in row) for row in top]
+        if match and s.name in match:
+            recipes[s.name] = control_recipe(settings, match[s.name])
+        else:
+            recipes[s.name] = (settings, parse_width(settings.width, train.acts[s.name].shape[1]))
+    out: dict[str, Any] = {}
+    groups: dict[tuple, list[S.Site]] = {}
+    for s in sites:  # sites sharing a recipe train together (one pass over the rows)
+        st, _ = recipes[s.name]
+        groups.setdefault((st.tokens, st.k, st.lr, st.batch_size), []).append(s)
+    for group in groups.values():
+        st = recipes[group[0].name][0]
+        widths = {s.name: recipes[s.name][1] for s in group}
+        run.log(f"training {len(group)} dictionaries on the {enc_name} model ({st.tokens} rows each, widths "
+                f"{sorted(set(widths.values()))})")
+        trained = S.train_site_dictionaries(train, group, st, seed=run.seed, widths=widths, device=device,
+                                            metadata=meta)
+        out.update({k: v.eval() for k, v in trained.items()})
+    out = {s.name: out[s.name] for s in sites}
+    if enc_name == "trained" and run.save_dictionaries is not None:
+        S.save_site_dictionaries(out, run.save_dictionaries)
+        run.log(f"dictionaries saved to {run.save_dictionaries}/<site>/ (bertscope explore --dictionary DIR "
+                "--latent N colours tokens by one)")
     return out
+
+
+def _results(results: list, baselines: list, settings: Any) -> pd.DataFrame:
+    """One row per unit with its label and, for latents, the best neuron / PCA unit for the same label."""
+    frames = [t for _, t in results]
+    table = pd.concat(frames, ignore_index=True)
+    table["labelled"] = table["test_mcc"] >= settings.threshold
+    b = pd.concat(baselines, ignore_index=True)
+    for basis in ("neuron", "pca"):
+        ref = b[b["basis"] == basis][["site", "label", "test_mcc"]].rename(columns={"test_mcc": f"{basis}_test_mcc"})
+        table = table.merge(ref, on=["site", "label"], how="left")
+    table["beats_baselines"] = ((table["test_mcc"] > table["neuron_test_mcc"])
+                                & (table["test_mcc"] > table["pca_test_mcc"]))
+    return table
+
+
+def _summary(r: pd.DataFrame, settings: Any) -> pd.DataFrame:
+    """Per site, encoder and basis: units, labelled units per family, the share beating both baselines, and the
+    width and training rows of the site's dictionary (``d_sae``, ``tokens_trained``: the control's must match)."""
+    rows = []
+    for (enc, site, basis), g in r.groupby(["encoder", "site", "basis"], sort=False):
+        row = {"encoder": enc, "site": site, "kind": g["kind"].iloc[0], "layer": int(g["layer"].iloc[0]),
+               "basis": basis, "n_units": len(g), "threshold": settings.threshold,
+               "d_sae": int(g["d_sae"].iloc[0]), "tokens_trained": int(g["tokens_trained"].iloc[0])}
+        for fam in FAMILIES:
+            row[f"n_{fam}"] = int((g["labelled"] & (g["family"] == fam)).sum())
+        row["n_labelled"] = int(g["labelled"].sum())
+        row["share_beating_neuron_and_pca"] = float(g["beats_baselines"].mean())
+        row["median_test_mcc"] = float(g["test_mcc"].median())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _probe(a: dict, y: S.Splits, d: dict, settings: Any, run: S.RunValues, where: dict) -> list[dict]:
+    rows = []
+    for j, concept in enumerate(y.names):
+        if L.variable_of(concept) not in settings.probe_variables:
+            continue
+        parts = M.sparse_probe(a["train"], y.y["train"][:, j], a["test"], y.y["test"][:, j],
+                               d["test"].rows.sentence, settings.ks, seed=run.seed,
+                               max_per_class=settings.max_per_class)
+        for p in parts:
+            rows.append({**where, "variable": L.variable_of(concept), "concept": concept, "k": p["k"],
+                         "accuracy": p["accuracy"], "units": " ".join(map(str, p["units"])), "_part": p})
+    return rows
+
+
+def _probing_summary(p: pd.DataFrame, settings: Any, seed: int) -> pd.DataFrame:
+    """Mean balanced test accuracy over each variable's concepts, per site, source and k, with a bootstrap over
+    test sentences (all concepts resampled together)."""
+    if p.empty:
+        return p
+    rows = []
+    keys = ["encoder", "site", "kind", "layer", "source", "variable", "k"]
+    for vals, g in p.groupby(keys, sort=False):
+        value, low, high = M.mean_accuracy_interval(list(g["_part"]), n_boot=settings.n_boot, seed=seed,
+                                                    ci=settings.ci)
+        rows.append({**dict(zip(keys, vals, strict=True)), "n_concepts": len(g), "accuracy": value, "ci_low": low,
+                     "ci_high": high, "model": g["model"].iloc[0], "corpus": g["corpus"].iloc[0], "split": "test"})
+    return pd.DataFrame(rows)
+
+
+def _browser_latents(results: list, best: dict, where: dict, density: np.ndarray, latents: dict, dictionary: Any,
+                     run: S.RunValues, settings: Any, tokens: Sequence[str], site: S.Site) -> pd.DataFrame:
+    """Per latent of a site: density, label, test MCC, activation histogram (test rows) and promoted tokens."""
+    lab = [t for basis, t in results if basis == "latent" and t["site"].iloc[0] == site.name
+           and t["encoder"].iloc[0] == "trained"][-1].set_index("unit") if results else pd.DataFrame()
+    test = latents["test"]
+    m = test.shape[1]
+    hist = [" ".join(map(str, M.histogram(test[:, i]))) for i in range(m)]
+    scale = np.array([test[:, i][test[:, i] > 0].mean() if (test[:, i] > 0).any() else 0.0 for i in range(m)])
+    last = site.kind == "sae" and site.layer == run.model.config.n_layers - 1
+    promoted = S.promoted_tokens(run.model, dictionary, scale, tokens, settings.n_promoted) if last else []
+    out = pd.DataFrame({"site": site.name, "latent": np.arange(m), "density": density,
+                        "max_value": test.max(0) if len(test) else 0.0, "histogram": hist,
+                        "promoted": promoted if promoted else [""] * m})
+    folder = (Path(settings.dictionaries) if settings.dictionaries else run.save_dictionaries)
+    out["dictionary"] = str(folder / S.site_folder(site.name)) if folder is not None else ""
+    out["label"] = out["latent"].map(lab["label"]) if len(lab) else None
+    out["test_mcc"] = out["latent"].map(lab["test_mcc"]) if len(lab) else np.nan
+    out["labelled"] = out["test_mcc"] >= settings.threshold
+    return out.assign(encoder=where["encoder"], model=where["model"])
+
+
+def _contexts(a: np.ndarray, rows: L.TokenRows, n_top: int, where: dict) -> pd.DataFrame:
+    idx, vals = S.top_contexts(a, n_top)
+    latent = np.repeat(np.arange(a.shape[1]), idx.shape[1])
+    flat, v = idx.reshape(-1), vals.reshape(-1)
+    keep = flat >= 0
+    return pd.DataFrame({"site": where["site"], "latent": latent[keep],
+                         "rank": np.tile(np.arange(idx.shape[1]), idx.shape[0])[keep],
+                         "sentence": rows.sentence[flat[keep]], "position": rows.position[flat[keep]],
+                         "value": v[keep].astype(np.float32)})
+
+
+def _tokens(rows: L.TokenRows, tokens: Sequence[str]) -> pd.DataFrame:
+    return pd.DataFrame({"sentence": rows.sentence, "position": rows.position,
+                         "token": [tokens[i] for i in rows.token_id]})
