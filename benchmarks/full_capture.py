@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -139,8 +140,9 @@ def main() -> None:
     mem = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
 
     print(f"model: {model.source}  device: {device}  threads: {torch.get_num_threads()}")
+    own = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")} if args.system_allocator else {}
     kept = "keep_freed_memory applied" if any(allocator.values()) else "glibc defaults (or not glibc)"
-    print(f"allocator: {kept}")
+    print(f"allocator: {kept}" + (f", environment {own}" if own else ""))
     print(f"batch {args.batch} x {args.length}, median of {args.repeats} round-robin runs (plain and full interleaved)")
     for name in fns:
         extra = f"  cpu {cpu[name] * 1e3:8.1f} ms" if cpu else ""
