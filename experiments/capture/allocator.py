@@ -3,8 +3,8 @@ fresh ones in on every call.
 
 By default glibc serves every block above its mmap threshold (128 KiB, adapting up to 32 MiB) with a fresh
 ``mmap`` and hands it back to the system on ``free``; it also trims the top of the heap once 128 KiB of it is free.
-A full capture of the bundled model allocates 717 MiB of tensors per call (a per-head result alone is 75 MiB at
-16 x 128 tokens), so each call faults about 176k pages in again: kernel time a plain forward, reusing its few
+A full capture of the bundled model allocates 717 MiB of tensors per call (a layer's per-head results alone are
+36 MiB at 16 x 128 tokens), so each call faults about 176k pages in again: kernel time a plain forward, reusing its few
 buffers, does not pay. ``keep_freed_memory`` sets, in this process (``mallopt``) and for the processes it starts
 (the ``MALLOC_*_`` environment variables glibc reads at start-up):
 
