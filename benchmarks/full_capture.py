@@ -4,6 +4,7 @@
     python benchmarks/full_capture.py --device cuda
     python benchmarks/full_capture.py --model DIR --batch 4 --length 32 --repeats 3
     python benchmarks/full_capture.py --profile            # + where the full capture spends its extra time
+    python benchmarks/full_capture.py --system-allocator   # glibc's defaults, as before keep_freed_memory
 
 "Full capture" is ``run_with_cache`` with every hook point, per-head results (``attn.hook_result``) included; "plain"
 is the forward with no hooks. The two are timed round-robin in one process (``benchutils.time_interleaved``), so
@@ -13,13 +14,16 @@ also given in CPU seconds of this process (steadier than wall time on a loaded m
 capture is measured in a fresh subprocess (CPU: peak growth of resident memory; GPU: peak allocated) beside the
 bytes captured (target: peak <= 1.3 x captured). On CPU it also prints each arm's minor page faults per call: a
 capture writes its bytes into fresh pages (glibc hands large freed blocks back to the system, so every capture faults
-its pages in again, kernel time that a plain forward, reusing its buffers, does not pay).
+its pages in again, kernel time that a plain forward, reusing its buffers, does not pay). So the benchmark
+first applies ``keep_freed_memory`` (``experiments/capture/allocator.py``), as the ``bertscope`` command does at
+start: glibc then keeps freed memory and reuses it; ``--system-allocator`` measures glibc's defaults instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +31,7 @@ import time
 
 import torch
 from benchutils import make_batch, time_interleaved
+from bertscope.experiments.capture import keep_freed_memory
 
 from bertscope import models
 
@@ -106,9 +111,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--profile", action="store_true", help="also print the per-operator profile of both paths")
+    parser.add_argument("--system-allocator", action="store_true",
+                        help="leave glibc's malloc at its defaults (no keep_freed_memory): the page faults it costs")
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    allocator = {} if args.system_allocator else keep_freed_memory()
     if args.memory_worker:
         print(json.dumps(_memory(args)))
         return
@@ -128,9 +136,13 @@ def main() -> None:
     cmd = [sys.executable, __file__, "--memory-worker", "--device", args.device, "--batch", str(args.batch),
            "--length", str(args.length), "--threads", str(args.threads)] + (["--model", args.model] if args.model
                                                                               else [])
+    cmd += ["--system-allocator"] if args.system_allocator else []
     mem = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
 
     print(f"model: {model.source}  device: {device}  threads: {torch.get_num_threads()}")
+    own = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")} if args.system_allocator else {}
+    kept = "keep_freed_memory applied" if any(allocator.values()) else "glibc defaults (or not glibc)"
+    print(f"allocator: {kept}" + (f", environment {own}" if own else ""))
     print(f"batch {args.batch} x {args.length}, median of {args.repeats} round-robin runs (plain and full interleaved)")
     for name in fns:
         extra = f"  cpu {cpu[name] * 1e3:8.1f} ms" if cpu else ""

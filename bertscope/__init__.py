@@ -70,7 +70,7 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 def __getattr__(name: str):
     """The public names (``load``, ``ActivationCache``, ``LinearProbe`` ...) and the subpackages, imported when
     first asked for."""
-    if name in ("models", "hooks", "probes", "experiments"):
+    if name in ("models", "hooks", "probes", "experiments", "similarity"):
         return _import_module(f"bertscope.{name}")
     if name in _LAZY:
         value = getattr(_import_module(_LAZY[name]), name)
@@ -80,7 +80,9 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    """The public names and subpackages (not the module's own imports)."""
+    own = {n for n in globals() if not n.startswith("_") and n not in ("TYPE_CHECKING", "annotations")}
+    return sorted({*own, *_LAZY, "models", "hooks", "probes", "experiments", "similarity"})
 
 
 def load_capture(out_dir, hooks=None, *, as_frame=False, order="corpus"):

@@ -38,7 +38,8 @@ sees the batch it sees in one process, so the shards are byte-identical to a one
 Modules: ``layout`` (file names, format, ``CaptureError``, hook selection), ``plan`` (hook shapes, shard
 plan, rank assignment, fingerprint), ``writer`` (shards, folder checks, ``sentences.parquet``), ``stream``
 (``capture``), ``distributed`` (process group), ``load`` (``load_capture``, ``iter_capture``,
-``read_index``), ``command`` (``bertscope capture``, ``--nproc``).
+``read_index``), ``command`` (``bertscope capture``, ``--nproc``), ``allocator`` (``keep_freed_memory``: glibc
+set to reuse freed pages, so a full capture does not fault its bytes in afresh on every call).
 
 **Layers.** ``layout``, ``plan`` and ``load`` are the on-disk format, below the activations stage
 (``experiments/activations.py`` reads a capture through them); ``writer``, ``stream``, ``distributed`` and
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from bertscope.experiments.io import parse_size
 
+from .allocator import keep_freed_memory
 from .layout import (
     ATTENTION_SUFFIXES,
     DEFAULT_SHARD_SIZE,
@@ -102,5 +104,6 @@ def __dir__() -> list[str]:
 __all__ = [
     "ATTENTION_SUFFIXES", "COLLECTIVE_TIMEOUT", "DEFAULT_SHARD_SIZE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK",
     "EXIT_USAGE", "FORMAT", "INDEX", "ROW_FIELDS", "SENTENCES", "SHARD_GLOB", "CaptureError", "capture",
-    "iter_capture", "launch", "load_capture", "parse_size", "read_index", "run_command", "select_hooks",
+    "iter_capture", "keep_freed_memory", "launch", "load_capture", "parse_size", "read_index", "run_command",
+    "select_hooks",
 ]  # fmt: skip

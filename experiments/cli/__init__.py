@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from bertscope.experiments.capture.allocator import keep_freed_memory
 from bertscope.experiments.options import UsageError
 
 from .commands import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, group_hook_names
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    keep_freed_memory()  # glibc keeps freed pages: captures reuse them (experiments/capture/allocator.py)
     try:
         return args.handler(args)
     except UsageError as e:
@@ -47,7 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-
 
 
 def _fail(msg: str) -> int:
