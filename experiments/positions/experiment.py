@@ -119,9 +119,10 @@ class Settings:
     def __post_init__(self) -> None:
         from bertscope.experiments.settings import require
 
-        require(self, positive=("max_windows", "tune_windows", "max_sentences", "alphas", "ridge_alphas", "n_boot",
+        require(self, positive=("max_windows", "tune_windows", "max_sentences", "alphas", "ridge_alphas",
                                 "sweep_alphas", "sweep_boot", "pairs_per_window", "table_pairs", "mdl_blocks",
                                 "batch_size", "blas_threads"),
+                non_negative=("n_boot",),  # 0: point estimates, NaN intervals (probes.bootstrap)
                 non_empty=("alphas", "ridge_alphas", "sweep_alphas"))
         if self.window_len < 4:
             raise ValueError(f"window_len must be >= 4, got {self.window_len}")
