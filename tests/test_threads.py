@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bertscope.experiments.cli import build_parser, main
-from bertscope.experiments.cli.commands import options_from_args
+from bertscope.experiments.cli.commands import options_from_args, start_threads
 from bertscope.experiments.jobs import can_fork, imap_unordered, set_thread_budget, worker_threads
 from bertscope.experiments.options import RunOptions, UsageError
 
@@ -46,9 +46,11 @@ def test_threads_inside_a_worker_obey_the_budget(restore_threads, budget, worker
 def test_threads_option_parses_and_is_recorded(restore_threads, tmp_path):
     args = build_parser(["run", "heads"]).parse_args(["run", "heads", "--threads", "3", "--out", str(tmp_path)])
     options = options_from_args(args)
+    start_threads(options)  # after the usage checks, which answer without torch
     assert options.threads == 3 and torch.get_num_threads() == 3 and options.to_dict()["threads"] == 3
     args = build_parser(["run", "heads"]).parse_args(["run", "heads", "--out", str(tmp_path)])
-    options = options_from_args(args)  # default: every core this process may use, recorded as the number set
+    options = options_from_args(args)
+    start_threads(options)  # default: every core this process may use, recorded as the number set
     assert options.threads == torch.get_num_threads() >= 1 and options.to_dict()["threads"] == options.threads
     assert "threads" not in RunOptions().to_dict()  # library use without a choice: nothing recorded
     for command in (["capture", "--hooks", "x"], ["sae", "eval", "d"], ["circuits", "--task", "t", "--metric", "m"]):

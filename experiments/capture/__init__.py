@@ -43,7 +43,7 @@ set to reuse freed pages, so a full capture does not fault its bytes in afresh o
 
 **Layers.** ``layout``, ``plan`` and ``load`` are the on-disk format, below the activations stage
 (``experiments/activations.py`` reads a capture through them); ``writer``, ``stream``, ``distributed`` and
-``command`` write one through the stage and sit above it. This ``__init__`` imports the format only; the
+``command`` write one through the stage and sit above it. This ``__init__`` imports the layout only; the
 writer's and the command's names (``capture``, ``launch``, ``run_command``, ``EXIT_*``, ``COLLECTIVE_TIMEOUT``)
 are imported on first use (PEP 562), so the stage importing the format never runs the writer.
 """
@@ -67,21 +67,23 @@ from .layout import (
     CaptureError,
     select_hooks,
 )
-from .load import iter_capture, load_capture, read_index
 
 if TYPE_CHECKING:
     from .command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, launch, run_command
     from .distributed import COLLECTIVE_TIMEOUT
+    from .load import iter_capture, load_capture, read_index
     from .stream import capture
 
-# The writer's and the command's names (above the activations stage), imported when first asked for.
+# The writer's and the command's names (above the activations stage), imported when first asked for; the
+# loader's too (it imports torch: `bertscope` applies the allocator setting from here before any usage check).
 _LAZY = {
     **dict.fromkeys(("EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "launch", "run_command"),
                     f"{__name__}.command"),
     "COLLECTIVE_TIMEOUT": f"{__name__}.distributed",
+    **dict.fromkeys(("iter_capture", "load_capture", "read_index"), f"{__name__}.load"),  # torch: on first use
     "capture": f"{__name__}.stream",
 }  # fmt: skip
-_SUBMODULES = ("command", "distributed", "stream", "writer")
+_SUBMODULES = ("command", "distributed", "load", "stream", "writer")
 
 
 def __getattr__(name: str):

@@ -52,6 +52,7 @@ def cmd_capture(args: argparse.Namespace, worker_argv: Sequence[str] = ()) -> in
     options = options_from_args(args)  # usage errors before the capture package (and torch) is imported
     from bertscope.experiments.capture import run_command
 
+    start_threads(options)
     return run_command(args, options, worker_argv)
 
 
@@ -61,7 +62,9 @@ def cmd_sae(args: argparse.Namespace) -> int:
     from bertscope.experiments.cli import sae_command
 
     run = sae_command.run_train_command if args.sae_command == "train" else sae_command.run_eval_command
-    return run(args, options_from_args(args))
+    options = options_from_args(args)
+    start_threads(options)
+    return run(args, options)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -82,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise
             broken[name] = f"{type(e).__name__}: {e}"
     _type_settings(options, modules)  # a bad --set stops here, before the model is loaded
+    start_threads(options)
     inputs = prepare_inputs(options) if modules else None  # bad input stops here, before any output
     if inputs is not None and options.activations is not None:
         check_activations(options, inputs, modules, alone=args.experiment != "all")
@@ -295,8 +299,6 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file, not a folder; choose another --out")
     check_corpus_spelling(args.corpus)
-    from bertscope.experiments.jobs import set_thread_budget
-
     options = RunOptions(
         model=args.model,
         corpus=args.corpus,
@@ -315,8 +317,15 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         eval_corpus=getattr(args, "eval_corpus", None),
         threads=getattr(args, "threads", None),
     )
-    options.threads = set_thread_budget(options.threads)  # once, where the CLI starts any workers
     return options
+
+
+def start_threads(options: RunOptions) -> None:
+    """Set the run's thread budget once, where the CLI starts any work (after the usage checks, which answer
+    without importing torch); ``options.threads`` then holds the number used (the manifest records it)."""
+    from bertscope.experiments.jobs import set_thread_budget
+
+    options.threads = set_thread_budget(options.threads)
 
 
 def _set_assignments(args: argparse.Namespace) -> dict[str, dict[str, str]]:
