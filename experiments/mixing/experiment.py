@@ -63,8 +63,8 @@ class Settings:
         from bertscope.experiments.settings import require
         from bertscope.hooks.mixing.inputs import BASELINES
 
-        require(self, positive=("max_sentences", "costly_sentences", "ig_steps", "n_examples", "example_max_tokens",
-                                "n_boot"), choices={"baseline": BASELINES},
+        require(self, positive=("max_sentences", "costly_sentences", "ig_steps", "example_max_tokens", "n_boot"),
+                non_negative=("n_examples",), choices={"baseline": BASELINES},
                 subsets={"methods": table.per_layer(), "costly_methods": table.per_layer()})
 
 
