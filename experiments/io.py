@@ -156,7 +156,7 @@ def tight_bbox(fig: Any, dpi: float) -> Any:
     by ``rcParams["savefig.pad_inches"]`` as savefig pads it; returns a ``matplotlib.transforms.Bbox``.
     Savefig draws the figure once, with rendering disabled, before it measures; the measure lays out what
     it needs itself (ticks, titles, axis labels, aspect, colour bars, legends: the same box on every figure
-    of the experiments, and `tests/test_io.py` pins the PNG), so that draw is left out (it cost as much as
+    of the experiments, and `tests/experiments/test_io.py` pins the PNG), so that draw is left out (it cost as much as
     the measure) unless a layout engine has to place the axes first.
     """
     import matplotlib as mpl

@@ -15,8 +15,8 @@ ONE worker mechanism:
   unusable), the jobs run in this process.
 - **Results are the serial run's**: a job runs under the same thread limit (``threads``: torch, BLAS and OpenMP
   threads, `probes.thread_limit`) in a worker and in this process, so with ``threads`` set the results are bit
-  for bit those of ``workers=1`` (``tests/test_jobs.py``). Independent results do not depend on the order the
-  jobs finish in; the costliest jobs start first (``cost``), so the last worker does not run one long job alone.
+  for bit those of ``workers=1`` (``tests/experiments/test_jobs.py``). Independent results do not depend on the order
+  the jobs finish in; the costliest jobs start first (``cost``), so the last worker does not run one long job alone.
 - **Cached as they arrive**: `JobService.run` computes the jobs whose step is not cached yet and writes each
   result to the step cache (`context.StepCache`) as soon as it reaches this process, so Ctrl-C keeps every job
   that finished; a rerun reads them back and computes only the rest.

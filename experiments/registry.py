@@ -132,7 +132,8 @@ def _machine(path: Path) -> str:
 
 
 #: The role names of an experiment's computation modules and what each holds (docs/architecture.md, "The experiment
-#: template"); ``tests/test_experiment_template.py`` checks every experiment uses them. ``data`` and ``measures``
+#: template"); ``tests/experiments/test_experiment_template.py`` checks every experiment uses them. ``data`` and
+#: ``measures``
 #: are in every experiment, ``steps`` where the run has resumable stages of its own; a role module split by size
 #: keeps its role as a prefix (``steps_more.py``).
 ROLE_MODULES: dict[str, str] = {

@@ -1,7 +1,7 @@
 """The block interface the analyses read from a model, written down: what context mixing
 (``bertscope.hooks.mixing``), circuits (``bertscope.hooks.circuits``) and the interventions call on an encoder
-besides its hook points. Every family ``models.load`` builds satisfies it (``tests/test_model_protocol.py`` checks
-all eight); a new family learns it here instead of from failing tests.
+besides its hook points. Every family ``models.load`` builds satisfies it (``tests/models/test_model_protocol.py``
+checks all eight); a new family learns it here instead of from failing tests.
 
 Shapes: ``b`` batch, ``p`` positions, ``h`` heads, ``m`` ``d_model``, ``d`` ``d_head``.
 

@@ -6,7 +6,7 @@ then train a TopK and a JumpReLU SAE from that capture on the device; prints tok
 
 The issue also asks for a 2-process ``torchrun`` data-parallel check; it needs two GPUs and runs only when the
 device has them (the lent machine has one: the output says so). The CPU equivalent (gloo, 2 processes) is
-``tests/test_dictionary_distributed.py``.
+``tests/probes/test_dictionary_distributed.py``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main() -> int:
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     results["torchrun_2_process"] = ("not run: this machine has "
                                      f"{n_gpu} GPU(s); the 2-process nccl check needs 2 (CPU gloo equivalent: "
-                                     "tests/test_dictionary_distributed.py)")
+                                     "tests/probes/test_dictionary_distributed.py)")
     print(f"torchrun 2-process check: {results['torchrun_2_process']}")
     shutil.rmtree(work, ignore_errors=True)
     path = write_result(args.out, "dictionaries", results)

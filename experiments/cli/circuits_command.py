@@ -18,7 +18,7 @@ from typing import Any
 from .threads import add_threads_option
 
 #: `bertscope.hooks.circuits.METRICS`, named here so that building the parser imports no torch
-#: (tests/test_circuits_cli.py checks the two agree)
+#: (tests/cli/test_circuits_cli.py checks the two agree)
 METRIC_NAMES = ("cosine", "dot", "mask-logit-diff")
 
 #: old option (argparse dest) -> the circuits setting it sets

@@ -7,7 +7,7 @@ activations ``f [n, d_sae]``:
 - :func:`saelens_metrics`: SAELens 6.x ``evals.get_sparsity_and_variance_metrics`` on one evaluation batch, term
   for term, quirks included (its ``mse`` divides each row's squared error by the batch's row count, and its
   ``explained_variance`` subtracts the squared mean of per-dimension second moments, not of the means), so that
-  a number can be compared with one SAELens printed. ``tests/test_dictionary_metrics.py`` pins both.
+  a number can be compared with one SAELens printed. ``tests/probes/test_dictionary_metrics.py`` pins both.
 """
 
 from __future__ import annotations

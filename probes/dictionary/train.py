@@ -11,7 +11,7 @@ per ``seed`` (on one device and thread count).
 Data parallel: inside an initialised ``torch.distributed`` group (``torchrun``; gloo on CPU, nccl on CUDA) every
 process reads the same stream and buffer, trains on its equal share of each batch (rows ``rank::world``) and
 averages gradients, dead-latent counts and resampling inputs over the group, so every process holds the same
-dictionary, equal to one process's within float summation order (``tests/test_dictionary_distributed.py``).
+dictionary, equal to one process's within float summation order (``tests/probes/test_dictionary_distributed.py``).
 Checkpoints are written by rank 0. An architecture that is not ``data_parallel`` (BatchTopK: a selection over the
 whole batch) is refused.
 """

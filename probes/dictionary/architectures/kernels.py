@@ -33,7 +33,7 @@ class TopKEncodeFunction(torch.autograd.Function):
     ``d/dW_enc = G^T (x - shift)`` comes from the sparse ``G [rows, d_sae]`` (``k`` entries a row) instead of a
     dense ``[rows, d_sae]`` matmul, and ``d/dshift = -(sum_rows G) W_enc^T`` (one vector-matrix product; the input
     ``x`` itself gets no gradient: it is data). The same numbers as ``torch.topk(h, k)`` and its autograd, to
-    float summation order (``tests/test_dictionary.py``)."""
+    float summation order (``tests/probes/test_dictionary.py``)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, shift: torch.Tensor | None, W_enc: torch.Tensor, b_enc: torch.Tensor,

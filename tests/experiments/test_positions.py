@@ -217,8 +217,8 @@ SMALL = positions.Settings(
     table_pairs=300, mdl_blocks=4, sublayer_controls=True, alphas=(1.0, 10.0), ridge_alphas=(1.0, 100.0),
     sweep_alphas=(0.1, 10.0), repeats=2, sweep_boot=20, n_jobs=1,
 )  # fmt: skip
-# n_jobs=1: the probes run in the test's process (no worker start per test); tests/test_positions_parallel.py
-# checks that worker processes give the same tables
+# n_jobs=1: the probes run in the test's process (no worker start per test);
+# tests/experiments/test_positions_parallel.py checks that worker processes give the same tables
 
 
 def test_full_run_writes_tables_and_figures_with_controls(tmp_path, tokenizer, tiny_config, monkeypatch):

@@ -11,8 +11,7 @@ import pytest
 from bertscope.experiments import cli, positions
 from bertscope.experiments.corpus import load_corpus, write_conllu
 from bertscope.experiments.positions import experiment, probing
-
-from tests.test_positions_activations import TINY, common
+from test_positions_activations import TINY, common
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from helpers import assert_close_across_kernels
 
 from bertscope import models
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 LONG = [TEXTS[0] + " " + TEXTS[3], TEXTS[1]]  # 22 tokens vs a local window of 8 (|i - j| <= 4)
 
 

@@ -16,7 +16,7 @@ from helpers import assert_close_across_kernels
 
 from bertscope import models
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 
 
 def _batch(model, pairs: bool = True) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ from bertscope.probes.dictionary import (
 )
 from helpers import save_tiny_bert
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CAP = 0.5  # the toy's planted answer: no latent activation ever exceeds it
 CALLS = {"sparsity": 0}
 

@@ -15,7 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".git", ".venv", ".dev", "build", "dist", "*.egg-info", "results", "__pycache__",
                               ".pytest_cache", ".ruff_cache", "api")
 

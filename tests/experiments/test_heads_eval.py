@@ -87,7 +87,7 @@ def tiny(tiny_config: models.EncoderConfig, tokenizer) -> models.Encoder:
 
 def run_eval(model, out: Path, monkeypatch, train, evaluate) -> Path:
     monkeypatch.setattr(heads, "Settings", lambda: SMALL)
-    monkeypatch.setattr(heads, "plot", lambda out_dir: [])  # figures: tests/test_heads_run.py
+    monkeypatch.setattr(heads, "plot", lambda out_dir: [])  # figures: tests/experiments/test_heads_run.py
     inputs = Inputs(model, train, torch.device("cpu"), torch.float32, model_summary(model), corpus_summary(train))
     inputs.eval_corpus, inputs.eval_corpus_info = evaluate, corpus_summary(evaluate)
     result = run_experiment(heads, RunOptions(out=out, quiet=True), inputs)

@@ -90,7 +90,7 @@ def test_block_names_and_attention_sites_are_read_only_in_sites_py():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     by_hand = [re.compile(r"blocks\\\\?\.\(\\\\?d\+\)"), re.compile(r"""split\(["']\.["']\)\[1\]"""),
                re.compile(r"""\(\s*["'](?:attn\.)?hook_(?:scores|pattern)["']\s*,\s*["'](?:attn\.)?hook_(?:scores|pattern)["']"""
                           r"""\s*,?\s*\)""")]  # a tuple of just the two: an attention-shape list

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bertscope.experiments import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {name: importlib.import_module(path) for name, path in registry.EXPERIMENTS.items()}
 
 

@@ -16,7 +16,7 @@ from bertscope.probes.lens.pairs import first_preferring_stream, pair_accuracy, 
 from helpers import save_tiny_bert
 from mlm_fixtures import TableMLM
 
-BLIMP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "blimp" / "blimp.tsv.gz"
+BLIMP = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "blimp" / "blimp.tsv.gz"
 
 
 def _cat_model() -> TableMLM:

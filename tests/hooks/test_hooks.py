@@ -14,7 +14,7 @@ from helpers import assert_close_across_kernels, assert_float32_close
 from bertscope import models
 
 SENTENCES = ["The cat sat on the mat while the other cat slept.", "Dogs bark.", "A short one, with a comma."]
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"bertscope": "bertscope", "models": "bertscope.models", "hooks": "bertscope.hooks",
             "probes": "bertscope.probes", "experiments": "bertscope.experiments"}  # fmt: skip
 
