@@ -14,6 +14,7 @@ from bertscope.experiments.registry import EXPERIMENTS
 from .circuits_command import add_circuits
 from .commands import cmd_capture, cmd_clean, cmd_explore, cmd_info, cmd_report, cmd_run, cmd_sae
 from .threads import add_threads_option
+from .threads import positive_int as _positive_int
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -426,14 +427,6 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _shard_size(text: str) -> int | None:

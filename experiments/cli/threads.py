@@ -9,13 +9,14 @@ import argparse
 def add_threads_option(p: argparse.ArgumentParser) -> None:
     """``--threads N``: this process's torch threads, shared out among any worker processes
     (`experiments.jobs.worker_threads`); set once by `experiments.jobs.set_thread_budget`."""
-    p.add_argument("--threads", type=_thread_count, default=None, metavar="N",
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="CPU threads for the whole run: torch's in this process, divided among the worker processes "
                    "an experiment starts (default: OMP_NUM_THREADS if set, else every core this process may use; on "
                    "a machine busy with other work, fewer, e.g. 1, is faster); recorded in the manifest")
 
 
-def _thread_count(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (``--threads``, ``--batch-size``, ...)."""
     try:
         value = int(text)
     except ValueError:
