@@ -36,9 +36,12 @@ def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
         paths += plot_head_maps(results, out_dir, formats)
     circuit = read_table(out_dir, "circuit")
     if circuit is not None and not circuit.empty:
-        shape = {} if results is None else {"n_layers": int(results.layer.max()) + 1,
+        drawing = {} if results is None else {"n_layers": int(results.layer.max()) + 1,
                                             "n_heads": int(results["head"].max()) + 1}
-        paths += plot_circuit(circuit, out_dir, formats, **shape)
+        edges = read_table(out_dir, "edges")
+        if edges is not None and "method" in edges and len(edges):
+            drawing["method"] = str(edges.method.iloc[0])
+        paths += plot_circuit(circuit, out_dir, formats, **drawing)
     curve = read_table(out_dir, "faithfulness")
     if curve is not None:
         paths += plot_faithfulness(curve, read_table(out_dir, "areas"), out_dir, formats)
@@ -109,11 +112,12 @@ def _shape(circuit: pd.DataFrame, n_layers: int | None, n_heads: int | None) -> 
 
 
 def plot_circuit(circuit: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS, *, n_layers: int | None = None,
-                 n_heads: int | None = None) -> list[Path]:
+                 n_heads: int | None = None, method: str = "eap-ig") -> list[Path]:
     """``fig_circuit``: the circuit's nodes placed by layer (embeddings at the bottom, output at the top; heads by
     number, MLPs in their own column, every node of the model a faint dot), each labelled beside it (``L5H8``,
     ``MLP 4``); an edge's width is its score's size, its colour the score's sign, both in the legend.
-    ``n_layers``/``n_heads``: the model's (default: the largest the circuit names)."""
+    ``n_layers``/``n_heads``: the model's (default: the largest the circuit names); ``method``: the edge method
+    that scored the edges (the ``edges`` table's), named in the legend."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch
@@ -123,7 +127,7 @@ def plot_circuit(circuit: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
     nodes = sorted(set(circuit.sender) | set(circuit.receiver))
     pos = {n: _position(n, n_layers, n_heads) for n in nodes}
     fig, ax = plt.subplots(figsize=(1.9 + 0.42 * (n_heads + 3), 1.6 + 0.3 * len(rows)))
-    everything = [_position(f"L{L}H{h}", n_layers, n_heads) for L in range(n_layers) for h in range(n_heads)]
+    everything = [_position(head_name(L, h), n_layers, n_heads) for L in range(n_layers) for h in range(n_heads)]
     everything += [_position(f"m{L}", n_layers, n_heads) for L in range(n_layers)]
     ax.scatter(*zip(*everything, strict=True), s=6, color="0.85", zorder=0)
     biggest = float(circuit.score.abs().max()) or 1.0
@@ -165,11 +169,11 @@ def plot_circuit(circuit: pd.DataFrame, out_dir: Path, formats: Formats = FORMAT
     sizes = [Line2D([], [], color="0.3", lw=width(f * biggest), label=f"|score| = {f * biggest:.2g}")
              for f in (1.0, 0.5, 0.1)]
     ax.legend(handles=colours + sizes, loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=7.5, frameon=False,
-              title_fontsize=8, title="edge colour: the sign of its EAP-IG score (the estimated change of the metric "
-              "when only that edge is corrupted);\nedge width: the size of the score")
+              title_fontsize=8, title=f"edge colour: the sign of its {method.upper()} score (the estimated change of "
+              "the metric when only that edge is corrupted);\nedge width: the size of the score")
     n_head = sum(head_of(n) is not None for n in nodes)
-    ax.set_title(f"Circuit found by greedy pruning: {len(circuit)} edges, {n_head} head(s), "
-                 f"{len(nodes) - 2 - n_head} MLP(s)\n"
+    n_mlp = len(nodes) - n_head - len({"input", "output"} & set(nodes))
+    ax.set_title(f"Circuit found by greedy pruning: {len(circuit)} edges, {n_head} head(s), {n_mlp} MLP(s)\n"
                  f"faithfulness {float(m.faithfulness):.2f} (metric: full model {float(m.m_full):.3f}, circuit "
                  f"alone {float(m.m_circuit):.3f}, corrupted run {float(m.m_empty):.3f})", fontsize=9)
     return io.save_figure(fig, out_dir / "fig_circuit", formats)
