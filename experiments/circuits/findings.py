@@ -16,9 +16,12 @@ CAPTIONS: dict[str, str] = {
     "query term and the document when that head's output is patched from the corrupted document (filler word) "
     "into the clean one (query term repeated), as a share of the whole clean-to-corrupted change. One panel "
     "per method: exact patching, and the gradient estimates AtP, AtP* and EAP-IG of the same quantity.",
-    "fig_circuit": "The circuit found by greedy pruning with exact patching on the frozen-LayerNorm model: "
-    "nodes are the input, the heads and MLPs it keeps, and the output; an edge's width is its EAP-IG score's "
-    "size, its colour the sign (red: the edge pushes the metric toward the corrupted value when corrupted).",
+    "fig_circuit": "The circuit found by greedy pruning with exact patching on the frozen-LayerNorm model, drawn "
+    "by layer: the embeddings at the bottom, each layer's attention heads (by head number) and MLP above it, the "
+    "output (the metric) at the top; grey dots are the model's other heads and MLPs. An arrow is an edge the "
+    "circuit keeps; its width is the size of its EAP-IG score (the estimated change of the metric when only "
+    "that edge is corrupted), its colour the score's sign (legend). Faithfulness 1 = the circuit alone recovers "
+    "the full model's metric, 0 = no better than the corrupted run.",
     "fig_faithfulness": "Faithfulness of circuits made of the top edges by score (black) and of random edge "
     "orders (grey), as a function of the fraction of edges kept: 1 = the circuit alone recovers the full "
     "model's metric, 0 = no better than the corrupted run. CPR is the area under the curve, CMD the area "

@@ -57,6 +57,16 @@ class EdgeScores:
     method: str
     n_pairs: int
 
+    def __repr__(self) -> str:
+        """One line: the method, pairs, edge count and the top three edges by absolute score (not the tensor)."""
+        top = self.graph.valid.sum().item()
+        vals = torch.where(self.graph.valid, self.scores.abs().double(), torch.full_like(self.scores.double(), -1))
+        idx = torch.topk(vals.flatten(), min(3, int(top))).indices.tolist() if top else []
+        s, r, n_r = self.graph.senders, self.graph.receivers, len(self.graph.receivers)
+        shown = ", ".join(f"{s[i // n_r]}->{r[i % n_r]}: {float(self.scores.view(-1)[i]):+.3g}" for i in idx)
+        return (f"EdgeScores(method={self.method!r}, n_pairs={self.n_pairs}, edges={int(top)}, "
+                f"top=[{shown}{', ...' if top > 3 else ''}])")
+
     def table(self) -> pd.DataFrame:
         """One row per existing edge: ``edge``, ``sender``, ``receiver``, ``score``, ``abs_score``, ``rank`` (1 =
         largest absolute score), ``method``, ``n_pairs``."""

@@ -122,6 +122,12 @@ class Circuit:
     n_evaluations: int = 0
     log: list[dict] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        """One line: edge and node counts, faithfulness and the first few edges (not the mask or the search log)."""
+        shown = ", ".join(self.edges[:4]) + (", ..." if len(self.edges) > 4 else "")
+        return (f"Circuit(edges={len(self.edges)}, nodes={len(self.nodes)}, faithfulness={self.faithfulness:.3f}, "
+                f"n_evaluations={self.n_evaluations}, edges_shown=[{shown}])")
+
 
 def _circuit(ev: Evaluator, mask: torch.Tensor, log: list[dict] | None = None) -> Circuit:
     g = ev.graph

@@ -171,3 +171,37 @@ def test_spearman_interval_resamples_pairs():
     w = np.random.default_rng(1).multinomial(30, np.full(30, 1 / 30), size=200) / 30
     boot = [pd.Series(wi @ est).corr(pd.Series(wi @ exact), method="spearman") for wi in w]
     assert (low, high) == pytest.approx(tuple(np.percentile(boot, [2.5, 97.5])))
+
+
+def test_the_circuit_figure_places_nodes_by_layer_labels_them_beside_and_explains_edges(tmp_path, monkeypatch):
+    """A planted circuit (old head names, as tables written before the convention spell them): every node sits on
+    its layer's row (embeddings lowest, output highest), is labelled ``L1H0``/``MLP 1`` beside it (not on it), and
+    the legend says what an edge's width and colour mean."""
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    from bertscope.experiments.circuits import plots
+
+    edges = [("input", "a0.h1", 0.004), ("a0.h1", "a1.h0", 0.01), ("a1.h0", "output", -0.02), ("a0.h1", "m1", -0.001)]
+    table = pd.DataFrame({"edge": [f"{s}->{r}" for s, r, _ in edges], "sender": [s for s, _, _ in edges],
+                          "receiver": [r for _, r, _ in edges], "score": [v for _, _, v in edges],
+                          "faithfulness": 0.5, "m_circuit": 0.25, "m_full": 0.3, "m_empty": 0.2, "n_evaluations": 4})
+    drawn = {}
+    monkeypatch.setattr(plots.io, "save_figure", lambda fig, base, formats: drawn.setdefault("fig", fig) and [])
+    plots.plot_circuit(table, tmp_path, ("png",), n_layers=3, n_heads=2)
+    ax = drawn["fig"].axes[0]
+    labels = {t.get_text(): t for t in ax.texts}
+    assert {"embeddings", "L0H1", "L1H0", "MLP 1", "output"} <= set(labels)
+    assert not any(".h" in name for name in labels)
+    y = {name: t.xy[1] for name, t in labels.items()}
+    assert y["embeddings"] < y["L0H1"] < y["L1H0"] < y["MLP 1"] < y["output"]
+    assert y["output"] == 2 * 3 + 1  # every layer of the model has its rows, not only the circuit's
+    for t in labels.values():  # beside: offset from the node it names, never centred on it
+        assert t.get_position() != t.xy and t.get_ha() == "left"
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert rows[0] == "embeddings" and rows[-1] == "output" and "layer 2 MLP" in rows
+    legend = ax.get_legend()
+    words = legend.get_title().get_text() + " ".join(t.get_text() for t in legend.get_texts())
+    assert "edge colour" in words and "edge width" in words and "score < 0" in words and "|score| = 0.02" in words
+    assert "2 head(s), 1 MLP(s)" in ax.get_title() and "faithfulness 0.50" in ax.get_title()

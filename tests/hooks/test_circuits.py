@@ -458,3 +458,33 @@ def test_task_files_and_jsonl_corpora_share_one_reader(tmp_path, line, problem):
         read_pairs(path)
     with pytest.raises(CorpusError, match=f"x.jsonl:3: {problem}"):
         read_corpus_file(path)
+
+
+def test_edge_scores_and_circuit_reprs_are_one_short_line_naming_the_top_entries():
+    """A 12-layer, 12-head graph has thousands of edges: the reprs give sizes and the planted top edges only."""
+    from bertscope.hooks.circuits.graph import Graph
+    from bertscope.hooks.circuits.search import Circuit
+
+    g = Graph(12, 12, True)
+    scores = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    planted = [("L2H3", "L5H8", -0.5), ("input", "output", 0.25), ("m4", "L7H1", 0.125)]
+    for s, r, v in planted:
+        scores[g.senders.index(s), g.receivers.index(r)] = v
+    later, earlier = g.senders.index("L7H1"), g.receivers.index("L2H3")
+    assert not g.valid[later, earlier]
+    scores[later, earlier] = 9.0  # not an edge (a later head cannot feed an earlier one): never shown
+    text = repr(circuits.EdgeScores(g, scores, "eap-ig", 24))
+    assert "\n" not in text and len(text) < 200, text
+    assert text.startswith("EdgeScores(method='eap-ig', n_pairs=24, edges=")
+    assert f"edges={int(g.valid.sum())}" in text
+    shown = [part.split(":")[0] for part in text.split("top=[")[1].split(", ")[:3]]
+    assert shown == [f"{s}->{r}" for s, r, _ in planted]
+    assert "L2H3->L5H8: -0.5" in text
+
+    edges = [f"{s}->{r}" for s, r, _ in planted] * 4
+    c = Circuit(torch.zeros(len(g.senders), len(g.receivers), dtype=torch.bool), edges, ["L2H3", "L5H8"], 0.875,
+                0.3, 0.4, 0.1, 17, [{"step": i} for i in range(500)])
+    text = repr(c)
+    assert "\n" not in text and len(text) < 200, text
+    assert text.startswith("Circuit(edges=12, nodes=2, faithfulness=0.875, n_evaluations=17, edges_shown=[L2H3->")
+    assert text.endswith(", ...])")
