@@ -61,6 +61,7 @@ POOLS = ("token", "word")
 __all__ = [
     "CLS", "PADDING", "POOLS", "REAL", "SEP", "TOKEN_CLASSES", "ActivationBatch", "CaptureSource", "batch_activations",
     "encode_sequences", "first_pieces", "is_attention", "iter_activations", "last_layer_needed", "open_capture",
+    "pool_words",
     "resolve_sites", "run_batch", "token_classes",
 ]  # fmt: skip
 
@@ -492,15 +493,16 @@ def _finish(batch: Batch, tensors: dict[str, torch.Tensor], *, pool: str, includ
             t = torch.where(mask.reshape(*mask.shape, *([1] * (t.ndim - 2))), t, torch.zeros((), dtype=t.dtype))
         out[name] = t.to(device=device or t.device)
     if pool == "word":
-        out = _pool_words(out, batch)
+        out = pool_words(out, batch)
     out = {name: t.to(dtype=dtype or t.dtype) for name, t in out.items()}
     return ActivationBatch(batch, out, classes, pool=pool, include_special=include_special)
 
 
-def _pool_words(tensors: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
-    """Word-pooled sites of one batch: ``[batch, word, ...]`` for token sites (the sites of one shape, dtype and
-    device pooled together, one ``word_pool`` per sentence over ``[site, pos, features]``), ``[batch, head, word,
-    word]`` for attention sites; words past a sentence's last hold 0."""
+def pool_words(tensors: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
+    """The one word pooling of the experiments (``pool="word"``, and erasure's word vectors from the token-level
+    tensors it also keeps). Word-pooled sites of one batch: ``[batch, word, ...]`` for token sites (the sites of
+    one shape, dtype and device pooled together, one ``word_pool`` per sentence over ``[site, pos, features]``),
+    ``[batch, head, word, word]`` for attention sites; words past a sentence's last hold 0."""
     n_words = max(batch.n_words)
     out: dict[str, torch.Tensor] = {}
     groups: dict[tuple, list[str]] = {}

@@ -79,7 +79,7 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
     ``model`` with ``hooks`` in place, or, for a clean pass (no hooks), ``capture`` (a `CaptureSource`, e.g.
     ``--activations``; ``corpus``: the sentences ``encoded`` encodes). The pooled embedding is the last block's
     output (through the final LayerNorm of pre-LN models), as the forward's own output."""
-    from bertscope.experiments.activations import batch_activations
+    from bertscope.experiments.activations import batch_activations, pool_words
 
     if capture is not None and hooks:
         raise ValueError("a capture holds clean activations: an intervention's run needs the forward (capture=None)")
@@ -89,8 +89,7 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
     last_site = f"blocks.{model.config.n_layers - 1}.hook_resid_post"
     final_norm = getattr(model, "ln_final", None)
     d = model.config.d_model
-    sums = torch.zeros(len(sites), int(offsets[-1]), d, dtype=torch.float32, device=device)
-    counts = torch.zeros(int(offsets[-1]), dtype=torch.float32, device=device)
+    words = torch.zeros(len(sites), int(offsets[-1]), d, dtype=torch.float32, device=device)
     pieces: dict[str, list[np.ndarray]] = {s: [] for s in pieces_at}
     piece_word: list[np.ndarray] = []
     embedding = np.zeros((len(n_words), d), dtype=np.float32)
@@ -111,15 +110,17 @@ def collect(model: Any, encoded: Any, sites: Sequence[str], n_words: Sequence[in
             keep = (wid >= 0).reshape(-1)
             flat_word = (start + wid).reshape(-1)[keep]  # global word index of every word piece
             stacked = torch.stack([cache[s] for s in sites]).float().reshape(len(sites), -1, d)[:, keep]
-            sums.index_add_(1, flat_word, stacked)
-            counts.index_add_(0, flat_word, torch.ones_like(flat_word, dtype=torch.float32))
+            pooled = pool_words({s: cache[s].float() for s in sites}, batch)  # the stage's word pooling
+            for r, si in enumerate(batch.sentence_index):
+                n = int(n_words[si])
+                words[:, offsets[si] : offsets[si] + n] = torch.stack([pooled[s][r, :n] for s in sites])
             for s in pieces_at:
                 pieces[s].append(stacked[sites.index(s)].cpu().numpy())
             if pieces_at:
                 piece_word.append(flat_word.cpu().numpy())
             if use_mlm:
                 _mlm(model, batch, ids, mask, mlm_every, mlm_hits, mlm_count)
-    mean = (sums / counts.clamp_min(1)[None, :, None]).cpu().numpy()
+    mean = words.cpu().numpy()
     return Activations(
         words={s: mean[i] for i, s in enumerate(sites)},
         pieces={s: np.concatenate(v) for s, v in pieces.items()},
