@@ -13,8 +13,9 @@ analyses may import ``bertscope.models`` at their top level. ``from bertscope.ho
 
 from __future__ import annotations
 
-from importlib import import_module as _import_module
 from typing import TYPE_CHECKING
+
+from bertscope.hooks.lazy import lazy_names
 
 if TYPE_CHECKING:
     from bertscope.hooks.cache import ActivationCache, act_name
@@ -37,21 +38,7 @@ _SUBMODULES = ("ablation", "cache", "circuits", "hook_points", "interventions", 
                "mixing_graph", "mixing_inputs", "mixing_kernels")  # fmt: skip
 
 
-def __getattr__(name: str):
-    """The public names (``ActivationCache``, ``ablate_heads``, ``contributions`` ...) and the submodules,
-    imported when first asked for."""
-    if name in _LAZY:
-        value = getattr(_import_module(_LAZY[name]), name)
-    elif name in _SUBMODULES:
-        value = _import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY, _SUBMODULES)
 
 
 __all__ = [

@@ -50,10 +50,10 @@ are imported on first use (PEP 562), so the stage importing the format never run
 
 from __future__ import annotations
 
-from importlib import import_module as _import_module
 from typing import TYPE_CHECKING
 
 from bertscope.experiments.io import parse_size
+from bertscope.hooks.lazy import lazy_names
 
 from .allocator import keep_freed_memory
 from .layout import (
@@ -86,21 +86,7 @@ _LAZY = {
 _SUBMODULES = ("command", "distributed", "load", "stream", "writer")
 
 
-def __getattr__(name: str):
-    """The writer's and the command's names (``capture``, ``run_command`` ...) and their modules, imported when
-    first asked for."""
-    if name in _LAZY:
-        value = getattr(_import_module(_LAZY[name]), name)
-    elif name in _SUBMODULES:
-        value = _import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY, _SUBMODULES)
 
 
 __all__ = [
