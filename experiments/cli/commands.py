@@ -397,15 +397,16 @@ def _refused(modules: dict[str, Any], inputs: Any, alone: bool,
     from bertscope.experiments.registry import CannotRun, check_inputs, check_settings
     from bertscope.experiments.settings import experiment_settings
 
-    for module in modules.values():
+    settings = {name: experiment_settings(module, overrides) for name, module in modules.items()}
+    for name, module in modules.items():
         try:
-            check_settings(module, inputs.model, experiment_settings(module, overrides))
+            check_settings(module, inputs.model, settings[name])
         except ValueError as e:
             raise UsageError(f"--set {' '.join(str(e).split())}") from None
     refused = {}
     for name, module in list(modules.items()):
         try:
-            check_inputs(module, inputs, experiment_settings(module, overrides))
+            check_inputs(module, inputs, settings[name])
         except CannotRun as e:
             if alone:
                 raise UsageError(f"{name}: {e}") from None
