@@ -92,10 +92,17 @@ class Inputs:
     corpus_info: dict[str, Any]
     eval_corpus: Any = None  # experiments.corpus.Corpus from --eval-corpus, or None
     eval_corpus_info: dict[str, Any] | None = None
+    # corpus.pairs.Pairs: the --corpus FILE of a pairs experiment run alone (`corpus.pairs`); None otherwise, and
+    # the experiment uses its own builtin pairs
+    pairs: Any = None
 
 
-def prepare_inputs(options: RunOptions) -> Inputs:
-    """Resolve device and dtype, load the model and the corpus once; bad input raises `UsageError`."""
+def prepare_inputs(options: RunOptions, pairs: Any = None) -> Inputs:
+    """Resolve device and dtype, load the model and the corpus once; bad input raises `UsageError`.
+
+    ``pairs``: a `corpus.pairs.Pairs` already read from ``options.corpus`` for an experiment that reads pairs
+    (`read_pairs_spec`); the sentence corpus is then the builtin one, and the manifest's corpus is the pairs file.
+    """
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype)
     with warnings.catch_warnings(record=True) as caught:  # a missing tokenizer is an error here, said once
@@ -110,13 +117,16 @@ def prepare_inputs(options: RunOptions) -> Inputs:
             "capture need one: save the tokenizer next to the weights (tokenizer.save_pretrained(folder))"
         )
     check_max_length(options.max_length, model)
-    corpus = load_corpus_spec(options.corpus, model.tokenizer, options.max_sentences, options.seed)
+    spec = "builtin" if pairs is not None else options.corpus
+    corpus = load_corpus_spec(spec, model.tokenizer, options.max_sentences, options.seed)
     corpus, skipped = drop_unencodable(corpus, model.tokenizer, options.max_length, "--corpus")
     from bertscope.experiments.corpus.coverage import warn_if_mostly_unknown
     from bertscope.experiments.naming import model_name
 
     warn_if_mostly_unknown(model.tokenizer, [s.text for s in corpus], model_name(str(model.source)))
     inputs = Inputs(model, corpus, device, dtype, model_summary(model), {**corpus_summary(corpus), **skipped})
+    if pairs is not None:
+        inputs.pairs, inputs.corpus_info = pairs, pairs.summary()
     if options.eval_corpus is not None:
         try:
             eval_corpus = load_corpus_spec(options.eval_corpus, model.tokenizer, options.max_sentences,
@@ -276,6 +286,17 @@ def load_corpus_spec(spec: str, tokenizer: Any, max_sentences: int | None, seed:
         return corpus_mod.load_corpus(spec, tokenizer=tokenizer, max_sentences=max_sentences, seed=seed)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise UsageError(f"--corpus {spec}: {_one_line(e)}") from e
+
+
+def read_pairs_spec(module: Any, options: RunOptions) -> Any:
+    """The pairs ``--corpus`` of an experiment that reads pairs (its ``PAIRS`` format), run alone: ``None`` for
+    a corpus name or an experiment without ``PAIRS``; a bad file is a `UsageError` (one line). No torch."""
+    from bertscope.experiments.corpus.pairs import PairsError, check_pairs_corpus
+
+    try:
+        return check_pairs_corpus(module, options.corpus, options.max_sentences)
+    except PairsError as e:
+        raise UsageError(f"--corpus {options.corpus}: {_one_line(e)}") from None
 
 
 def model_summary(model: Any) -> dict[str, Any]:

@@ -148,7 +148,7 @@ RETIRED_MODULES: tuple[str, ...] = ("collect", "passes", "design", "design_more"
 
 #: Members an experiment package may define (see :class:`Experiment`); ``check_experiment`` does not require them.
 OPTIONAL_MEMBERS: tuple[str, ...] = ("findings", "CAPTIONS", "check", "check_settings", "activation_sites",
-                                     "NO_ACTIVATIONS", "check_capture", "capture_inputs")
+                                     "NO_ACTIVATIONS", "check_capture", "capture_inputs", "PAIRS")
 
 
 class CannotRun(Exception):
@@ -212,6 +212,11 @@ class Experiment(Protocol):
       inputs (`options.Inputs`: model, corpus) cannot give this experiment a result: no gold trees, too few
       sentences or word pieces. Called before anything is written, with the run's ``--set`` settings, so a
       refusal leaves nothing behind; it must be cheap (no forward pass).
+    - ``PAIRS: corpus.pairs.PairsFormat``: for an experiment that reads pairs of texts rather than sentences
+      (similarity's scored pairs, minimal-pairs' good/bad sentences): run alone, ``--corpus FILE`` is read with
+      `corpus.pairs.read_pairs` before anything is written (a bad file: one line, exit 2) and the run gets it as
+      ``ctx.inputs.pairs``; with a corpus name (``builtin``) or in ``run all``, ``ctx.inputs.pairs`` is ``None``
+      and the experiment uses its own builtin pairs. ``--max-sentences N`` caps the rows.
     - ``check_settings(model, settings) -> None``: raises ``ValueError`` (``"NAME.FIELD=VALUE: why"``) for a
       setting the model cannot take (a layer it lacks, more active latents than latents): a bad ``--set``, which
       the CLI refuses in one line (exit 2, in ``run all`` too) once the model is loaded, before any work

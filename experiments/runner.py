@@ -35,7 +35,7 @@ from typing import Any
 from bertscope.experiments import io
 from bertscope.experiments.context import STEPS, Context
 from bertscope.experiments.io import is_dataframe, now, relative_path
-from bertscope.experiments.options import Inputs, RunOptions, prepare_inputs, run_fingerprint
+from bertscope.experiments.options import Inputs, RunOptions, prepare_inputs, read_pairs_spec, run_fingerprint
 from bertscope.experiments.registry import (
     CannotRun,
     Experiment,
@@ -159,7 +159,7 @@ def run_experiment(
     failure) reads as one sequence of atomic writes; helpers would hide which state a crash leaves on disk.
     """
     check_experiment(module)
-    inputs = inputs if inputs is not None else prepare_inputs(options)
+    inputs = inputs if inputs is not None else prepare_inputs(options, read_pairs_spec(module, options))
     out_dir = options.out / module.DIRNAME
     fingerprint = run_fingerprint(module.NAME, options, inputs)
     settings = experiment_settings(module, options.settings)  # --set overrides applied

@@ -69,7 +69,7 @@ def cmd_sae(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``bertscope run``: run experiments, then write the report."""
-    from bertscope.experiments.options import prepare_inputs
+    from bertscope.experiments.options import prepare_inputs, read_pairs_spec
     from bertscope.experiments.registry import load_experiment
     from bertscope.experiments.runner import FigurePipeline, run_experiment
 
@@ -85,8 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise
             broken[name] = f"{type(e).__name__}: {e}"
     _type_settings(options, modules)  # a bad --set stops here, before the model is loaded
+    # a pairs experiment run alone reads --corpus as its pairs file (a bad one stops here, before torch loads)
+    pairs = read_pairs_spec(modules[args.experiment], options) if args.experiment in modules else None
     start_threads(options)
-    inputs = prepare_inputs(options) if modules else None  # bad input stops here, before any output
+    inputs = prepare_inputs(options, pairs) if modules else None  # bad input stops here, before any output
     if inputs is not None and options.activations is not None:
         check_activations(options, inputs, modules, alone=args.experiment != "all")
     for name, err in broken.items():

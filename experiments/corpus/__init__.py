@@ -13,11 +13,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from bertscope.hooks.lazy import lazy_names
+
 from .base import Corpus, CorpusError, CorpusFileNotFoundError, Sentence, tree_problems
 from .builtin import BUILTIN_SIZE, generate_builtin
-from .encoding import Batch, Encoded, encode, unencodable, word_attention, word_pool
 from .readers import SUFFIXES, read_conllu, read_corpus_file, read_jsonl, read_text, write_conllu
 from .repeated import DEFAULT_M, REPEATED_RANDOM_SIZE, repeated_random, single_piece_words
+
+# The encoding names import torch: loaded on first use, so reading a corpus or a pairs file (`pairs`) for a usage
+# check stays torch-free.
+_LAZY = {name: "bertscope.experiments.corpus.encoding"
+         for name in ("Batch", "Encoded", "encode", "unencodable", "word_attention", "word_pool")}
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY)
 
 __all__ = [
     "BUILTIN_SIZE", "DEFAULT_M", "REPEATED_RANDOM_SIZE", "SUFFIXES", "Batch", "Corpus", "CorpusError",

@@ -131,7 +131,7 @@ OPTIONAL_SIGNATURES = {
 def test_every_optional_member_is_documented() -> None:
     """Each member of ``registry.OPTIONAL_MEMBERS`` has a row in the architecture page's table and a line in the
     protocol's docstring, and the page names the run-values class."""
-    assert set(OPTIONAL_SIGNATURES) | {"CAPTIONS", "NO_ACTIVATIONS"} == set(registry.OPTIONAL_MEMBERS)
+    assert set(OPTIONAL_SIGNATURES) | {"CAPTIONS", "NO_ACTIVATIONS", "PAIRS"} == set(registry.OPTIONAL_MEMBERS)
     doc = registry.Experiment.__doc__ or ""
     for member in registry.OPTIONAL_MEMBERS:
         assert f"| `{member}" in ARCHITECTURE, f"docs/architecture.md has no row for {member}"
