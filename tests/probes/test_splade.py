@@ -5,8 +5,10 @@ Known answers come from a constructed context-free model: positional and token-t
 block writes nothing (attention and MLP output projections zero), so each position's hidden state depends on its own
 token only; the head's output bias is -100 everywhere, and a few tied word embeddings are planted so that exactly one
 source token gives one term a chosen logit ("cat" -> "animal" at 5, "car" -> "vehicle" at 3, "[SEP]" -> "end" at 2,
-"[PAD]" -> "blank" at 4). A SPLADE vector then has exactly the planted terms of its text's tokens, with weight
-log(1 + logit), at the source token's position; padding must not count, [SEP] must."""
+"[PAD]" -> "blank" at 4, "dog" -> "late" at 4). A SPLADE vector then has exactly the planted terms of its text's
+tokens, with weight log(1 + logit), at the source token's position; padding must not count, [SEP] must. One neuron
+of the last block's MLP fires for "dog" only and moves its stream: "late" appears at the last stream only, the other
+planted terms at every stream (the vocabulary lens' known answer)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ from bertscope.probes.lens.splade import (
 )
 from helpers import save_tiny_bert
 
-PLANTS = {"cat": ("animal", 5.0), "car": ("vehicle", 3.0), "[SEP]": ("end", 2.0), "[PAD]": ("blank", 4.0)}
+LATE_SOURCE = "dog"  # the last block's MLP rewrites this token's stream; its term "late" appears there only
+PLANTS = {"cat": ("animal", 5.0), "car": ("vehicle", 3.0), "[SEP]": ("end", 2.0), "[PAD]": ("blank", 4.0),
+          LATE_SOURCE: ("late", 4.0)}  # fmt: skip
 TEXTS = ["the cat", "a car and a cat sat on the mat", "nothing planted here"]
 
 
@@ -62,6 +66,15 @@ def planted(tmp_path_factory):
         hf.cls.predictions.bias.fill_(-100.0)
         pad = hf.bert.embeddings.word_embeddings.weight[tok.pad_token_id]
         pad.copy_(torch.randn(pad.shape, generator=torch.Generator().manual_seed(0)))  # init zeroes it (padding_idx)
+        # the last block's MLP: one neuron that fires for "dog" only (cosine to dog's stream > 0.8) and writes a
+        # random direction, so that "dog" changes at the last stream only and "late" (planted below) appears there
+        dog = torch.tensor([[tok.cls_token_id, tok.convert_tokens_to_ids(LATE_SOURCE), tok.sep_token_id]])
+        h = hf.bert(input_ids=dog, output_hidden_states=True).hidden_states[-2][0, 1]
+        mlp = hf.bert.encoder.layer[-1]
+        mlp.intermediate.dense.weight[0] = 20 * h / h.norm()
+        mlp.intermediate.dense.bias[0] = -20 * 0.8 * h.norm()
+        mlp.output.dense.weight[:, 0] = torch.nn.functional.normalize(
+            torch.randn(h.shape, generator=torch.Generator().manual_seed(1)), dim=0)
         for source, (term, logit) in PLANTS.items():
             ids = torch.tensor([[tok.cls_token_id, tok.convert_tokens_to_ids(source), tok.sep_token_id]])
             f = hf.cls.predictions.transform(hf.bert(input_ids=ids).last_hidden_state)[0, 1]
@@ -209,3 +222,25 @@ def test_refusals(random_mlm, bundled):
         assert "\n" not in str(err.value)
     with pytest.raises(NoMLMHeadError, match="has no masked-LM head"):
         splade_vectors(bundled, "a")
+
+
+def test_lens_finds_the_term_written_by_the_last_block(planted):
+    """The vocabulary lens lists "animal" (cat) and "end" ([SEP]) at every stream with the same weight, and "late"
+    only at the last stream, where the last block's MLP writes dog's new direction; the overlap with the final top
+    terms is 2 of 3 before the last block."""
+    model, _ = planted
+    table = splade_lens(model, ["the cat", "a dog and a cat"], k=5)
+    last = model.config.n_layers
+    late = table[table["term"] == "late"]
+    assert late["stream"].tolist() == [last] and late["text"].tolist() == [1]
+    assert late["source"].tolist() == ["dog"] and late["weight"].iloc[0] == pytest.approx(math.log1p(4.0), abs=1e-4)
+    for term, logit in (("animal", 5.0), ("end", 2.0)):
+        rows = table[(table["term"] == term) & (table["text"] == 1)]
+        assert rows["stream"].tolist() == list(range(last + 1))
+        assert rows["weight"].tolist() == pytest.approx([math.log1p(logit)] * (last + 1), abs=1e-4)
+    assert set(table["term"]) == {"animal", "end", "late"}
+    overlap = lens_overlap(table)
+    dog = overlap[overlap["text"] == 1]
+    assert dog["overlap"].tolist() == [2] * last + [3]
+    assert dog["share"].tolist() == pytest.approx([2 / 3] * last + [1.0])
+    assert dog["n_active"].tolist() == [2] * last + [3]
