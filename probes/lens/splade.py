@@ -98,12 +98,13 @@ def _check_batch_size(batch_size: int) -> None:
 class SpladeStreams:
     """SPLADE vectors of ``n`` texts read at some residual streams.
 
-    ``weights`` ``[s, n, v]``; ``positions`` ``[s, n, v]`` (the position of each term's max, -1 for a zero weight);
+    ``weights`` ``[s, n, v]``; ``positions`` ``[s, n, v]`` int32 (the position of each term's max, -1 for a zero
+    weight; None when not asked for);
     ``streams``: the stream of each row of ``s`` (0 = embeddings, k = block k-1's output; see ``logit.py``);
     ``tokens``: each text's word pieces (``[CLS]`` and ``[SEP]`` included, no padding)."""
 
     weights: torch.Tensor
-    positions: torch.Tensor
+    positions: torch.Tensor | None
     streams: list[int]
     tokens: list[list[str]]
 
@@ -116,30 +117,36 @@ def splade_streams(
     streams: Sequence[int] | None = None,
     batch_size: int = 16,
     bias: bool = True,
+    positions: bool = True,
 ) -> SpladeStreams:
     """The SPLADE transform of ``texts`` at residual ``streams`` (default: all, ``n_layers + 1``): each stream
     through the family's masked-LM head (``logit_lens``, the final LayerNorm of a pre-LN model included), then
     ``log(1 + relu(.))`` and max over the text's positions. The last stream is the model's SPLADE vector.
 
     Texts are tokenised ``batch_size`` at a time with ``model.tokenize`` (padding is masked out; a text longer than
-    the model's maximum length is refused, never truncated). ``bias=False`` leaves out the head's output bias."""
+    the model's maximum length is refused, never truncated). ``bias=False`` leaves out the head's output bias;
+    ``positions=False`` keeps no positions (half the memory)."""
     require_mlm_head(model, "SPLADE")
     texts = _texts(texts)
     _check_batch_size(batch_size)
     streams = list(range(n_streams(model))) if streams is None else [int(s) for s in streams]
     for s in streams:
         stream_hook(model, s)  # refuses a stream out of range
-    weights, positions, tokens = [], [], []
+    if not streams:
+        raise ValueError("streams must name at least one stream (or be None for all)")
+    weights, where, tokens = [], [], []
     for start in range(0, len(texts), batch_size):
         batch = model.tokenize(texts[start : start + batch_size])
         mask = batch["attention_mask"]
         hidden = hidden_states(model, batch)  # [stream, b, p, m]
         pooled = [splade_pool(logit_lens(model, hidden[s], bias=bias), mask) for s in streams]
         weights.append(torch.stack([w for w, _ in pooled]))
-        positions.append(torch.stack([p for _, p in pooled]))
+        if positions:
+            where.append(torch.stack([p.to(torch.int32) for _, p in pooled]))
         for ids, m in zip(batch["input_ids"], mask, strict=True):
             tokens.append(model.tokenizer.convert_ids_to_tokens(ids[m.bool()].tolist()))
-    return SpladeStreams(torch.cat(weights, dim=1), torch.cat(positions, dim=1), streams, tokens)
+    return SpladeStreams(torch.cat(weights, dim=1), torch.cat(where, dim=1) if positions else None, streams,
+                         tokens)  # fmt: skip
 
 
 def splade_vectors(
@@ -148,7 +155,8 @@ def splade_vectors(
     """SPLADE vectors ``[n, v]`` of ``texts``: ``max`` over each text's non-padding positions (``[CLS]`` and
     ``[SEP]`` included) of ``log(1 + relu(MLM logits))`` (SPLADE v2 with max pooling, as naver/splade's
     ``Splade.encode``). Dense float tensors on the model's device (about 120 kB per text with a 30k vocabulary)."""
-    return splade_streams(model, texts, streams=[n_streams(model) - 1], batch_size=batch_size, bias=bias).weights[0]
+    last = [n_streams(model) - 1]
+    return splade_streams(model, texts, streams=last, batch_size=batch_size, bias=bias, positions=False).weights[0]
 
 
 def splade_scores(

@@ -176,6 +176,7 @@ def test_lens_last_stream_is_the_vector_bit_for_bit(random_mlm):
     streams = splade_streams(model, TEXTS, batch_size=2)
     vectors = splade_vectors(model, TEXTS, batch_size=2)
     assert streams.streams == [0, 1, 2, 3] and torch.equal(streams.weights[-1], vectors)
+    assert streams.positions.dtype == torch.int32 and splade_streams(model, TEXTS, positions=False).positions is None
     table = splade_lens(model, TEXTS, k=5, batch_size=2)
     assert list(table.columns) == ["text", "stream", "hook", "rank", "term", "token_id", "weight", "position",
                                    "source", "n_active"]  # fmt: skip
@@ -215,6 +216,7 @@ def test_refusals(random_mlm, bundled):
         (lambda: splade_vectors(model, "a", batch_size=0), "batch_size"),
         (lambda: splade_lens(model, "a", k=0), "k must be"),
         (lambda: splade_streams(model, "a", streams=[4]), "stream must be in 0..3"),
+        (lambda: splade_streams(model, "a", streams=[]), "at least one stream"),
         (lambda: score_split(model, ["a"], "b"), "one string"),
     ]:
         with pytest.raises(ValueError, match=match) as err:
