@@ -61,9 +61,12 @@ def test_circuits_run_on_every_family(family):
     for method in ("atp", "atp*", "eap-ig"):
         est = circuits.attribute(model, task, method, steps=2, n_boot=50)
         assert np.isfinite(est.effect).all(), (name, method)
-    star = circuits.attribution.attribute_effects(model, task, "atp*", "heads")[0]
-    parts = [circuits.attribution.attribute_effects(model, task, "atp*", k)[0] for k in ("queries", "keys", "values")]
+    star = circuits.attribution.attribute_effects(model, task, "atp-qk", "heads")[0]
+    parts = [circuits.attribution.attribute_effects(model, task, "atp-qk", k)[0] for k in ("queries", "keys", "values")]
     np.testing.assert_allclose(star, sum(parts), rtol=1e-6, atol=1e-9, err_msg=name)  # a head = its q + k + v nodes
+    for kind in ("keys", "mlps"):  # AtP* (QK fix + GradDrop): one pass per dropped layer, a magnitude
+        est = circuits.attribution.attribute_effects(model, task, "atp*", kind)[0]
+        assert np.isfinite(est).all() and (est >= 0).all(), (name, kind)
     keys = circuits.patch(model, task, "keys", n_boot=50)
     assert len(keys) == n_heads and np.isfinite(keys.effect).all() and keys.node.iloc[0] == "L0H0.k"
     mlps = circuits.patch(model, task, "mlps", n_boot=50)
