@@ -193,14 +193,17 @@ def _task_file(model: Any, settings: Settings) -> circuits.Task:
 
 
 def agreement(heads: pd.DataFrame) -> pd.DataFrame:
-    """Spearman (and Pearson) over heads of each estimate's effect with exact patching's."""
+    """Spearman (and Pearson) over heads of each estimate's effect with exact patching's (a magnitude estimate,
+    ``signed=False`` in the node table, with |exact patching's mean effect|: only means are at hand here)."""
     wide = heads.pivot_table(index="node", columns="method", values="effect")
     rows = []
     for method in wide.columns:
         if method == "exact":
             continue
-        rows.append({"method": method, "spearman": wide[method].corr(wide["exact"], method="spearman"),
-                     "pearson": wide[method].corr(wide["exact"]), "n_heads": len(wide)})
+        spec = table.NODE_TABLE.get(method)
+        ref = wide["exact"] if spec is None or spec.signed else wide["exact"].abs()
+        rows.append({"method": method, "spearman": wide[method].corr(ref, method="spearman"),
+                     "pearson": wide[method].corr(ref), "n_heads": len(wide)})
     return pd.DataFrame(rows)
 
 
