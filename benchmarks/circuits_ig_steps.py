@@ -43,7 +43,7 @@ def sweep(model, task, steps: list[int], act_steps: list[int] | None = None,
              "seconds": time.perf_counter() - start}]
     ref = exact.mean(0)
     act_steps = steps if act_steps is None else act_steps
-    runs = [("atp", 0), ("atp*", 0)] + [("eap-ig", s) for s in steps] + [("eap-ig-act", s) for s in act_steps] + [
+    runs = [("atp", 0), ("atp-qk", 0)] + [("eap-ig", s) for s in steps] + [("eap-ig-act", s) for s in act_steps] + [
         ("ig-act-own", s) for s in act_steps]
     for method, s in runs:
         start = time.perf_counter()

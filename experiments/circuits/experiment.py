@@ -17,7 +17,9 @@ format ``bertscope circuits --task`` reads):
 Tables: ``results`` (long: model, corpus, method, source, node, layer, head, effect, normalised and intervals:
 95% percentile bootstrap over pairs; ``normalised`` = the head's effect / (m(corrupted) - m(clean))),
 ``agreement`` (Spearman of each estimate with exact patching over heads, with a 95% percentile bootstrap
-interval over pairs: pairs resampled, every method's mean head scores recomputed), ``cost``, ``resid``, ``edges``,
+interval over pairs: pairs resampled, every method's mean head scores recomputed; beside it Kramár et al.'s
+top-k recall, k = 5, 10, 20, and E|effect| of exact patching and of the estimate, each with its interval, and
+``reference``: a magnitude estimate, AtP*, is compared with the mean of |effect|), ``cost``, ``resid``, ``edges``,
 ``edge_check`` (path patching of top and random edges beside their scores), ``circuit``, ``faithfulness``,
 ``areas``, ``random_circuits``, ``overlap``. Definitions and equations:
 ``docs/experiments/circuits.md``.
