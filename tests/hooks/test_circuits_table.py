@@ -72,6 +72,10 @@ def test_a_node_method_registered_here_reaches_the_cli_and_the_tables(toy_method
     assert np.allclose(toy.effect, np.arange(8) + 100.0)  # mean over the 3 pairs of i + 100 p
     agreement = pd.read_csv(out / "circuits" / "agreement.csv")
     assert list(agreement.method) == ["toy-index"]
+    assert list(agreement.reference) == ["mean effect"]  # a signed method (atp*, a magnitude, says "mean |effect|")
+    for col in ("recall_at_5", "recall_at_5_low", "mean_abs_exact", "mean_abs_estimate_high"):
+        assert col in agreement, col  # Kramár et al.'s measures (k < the 8 heads only: no recall_at_10)
+    assert "recall_at_10" not in agreement
     cost = pd.read_csv(out / "circuits" / "cost.csv")
     assert "toy-index" in set(cost.method)
 
