@@ -66,6 +66,14 @@ def measure(per_pair: dict, n_boot: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def small_numbers(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the E|effect| columns as 3 significant digits (effects of single heads are about 1e-3)."""
+    out = df.copy()
+    for col in [c for c in out if c.startswith("mean_abs")]:
+        out[col] = [f"{v:.3g}" for v in out[col]]
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ewt", type=Path, default=ewt_dev_path())
@@ -136,7 +144,7 @@ def main() -> None:
             f"over pairs ({args.n_boot} resamples, every mean recomputed: pair-sampling variance only). CPU "
             "seconds: this process's, per method over all shards.",
             "",
-            to_markdown(table, shown_cols),
+            to_markdown(small_numbers(table), shown_cols),
             "",
             "Target Spearman >= 0.9 (met = the whole interval at or above 0.9): " + "; ".join(verdicts) + ".",
         ]

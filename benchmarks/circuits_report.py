@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 from benchutils import write_docs
+from circuits_ewt import small_numbers
 from circuits_ig_steps import to_markdown
 
 BLOCK = "circuits-run"
@@ -41,7 +42,7 @@ def block_text(run_dir: Path, command: str) -> str:
             "Agreement of each estimate's mean head scores with exact patching (72 heads; top-k recall and E|effect| "
             "as defined under \"The agreement table's measures\"; intervals: 95% percentile bootstrap over pairs):",
             "",
-            to_markdown(agreement[cols], cols), "",
+            to_markdown(small_numbers(agreement[cols]), cols), "",
             "Cost (seconds of this run; forward-equivalents = seconds / seconds of one clean forward over the same "
             "pairs, in the same run):", "",
             to_markdown(cost, list(cost.columns)), "",
