@@ -139,8 +139,9 @@ def main() -> None:
             f"{scope} pairs, every method on the same pairs. Bundled all-MiniLM-L6-v2, cosine metric, 72 "
             "heads. Spearman of the mean scores over nodes with exact patching's (the same node kind); top-k recall "
             "= the share of exact patching's k largest |effects| among the estimate's k largest; E|effect| = mean "
-            "over nodes of |the reference| (mean_abs_exact) and of |the estimate's mean| (mean_abs_estimate). Reference `|.|`: AtP* (GradDrop) is a "
-            "magnitude, compared with the mean over pairs of |exact effect|. Intervals: 95% percentile bootstrap "
+            "over nodes of |the reference| (mean_abs_exact) and of |the estimate's mean| (mean_abs_estimate). "
+            "Reference `|.|`: AtP* (GradDrop) is a magnitude, compared with the mean over pairs of |exact effect|. "
+            "Intervals: 95% percentile bootstrap "
             f"over pairs ({args.n_boot} resamples, every mean recomputed: pair-sampling variance only). CPU "
             "seconds: this process's, per method over all shards.",
             "",
