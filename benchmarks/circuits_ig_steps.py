@@ -63,7 +63,7 @@ def to_markdown(df: pd.DataFrame, cols: list[str]) -> str:
     def fmt(c, v):
         if isinstance(v, float | np.floating):
             return f"{v:.1f}" if c in ("forward_equivalents", "seconds", "cpu_seconds") else f"{v:.3f}"
-        return str(v)
+        return str(v).replace("|", "\\|")  # a cell's own bars (e.g. "mean |effect|") must not split it
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     lines += ["| " + " | ".join(fmt(c, r[c]) for c in cols) + " |" for _, r in df.iterrows()]
     return "\n".join(lines)
