@@ -75,6 +75,7 @@ def head_table(model, task, methods: list[tuple[str, int]], act_rows: np.ndarray
     spearman_interval``, as in the experiment's agreement table), Pearson, pairs used, CPU seconds and
     forward-equivalents (CPU seconds / CPU seconds of one clean forward over the same pairs)."""
     from bertscope.experiments.circuits.measures import spearman_interval
+    from bertscope.hooks.circuits import table
 
     effects, rows = {}, []
     sub = subset(task, act_rows) if act_rows is not None else None
@@ -86,6 +87,8 @@ def head_table(model, task, methods: list[tuple[str, int]], act_rows: np.ndarray
         eff, secs = cpu_seconds(lambda t=t, method=method, steps=steps: head_effects(model, t, method, max(steps, 1)))
         effects[(method, steps)] = eff
         ref = effects[("exact", 0)][act_rows] if on_sub else effects[("exact", 0)]
+        if method != "exact" and not table.node_method(method).signed:  # a magnitude (atp*): against mean |effect|
+            ref = np.abs(ref)
         rho, low, high = spearman_interval(eff, ref, n_boot=n_boot) if method != "exact" else (1.0, 1.0, 1.0)
         rows.append({"method": method, "steps": steps, "pairs": t.n_pairs, "spearman": rho, "spearman_low": low,
                      "spearman_high": high, "pearson": float(np.corrcoef(eff.mean(0), ref.mean(0))[0, 1]),
@@ -95,14 +98,15 @@ def head_table(model, task, methods: list[tuple[str, int]], act_rows: np.ndarray
 
 
 def node_parts_table(model, task, n_boot: int, progress) -> tuple[pd.DataFrame, dict]:
-    """AtP* against the nodes it estimates. Exact patching of every head's queries, keys and values (each node
-    kind alone, all positions), AtP and AtP* of the same nodes, and:
+    """The QK fix (``atp-qk``, the ``atp*`` of runs before GradDrop) against the nodes it estimates. Exact patching
+    of every head's queries, keys and values (each node kind alone, all positions), AtP and atp-qk of the same
+    nodes, and:
 
-    - per node kind: Spearman of AtP's and AtP*'s mean scores with exact patching of that node kind;
-    - ``atp* (heads)`` against the sum of the three exact node effects (the quantity a sum over nodes estimates);
-    - ``exact q + k + v`` against exact patching of the head's output: the best any estimator that adds up separate
-      query, key and value node effects can reach, because patching a head's output moves its queries, keys and
-      values together and the sum leaves out their interaction.
+    - per node kind: Spearman of AtP's and atp-qk's mean scores with exact patching of that node kind;
+    - ``atp-qk (heads)`` against the sum of the three exact node effects (the quantity a sum over nodes estimates);
+    - ``exact q + k + v`` against exact patching of the head's output: what a perfect per-node estimator would
+      score when its three node scores are added (not a bound on any estimate): patching a head's output moves its
+      queries, keys and values together and the sum leaves out their interaction.
 
     Intervals as in :func:`head_table` (pairs resampled). Returns the table and the per-pair arrays."""
     from bertscope.experiments.circuits.measures import spearman_interval
@@ -113,7 +117,7 @@ def node_parts_table(model, task, n_boot: int, progress) -> tuple[pd.DataFrame, 
         progress(f"exact patching of every head's {kind}")
         arrays[("exact", kind)], secs = cpu_seconds(
             lambda kind=kind: circuits.patching.patch_effects(model, task, kind, batch_size=16)[0])
-        for method in ("atp", "atp*"):
+        for method in ("atp", "atp-qk"):
             arrays[(method, kind)] = circuits.attribution.attribute_effects(model, task, method, kind)[0]
             rho, low, high = spearman_interval(arrays[(method, kind)], arrays[("exact", kind)], n_boot=n_boot)
             rows.append({"estimate": f"{method} ({kind})", "reference": f"exact ({kind})", "spearman": rho,
@@ -121,9 +125,9 @@ def node_parts_table(model, task, n_boot: int, progress) -> tuple[pd.DataFrame, 
             progress(f"  {method} on {kind}: spearman {rho:.3f} [{low:.3f}, {high:.3f}]")
     parts_sum = sum(arrays[("exact", k)] for k in ("queries", "keys", "values"))
     heads_exact = head_effects(model, task, "exact", 1)
-    heads_star = head_effects(model, task, "atp*", 1)
-    for name, est, ref, ref_name in (("atp* (heads)", heads_star, parts_sum, "exact q + k + v"),
-                                     ("atp* (heads)", heads_star, heads_exact, "exact (heads)"),
+    heads_star = head_effects(model, task, "atp-qk", 1)
+    for name, est, ref, ref_name in (("atp-qk (heads)", heads_star, parts_sum, "exact q + k + v"),
+                                     ("atp-qk (heads)", heads_star, heads_exact, "exact (heads)"),
                                      ("exact q + k + v", parts_sum, heads_exact, "exact (heads)")):
         rho, low, high = spearman_interval(est, ref, n_boot=n_boot)
         rows.append({"estimate": name, "reference": ref_name, "spearman": rho, "spearman_low": low,
@@ -189,8 +193,8 @@ def bert_base_cost(task, steps: int, act_steps: int, n_pairs: int, progress) -> 
                         circuits.Metric(lambda h, m, r: mean_pool(h, m) @ u, "dot-random"))
     fwd = forward_unit(model, big)
     out = []
-    for method, m in (("exact", 0), ("atp", 0), ("atp*", 0), ("eap-ig", steps), ("eap-ig-act", act_steps),
-                      ("ig-act-own", act_steps)):
+    for method, m in (("exact", 0), ("atp", 0), ("atp*", 0), ("atp-qk", 0), ("eap-ig", steps),
+                      ("eap-ig-act", act_steps), ("ig-act-own", act_steps)):
         progress(f"bert-base: {method}")
         _, secs = cpu_seconds(lambda method=method, m=m: head_effects(model, big, method, max(m, 1)))
         out.append({"method": method, "steps": m, "pairs": big.n_pairs, "cpu_seconds": secs,
@@ -251,18 +255,18 @@ def main() -> None:
         print(parts.to_string(index=False))
         out["node_parts"] = parts.to_dict("records")
         ceiling = parts[parts.estimate == "exact q + k + v"].iloc[0]
-        own = parts[(parts.estimate == "atp* (heads)") & (parts.reference == "exact q + k + v")].iloc[0]
-        keys = parts.set_index("estimate").loc[["atp (keys)", "atp* (keys)"], "spearman"]
+        own = parts[(parts.estimate == "atp-qk (heads)") & (parts.reference == "exact q + k + v")].iloc[0]
+        keys = parts.set_index("estimate").loc[["atp (keys)", "atp-qk (keys)"], "spearman"]
         text = [f"Generated by `{command}` ({machine}; {time.strftime('%Y-%m-%d')}). The first {sub.n_pairs} TFC1 "
                 "pairs over UD English EWT dev, bundled all-MiniLM-L6-v2, cosine metric, 72 heads; node kinds: "
                 "each head's queries, keys or values at every position, patched alone from the corrupted run. "
                 "Spearman of mean scores over pairs, 95% percentile bootstrap interval over pairs "
                 f"({args.n_boot} resamples; pair-sampling variance only).", "",
                 to_markdown(parts, ["estimate", "reference", "spearman", "spearman_low", "spearman_high"]), "",
-                f"On the nodes it estimates, AtP* agrees with exact patching at {own.spearman:.3f} "
+                f"On the nodes it estimates, the QK fix (atp-qk) agrees with exact patching at {own.spearman:.3f} "
                 f"[{own.spearman_low:.3f}, {own.spearman_high:.3f}] (its head score against the sum of the exact "
                 f"query, key and value effects); on the key nodes the QK fix moves the agreement from "
-                f"{keys['atp (keys)']:.3f} (AtP) to {keys['atp* (keys)']:.3f}. The sum of the three exact node "
+                f"{keys['atp (keys)']:.3f} (AtP) to {keys['atp-qk (keys)']:.3f}. The sum of the three exact node "
                 f"effects itself agrees with patching the head's output at {ceiling.spearman:.3f} "
                 f"[{ceiling.spearman_low:.3f}, {ceiling.spearman_high:.3f}]: that is what a perfect per-node "
                 "estimator would score against exact head patching when its three node scores are added, not a "
@@ -277,7 +281,7 @@ def main() -> None:
         act_rows = None
         if 0 < args.act_pairs < task.n_pairs:
             act_rows = np.sort(np.random.default_rng(args.seed).choice(task.n_pairs, args.act_pairs, replace=False))
-        methods = [("atp", 0), ("atp*", 0)] + [("eap-ig", m) for m in args.steps] + [
+        methods = [("atp", 0), ("atp*", 0), ("atp-qk", 0)] + [("eap-ig", m) for m in args.steps] + [
             ("eap-ig-act", args.act_steps), ("ig-act-own", args.act_steps)]
         heads = head_table(model, task, methods, act_rows, fwd, args.n_boot, progress)
         print(heads.to_string(index=False))

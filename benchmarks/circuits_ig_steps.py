@@ -43,7 +43,7 @@ def sweep(model, task, steps: list[int], act_steps: list[int] | None = None,
              "seconds": time.perf_counter() - start}]
     ref = exact.mean(0)
     act_steps = steps if act_steps is None else act_steps
-    runs = [("atp", 0), ("atp*", 0)] + [("eap-ig", s) for s in steps] + [("eap-ig-act", s) for s in act_steps] + [
+    runs = [("atp", 0), ("atp-qk", 0)] + [("eap-ig", s) for s in steps] + [("eap-ig-act", s) for s in act_steps] + [
         ("ig-act-own", s) for s in act_steps]
     for method, s in runs:
         start = time.perf_counter()
@@ -63,7 +63,7 @@ def to_markdown(df: pd.DataFrame, cols: list[str]) -> str:
     def fmt(c, v):
         if isinstance(v, float | np.floating):
             return f"{v:.1f}" if c in ("forward_equivalents", "seconds", "cpu_seconds") else f"{v:.3f}"
-        return str(v)
+        return str(v).replace("|", "\\|")  # a cell's own bars (e.g. "mean |effect|") must not split it
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     lines += ["| " + " | ".join(fmt(c, r[c]) for c in cols) + " |" for _, r in df.iterrows()]
     return "\n".join(lines)

@@ -17,7 +17,9 @@ format ``bertscope circuits --task`` reads):
 Tables: ``results`` (long: model, corpus, method, source, node, layer, head, effect, normalised and intervals:
 95% percentile bootstrap over pairs; ``normalised`` = the head's effect / (m(corrupted) - m(clean))),
 ``agreement`` (Spearman of each estimate with exact patching over heads, with a 95% percentile bootstrap
-interval over pairs: pairs resampled, every method's mean head scores recomputed), ``cost``, ``resid``, ``edges``,
+interval over pairs: pairs resampled, every method's mean head scores recomputed; beside it Kramár et al.'s
+top-k recall, k = 5, 10, 20, and E|effect| of exact patching and of the estimate, each with its interval, and
+``reference``: a magnitude estimate, AtP*, is compared with the mean of |effect|), ``cost``, ``resid``, ``edges``,
 ``edge_check`` (path patching of top and random edges beside their scores), ``circuit``, ``faithfulness``,
 ``areas``, ``random_circuits``, ``overlap``. Definitions and equations:
 ``docs/experiments/circuits.md``.
@@ -193,14 +195,17 @@ def _task_file(model: Any, settings: Settings) -> circuits.Task:
 
 
 def agreement(heads: pd.DataFrame) -> pd.DataFrame:
-    """Spearman (and Pearson) over heads of each estimate's effect with exact patching's."""
+    """Spearman (and Pearson) over heads of each estimate's effect with exact patching's (a magnitude estimate,
+    ``signed=False`` in the node table, with |exact patching's mean effect|: only means are at hand here)."""
     wide = heads.pivot_table(index="node", columns="method", values="effect")
     rows = []
     for method in wide.columns:
         if method == "exact":
             continue
-        rows.append({"method": method, "spearman": wide[method].corr(wide["exact"], method="spearman"),
-                     "pearson": wide[method].corr(wide["exact"]), "n_heads": len(wide)})
+        spec = table.NODE_TABLE.get(method)
+        ref = wide["exact"] if spec is None or spec.signed else wide["exact"].abs()
+        rows.append({"method": method, "spearman": wide[method].corr(ref, method="spearman"),
+                     "pearson": wide[method].corr(ref), "n_heads": len(wide)})
     return pd.DataFrame(rows)
 
 

@@ -39,11 +39,17 @@ def findings(out_dir: Path) -> list[Finding]:
         out += _top_heads(results, read_table(out_dir, "resid"))
     if agreement is not None and not agreement.empty:
         has_ci = "spearman_low" in agreement
+        recall = "recall_at_10" in agreement
         parts = [f"{table.label(r.method)} {r.spearman:.2f}"
                  + (f" [{r.spearman_low:.2f}, {r.spearman_high:.2f}]" if has_ci else "")
+                 + (f" (top-10 recall {r.recall_at_10:.2f})" if recall and pd.notna(r.recall_at_10) else "")
+                 + (" against mean |effect|" if getattr(r, "reference", "") == "mean |effect|" else "")
                  for r in agreement.itertuples()]
         ci = "; 95% bootstrap intervals over pairs" if has_ci else ""
         out.append(Finding(
+            f"Agreement with exact patching over the {int(agreement.n_heads.iloc[0])} heads (Spearman of the "
+            f"mean effects{ci}; top-10 recall: the share of exact patching's 10 largest |effects| among the "
+            f"estimate's 10 largest): {'; '.join(parts)}." if recall else
             f"Agreement with exact patching over the {int(agreement.n_heads.iloc[0])} heads (Spearman of the "
             f"mean effects{ci}): {'; '.join(parts)}.",
             numbers={f"spearman:{r.method}": float(r.spearman) for r in agreement.itertuples()}))

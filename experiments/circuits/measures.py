@@ -110,20 +110,85 @@ def spearman_interval(est: np.ndarray, exact: np.ndarray, *, n_boot: int = 1000,
     return point, float(low), float(high)
 
 
+TOP_K = (5, 10, 20)
+"""The k of the top-k recall in the agreement tables."""
+
+
+def agreement_measures(est: np.ndarray, exact: np.ndarray, *, signed: bool = True, ks: tuple[int, ...] = TOP_K,
+                       n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, float]:
+    """How well the estimate ``est [n_pairs, n_nodes]`` (per-pair node scores) finds exact patching's effects
+    ``exact`` (same shape), each measure with a percentile bootstrap interval over pairs (``<name>_low`` /
+    ``<name>_high``: pairs resampled with replacement, the same resample for every measure and both arrays, every
+    mean recomputed: the variance of the pair sample only).
+
+    The reference is exact patching's mean over pairs of the per-pair effect (``signed``) or, for an estimate of a
+    magnitude (``signed=False``: AtP*'s GradDrop), the mean over pairs of ``|effect|``. Measures:
+
+    - ``spearman``: rank correlation over nodes of the estimate's means with the reference;
+    - ``recall_at_k`` (Kramár et al.'s measure, for each k in ``ks``): of the k nodes with the largest
+      ``|reference|``, the fraction among the k with the largest ``|estimate|``;
+    - ``mean_abs_exact`` and ``mean_abs_estimate``: E|effect|, the mean over nodes of ``|reference|`` and of
+      ``|estimate|`` (how large the effects are, and whether the estimate has their scale).
+    """
+    from scipy.stats import rankdata
+
+    est, exact = np.asarray(est, dtype=np.float64), np.asarray(exact, dtype=np.float64)
+    ref = exact if signed else np.abs(exact)
+    n, n_nodes = est.shape
+    ks = tuple(k for k in ks if k < n_nodes)
+
+    def measures(e: np.ndarray, r: np.ndarray) -> np.ndarray:  # e, r: [B, n_nodes] means -> [B, n_measures]
+        a = np.apply_along_axis(rankdata, 1, e)
+        b = np.apply_along_axis(rankdata, 1, r)
+        a, b = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rho = (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+        order_e, order_r = np.argsort(-np.abs(e), axis=1), np.argsort(-np.abs(r), axis=1)
+        recalls = []
+        for k in ks:
+            hit = np.zeros_like(e, dtype=bool)
+            np.put_along_axis(hit, order_e[:, :k], True, axis=1)
+            recalls.append(np.take_along_axis(hit, order_r[:, :k], axis=1).mean(1))
+        return np.stack([rho, *recalls, np.abs(r).mean(1), np.abs(e).mean(1)], 1)
+
+    names = ["spearman", *(f"recall_at_{k}" for k in ks), "mean_abs_exact", "mean_abs_estimate"]
+    point = measures(est.mean(0)[None], ref.mean(0)[None])[0]
+    out = dict(zip(names, map(float, point), strict=True))
+    if n < 2 or n_boot < 1:
+        out.update({f"{m}_{side}": float("nan") for m in names for side in ("low", "high")})
+        return out
+    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot) / n  # [B, n] weights
+    boot = measures(w @ est, w @ ref)
+    tail = 100 * (1 - level) / 2
+    low, high = np.nanpercentile(boot, [tail, 100 - tail], axis=0)
+    for i, m in enumerate(names):
+        out[f"{m}_low"], out[f"{m}_high"] = float(low[i]), float(high[i])
+    return out
+
+
 def agreement_table(per_pair: dict[str, np.ndarray], *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """A row per estimate in ``per_pair`` (method -> ``[n_pairs, n_heads]``; "exact" is the reference): Spearman
     with exact patching's mean head scores and its bootstrap interval over pairs (:func:`spearman_interval`),
-    Pearson, heads, pairs."""
+    Pearson, heads, pairs; then Kramár et al.'s measures (:func:`agreement_measures`): top-k recall for k in
+    :data:`TOP_K` and E|effect| of exact patching and of the estimate, each with its interval, and ``reference``
+    (what the estimate is compared with: the mean effect, or for a magnitude estimate (``signed=False`` in the node
+    table, AtP*) the mean of |effect|; its Spearman and Pearson are against that too)."""
     exact = per_pair["exact"]
     rows = []
     for method, est in per_pair.items():
         if method == "exact":
             continue
-        rho, low, high = spearman_interval(est, exact, n_boot=n_boot, seed=seed)
+        spec = table.NODE_TABLE.get(method)
+        signed = spec.signed if spec is not None else True
+        ref = exact if signed else np.abs(exact)
+        rho, low, high = spearman_interval(est, ref, n_boot=n_boot, seed=seed)
+        more = agreement_measures(est, exact, signed=signed, n_boot=n_boot, seed=seed)
         rows.append({"method": method, "spearman": rho, "spearman_low": low, "spearman_high": high,
-                     "pearson": float(np.corrcoef(est.mean(0), exact.mean(0))[0, 1]), "n_heads": est.shape[1],
+                     "pearson": float(np.corrcoef(est.mean(0), ref.mean(0))[0, 1]), "n_heads": est.shape[1],
                      "n_pairs": est.shape[0],
-                     "interval": "95% percentile bootstrap over pairs (pair-sampling variance only)"})
+                     "interval": "95% percentile bootstrap over pairs (pair-sampling variance only)",
+                     "reference": "mean effect" if signed else "mean |effect|",
+                     **{k: v for k, v in more.items() if not k.startswith("spearman")}})
     return pd.DataFrame(rows)
 
 

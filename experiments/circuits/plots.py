@@ -65,13 +65,16 @@ def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORM
     n_layers, n_heads = int(results.layer.max()) + 1, int(results["head"].max()) + 1
     grids = {m: results[results.method == m].pivot_table(index="layer", columns="head", values="normalised")
              .reindex(index=range(n_layers), columns=range(n_heads)).to_numpy() for m in methods}
+    magnitude = {m for m in methods if m in table.NODE_TABLE and not table.NODE_TABLE[m].signed}
+    for m in magnitude:  # AtP*'s GradDrop is a magnitude: its share divided by a signed total has no sign to show
+        grids[m] = np.abs(grids[m])
     vmax = max(float(np.nanmax(np.abs(g))) for g in grids.values()) or 1.0
     # constrained layout and one shared "layer" axis: the title and each panel's labels never overlap a neighbour
     fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.0), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
     for ax, m in zip(axes[0], methods, strict=True):
         im = ax.imshow(grids[m], cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
-        ax.set_title(table.label(m), fontsize=9)
+        ax.set_title(table.label(m) + (" (magnitude)" if m in magnitude else ""), fontsize=9)
         ax.set_xlabel("head")
     axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of the clean-to-corrupted change")

@@ -3,15 +3,32 @@
 For a node with clean activation ``a`` and corrupted ``a*`` (gradients through the model's real LayerNorms):
 
 - ``atp`` (Nanda 2023; Syed et al. 2023): ``(a* - a) . dm/da`` at the clean run.
-- ``atp*`` (Kramár et al. 2024, the QK fix): the paper's nodes are a head's queries, keys and values
-  (``nodes`` = "queries", "keys", "values": each head's ``hook_q`` / ``hook_k`` / ``hook_v`` at every position). A
-  value node is linear given the pattern (``(v* - v) . dm/dv``), but a query or key node's change goes through
-  the softmax exactly: the attention row with the corrupted query (each key's column with the corrupted key, all
-  queries) is recomputed and the pattern change multiplied by ``dm/dA``. This removes the error AtP makes when
-  attention is saturated. On ``nodes="heads"`` a head's score is the sum of its three nodes' estimates; exact
-  patching of the head's output moves all three together, so that sum leaves out their interaction (compare
-  :func:`~bertscope.hooks.circuits.patching.patch` with the same node kinds). (The paper's second fix,
-  GradDrop, is not applied: its absolute values lose the effect's sign.)
+- ``atp-qk`` (Kramár et al. 2024, the QK fix only; this was ``atp*`` before GradDrop was added): the paper's
+  attention nodes are a head's queries, keys and values (``nodes`` = "queries", "keys", "values": each head's
+  ``hook_q`` / ``hook_k`` / ``hook_v`` at every position). A value node is linear given the pattern (``(v* - v) .
+  dm/dv``), but a query or key node's change goes through the softmax exactly: the attention row with the corrupted
+  query (each key's column with the corrupted key, all queries) is recomputed and the pattern change multiplied by
+  ``dm/dA`` (:class:`QKFix`). On ``nodes="heads"`` a head's score is the sum of its three nodes' estimates:
+  bertscope's aggregation, not the paper's (exact patching of the head's output moves all three together, so the
+  sum leaves out their interaction); kept so that earlier ``atp*`` results reproduce.
+- ``atp*`` (Kramár et al. 2024, "AtP*: An efficient and scalable method for localizing LLM behaviour to
+  components", arXiv:2403.00745, section 3.1.2, GradDrop; AtP* = AtP + the QK fix + GradDrop): for every layer
+  ``l`` a backward pass in which the gradient through layer ``l``'s residual contribution is zeroed gives the
+  estimate ``c_{AtP+GD_l}(n)`` (with the QK fix on query and key nodes); the paper combines them as
+
+      c_GradDrop(n) = 1/(L - 1) * sum_{l=1..L} |c_{AtP+GD_l}(n)|
+
+  (the dropped layer that holds the node zeroes its estimate, so without cancellation the sum is (L - 1) |AtP|,
+  hence the 1/(L - 1)). A cancellation of direct and indirect effects at the clean point (AtP ~ 0) no longer hides
+  the node: dropping the layer that carries one of the two leaves the other. The result is a magnitude (the table
+  entry says ``signed=False``; agreement tables compare it with the mean over pairs of |effect|). Here a layer is a
+  block (its attention and MLP outputs, ``hook_attn_out`` and ``hook_mlp_out``, pass their value forward but no
+  gradient back), and the combination is taken per pair (one prompt pair, as the paper writes its per-prompt
+  estimates), then averaged over pairs like every estimate. On "heads" the node is the head's output
+  (``attn.hook_z``): AtP of the head output, ``(z* - z) . dm/dz``, which needs no QK fix (its own softmax is
+  upstream of z); "queries", "keys", "values" are the paper's attention nodes, "mlps" MLP outputs. A consequence
+  of the formula worth knowing: a node whose whole effect passes through one later layer loses that layer's term
+  (with two layers it reads 0).
 - ``eap-ig`` (Hanna et al. 2024, as in their ``get_scores_eap_ig``; MIB's "EAP-IG-inputs"): ``(a* - a) . mean_k
   dm/da`` over ``steps`` runs whose input embeddings (``embed.hook_out``) are ``e* + k/steps (e - e*)``,
   ``k = 0..steps-1``. The path moves every input at once, so it estimates a path-averaged effect, not the effect
@@ -245,9 +262,11 @@ def ig_act_own_effects(model: Any, task: Task, nodes: str, *, steps: int = DEFAU
     return per_batch(model, task, nodes, steps, batch_size, _ig_act_own)
 
 
-def atp_star_effects(model: Any, task: Task, nodes: str, *, steps: int = 1, batch_size: int = DEFAULTS.batch_size
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """AtP* (table entry ``atp*``): per query, key and value node (:func:`atp_star_parts`); on "heads" their sum."""
+def atp_qk_effects(model: Any, task: Task, nodes: str, *, steps: int = 1, batch_size: int = DEFAULTS.batch_size
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """AtP with Kramár et al.'s QK fix only (table entry ``atp-qk``; ``atp*`` before GradDrop was added): per query,
+    key and value node (:func:`atp_star_parts`), signed; on "heads" the sum of a head's three node estimates
+    (bertscope's aggregation, not the paper's: kept so that results of the QK-fix-only ``atp*`` reproduce)."""
 
     def chunk(clean, corr, rows):
         c = _chunk(model, task, nodes, steps, _STAR_SITES, clean, corr, rows)
@@ -265,27 +284,136 @@ def atp_star_effects(model: Any, task: Task, nodes: str, *, steps: int = 1, batc
 
 
 _PART = {"queries": "query", "keys": "key", "values": "value"}
+_GRAD_SITE = {"heads": "attn.hook_z", "queries": "attn.hook_pattern", "keys": "attn.hook_pattern",
+              "values": "attn.hook_v", "mlps": "hook_mlp_out"}
+#: a block's residual contribution: the writes GradDrop cuts the gradient of (its attention and MLP outputs)
+LAYER_WRITES = ("hook_attn_out", "hook_mlp_out")
+
+
+def atp_star_effects(model: Any, task: Task, nodes: str, *, steps: int = 1, batch_size: int = DEFAULTS.batch_size
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """AtP* (table entry ``atp*``; Kramár et al. 2024): the QK fix and GradDrop, as the paper defines AtP*.
+
+    Per node and pair, an estimate ``e_l`` is computed for every layer ``l`` from a backward pass in which the
+    gradient through block ``l``'s residual contribution (its attention and MLP outputs, ``LAYER_WRITES``) is
+    zeroed (:func:`graddrop_estimates`); query and key nodes take the QK fix (the softmax recomputed exactly,
+    :class:`QKFix`, with that pass's ``dm/dA``), value, head-output and MLP nodes ``(a* - a) . dm/da`` with that
+    pass's gradient. The estimates are combined as the paper's GradDrop does (:func:`graddrop`):
+    ``sum_l |e_l| / (L - 1)``, a magnitude (no sign). Nodes: "heads" (a head's output ``attn.hook_z``: plain AtP
+    of the head output, whose own softmax needs no fix), "queries", "keys", "values" (the paper's attention nodes)
+    and "mlps". Cost: ``n_layers`` forward and backward passes a batch (one per dropped layer; dropping the first
+    layer changes no gradient but its own nodes', which are zero, so ``n_layers - 1`` extra passes), plus the
+    QK fix's two score recomputations a layer on query and key nodes."""
+
+    def chunk(clean, corr, rows):
+        extra = _STAR_SITES if nodes in ("queries", "keys") else ()
+        c = _chunk(model, task, nodes, steps, extra, clean, corr, rows)
+        n = model.config.n_layers
+        site = _GRAD_SITE[nodes]
+        _, cc = model.run_with_cache(**c.clean, names_filter=[f"blocks.*.{site}", *c.names], incl_bwd=True,
+                                     loss_fn=c.loss)
+        mask = clean["attention_mask"]
+        with torch.no_grad():
+            fixes = [QKFix.of(model, L, cc, c.ck, mask) for L in range(n)] if nodes in ("queries", "keys") else None
+
+        def estimate(L: int, grads: Any) -> torch.Tensor:  # [b, h] (or [b, 1] for mlps), float64
+            g = grads[f"blocks.{L}.{site}_grad"].double()
+            if fixes is not None:
+                return fixes[L].parts(g)[_PART[nodes]]
+            name = f"blocks.{L}.{c.site}"
+            delta = (c.ck[name] - cc[name]).double()
+            return (delta * g).sum((1, 3)) if nodes != "mlps" else (delta * g).sum((1, 2))[:, None]
+
+        per_drop = graddrop_estimates(model, c.clean, c.loss, site, estimate, cc)
+        return graddrop(per_drop).cpu(), _total(c)
+
+    return _batched(model, task, batch_size, chunk)
+
+
+def graddrop_estimates(model: Any, clean: dict, loss: Callable[[Any], torch.Tensor], site: str,
+                       estimate: Callable[[int, Any], torch.Tensor], cc: Any) -> torch.Tensor:
+    """``[n_layers (dropped), b, n_layers (node's), nodes a layer]``: entry ``[l, :, L]`` is ``estimate(L, grads)``
+    with the gradients of a clean backward pass in which block ``l``'s residual contribution (its attention and
+    MLP outputs) passes its value forward but no gradient back (``t.detach()``); ``cc``: the plain clean cache with
+    gradients. Dropping block ``l`` leaves the gradient of every node in a later block unchanged (a gradient depends
+    only on what is downstream), so those entries are the plain estimate; a node in block ``l`` itself reaches the
+    output only through block ``l``'s contribution, so its entry is zero; only nodes in blocks before ``l`` need the
+    pass (``n_layers - 1`` passes in all)."""
+    n = model.config.n_layers
+    with torch.no_grad():
+        plain = torch.stack([estimate(L, cc) for L in range(n)], 1)  # [b, n, k]
+    out = plain[None].repeat(n, 1, 1, 1)
+    if n == 1:  # no layer but the node's own: the plain estimate (graddrop takes its magnitude)
+        return out
+    for drop in range(n):
+        out[drop, :, drop] = 0.0
+        if drop == 0:
+            continue
+        cut = [(f"blocks.{drop}.{w}", lambda t, hook: t.detach()) for w in LAYER_WRITES]
+        _, cg = model.run_with_cache(**clean, names_filter=[f"blocks.{L}.{site}" for L in range(drop)],
+                                     fwd_hooks=cut, incl_bwd=True, loss_fn=loss)
+        with torch.no_grad():
+            for L in range(drop):
+                out[drop, :, L] = estimate(L, cg)
+    return out
+
+
+def graddrop(per_drop: torch.Tensor) -> torch.Tensor:
+    """Kramár et al.'s GradDrop combination of ``per_drop [n_layers (dropped), b, ...]`` (the estimate of each node
+    with block l's gradient dropped, :func:`graddrop_estimates`) -> ``[b, n_nodes]`` (trailing dimensions
+    flattened, layer-major): ``sum_l |e_l| / (L - 1)``, L the number of layers; the 1/(L - 1) makes it ``|AtP|``
+    when no dropped layer but the node's own (whose estimate is zero) changes the estimate. With one layer there is
+    nothing to drop but the node's own: the estimate is ``|AtP|``, the same limit."""
+    n = per_drop.shape[0]
+    flat = per_drop.flatten(2)
+    if n == 1:  # graddrop_estimates keeps the plain estimate: there is no other layer to drop
+        return flat[0].abs()
+    return flat.abs().sum(0) / (n - 1)
 
 
 def atp_star_parts(model: Any, layer: int, cc: Any, ck: Any, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """AtP* of every head of ``layer`` by node type: ``{"query", "key", "value"}`` each ``[b, h]`` (float64), from
-    the clean cache ``cc`` (with ``_grad`` entries of ``hook_pattern`` and ``hook_v``) and the corrupted ``ck``."""
+    """AtP* (the QK fix) of every head of ``layer`` by node type: ``{"query", "key", "value"}`` each ``[b, h]``
+    (float64), from the clean cache ``cc`` (with ``_grad`` entries of ``hook_pattern`` and ``hook_v``) and the
+    corrupted ``ck``."""
     p = f"blocks.{layer}.attn."
-    A = cc[p + "hook_pattern"].double()  # [b, h, q, k]
-    gA = cc[p + "hook_pattern_grad"].double()
-    value = ((ck[p + "hook_v"] - cc[p + "hook_v"]) * cc[p + "hook_v_grad"]).sum((1, 3)).double()
-    s_q, s_k = _scores_with(model, layer, cc, ck, mask)
-    S = cc[p + "hook_scores"].double()
-    # query nodes: row t recomputed with the corrupted query
-    query = (gA * (torch.softmax(s_q, dim=-1) - A)).sum((2, 3))
-    # key nodes: column s of every row replaced by the corrupted key's score, softmax recomputed in closed form
-    real = mask.bool()[:, None, None, :].expand_as(A)
-    delta = torch.where(real, (s_k - S).clamp(max=600.0), torch.zeros_like(S))
-    grow = torch.expm1(delta)
-    r = 1 + A * grow
-    G = (gA * A).sum(-1, keepdim=True)  # [b, h, q, 1]
-    key = ((1 / r - 1) * G + gA * A * grow / r).sum((2, 3))
-    return {"query": query, "key": key, "value": value}
+    parts = QKFix.of(model, layer, cc, ck, mask).parts(cc[p + "hook_pattern_grad"].double())
+    parts["value"] = ((ck[p + "hook_v"] - cc[p + "hook_v"]) * cc[p + "hook_v_grad"]).sum((1, 3)).double()
+    return parts
+
+
+@dataclass
+class QKFix:
+    """Kramár et al.'s QK fix for the query and key nodes of one layer: the pattern changes that do not depend on
+    the gradient, so that one recomputation serves every backward pass (GradDrop's included). ``A [b, h, q, k]``
+    the clean pattern; ``dq`` the pattern with each query row recomputed from the corrupted query, minus ``A``;
+    ``grow = e^d - 1`` and ``r = 1 + A grow`` for ``d`` the change of score ``[t, s]`` when key ``s`` is corrupted
+    (padding keys 0)."""
+
+    A: torch.Tensor
+    dq: torch.Tensor
+    grow: torch.Tensor
+    r: torch.Tensor
+
+    @classmethod
+    def of(cls, model: Any, layer: int, cc: Any, ck: Any, mask: torch.Tensor) -> QKFix:
+        """The fix for block ``layer`` from the clean cache ``cc`` (``hook_pattern``, ``hook_scores``,
+        ``hook_resid_pre``) and the corrupted ``ck`` (``hook_q``, ``hook_k``)."""
+        p = f"blocks.{layer}.attn."
+        A = cc[p + "hook_pattern"].double()
+        s_q, s_k = _scores_with(model, layer, cc, ck, mask)
+        S = cc[p + "hook_scores"].double()
+        real = mask.bool()[:, None, None, :].expand_as(A)
+        grow = torch.expm1(torch.where(real, (s_k - S).clamp(max=600.0), torch.zeros_like(S)))
+        return cls(A, torch.softmax(s_q, dim=-1) - A, grow, 1 + A * grow)
+
+    def parts(self, gA: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"query", "key"}`` estimates ``[b, h]`` given ``gA = dm/dA [b, h, q, k]``: a query node (row t
+        recomputed) ``sum_s gA_ts dq_ts``; a key node (column s of every row: one logit moved by ``d``, the row's
+        normaliser multiplied by ``r``) ``sum_t [(1/r - 1) sum_j gA_tj A_tj + gA_ts A_ts grow_ts / r]``."""
+        query = (gA * self.dq).sum((2, 3))
+        G = (gA * self.A).sum(-1, keepdim=True)  # [b, h, q, 1]
+        key = ((1 / self.r - 1) * G + gA * self.A * self.grow / self.r).sum((2, 3))
+        return {"query": query, "key": key}
 
 
 def _scores_with(model, layer, cc, ck, mask) -> tuple[torch.Tensor, torch.Tensor]:

@@ -68,7 +68,9 @@ class NodeMethod:
     ``compute``: the function (or ``"module:function"``) with the signature in the module docstring. ``citation``:
     the paper (and code) it follows. ``cost``: its cost class. ``nodes``: the node kinds it scores. ``uses_steps``:
     it reads ``steps``. ``default``: among the circuits experiment's default head methods. ``summary``: one line
-    for menus and docs. ``label``: its name in figures (default: ``name``).
+    for menus and docs. ``label``: its name in figures (default: ``name``). ``signed``: its scores estimate the
+    signed effect (False: a magnitude, as AtP*'s GradDrop gives; agreement tables compare it with the mean over
+    pairs of ``|effect|``).
     """
 
     name: str
@@ -80,6 +82,7 @@ class NodeMethod:
     nodes: tuple[str, ...] = NODE_KINDS
     uses_steps: bool = False
     default: bool = True
+    signed: bool = True
 
     def effects(self, model: Any, task: Any, nodes: str = "heads", *, steps: int = DEFAULTS.ig_steps,
                 batch_size: int = DEFAULTS.batch_size) -> tuple[Any, Any]:
@@ -177,9 +180,12 @@ for _m in (
                summary="exact patching: the clean run with one node set to its corrupted value"),
     NodeMethod("atp", f"{_ATTR}:atp_effects", citation="Nanda 2023; Syed et al. 2023", label="AtP",
                summary="attribution patching: (a* - a) . dm/da at the clean run"),
-    NodeMethod("atp*", f"{_ATTR}:atp_star_effects", nodes=("heads", "queries", "keys", "values"),
-               citation="Kramár et al. 2024 (the QK fix only; GradDrop not applied)", label="AtP* (QK fix)",
-               summary="AtP with the softmax recomputed exactly for query and key nodes"),
+    NodeMethod("atp*", f"{_ATTR}:atp_star_effects", signed=False, label="AtP*",
+               citation="Kramár et al. 2024 (QK fix and GradDrop)",
+               summary="AtP with the QK fix, GradDrop-combined over per-layer gradient drops: a magnitude"),
+    NodeMethod("atp-qk", f"{_ATTR}:atp_qk_effects", nodes=("heads", "queries", "keys", "values"), default=False,
+               citation="Kramár et al. 2024 (the QK fix only; GradDrop not applied)", label="AtP (QK fix)",
+               summary="AtP with the softmax recomputed exactly for query and key nodes (atp* before GradDrop)"),
     NodeMethod("eap-ig", f"{_ATTR}:eap_ig_effects", cost="steps", uses_steps=True, label="EAP-IG",
                citation="Hanna et al. 2024, get_scores_eap_ig (MIB's EAP-IG-inputs)",
                summary="AtP with the gradient averaged along the input-embedding path"),

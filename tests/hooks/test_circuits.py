@@ -234,13 +234,14 @@ def test_atp_star_query_key_part_is_exact_for_one_changed_key():
 
 
 def test_atp_star_per_node_kind_equals_exact_patching_of_that_node_kind():
-    """Through the public entry points: AtP* of each head's key (value) nodes equals exactly patching that head's
-    keys (values) where the rest is linear; query nodes move nothing the metric reads (query 0 is clean), in both;
-    plain AtP on the key nodes linearises the saturated softmax and misses."""
+    """Through the public entry points: AtP's QK fix (``atp-qk``) of each head's key (value) nodes equals exactly
+    patching that head's keys (values) where the rest is linear; query nodes move nothing the metric reads (query 0
+    is clean), in both; plain AtP on the key nodes linearises the saturated softmax and misses. With one layer
+    GradDrop has no layer to drop but the node's own, so AtP* is the magnitude of the QK-fix estimate."""
     model, task, _ = _saturated_one_layer()
     for kind in ("queries", "keys", "values"):
         exact, _ = circuits.patching.patch_effects(model, task, kind)
-        star, _ = circuits.attribution.attribute_effects(model, task, "atp*", kind)
+        star, _ = circuits.attribution.attribute_effects(model, task, "atp-qk", kind)
         np.testing.assert_allclose(star, exact, rtol=1e-8, atol=1e-12)
         if kind != "queries":
             assert np.abs(exact).max() > 1e-3
@@ -248,15 +249,19 @@ def test_atp_star_per_node_kind_equals_exact_patching_of_that_node_kind():
     keys, _ = circuits.patching.patch_effects(model, task, "keys")
     atp_keys, _ = circuits.attribution.attribute_effects(model, task, "atp", "keys")
     assert np.abs(atp_keys - keys).max() > 0.1 * np.abs(keys).max()
-    heads, _ = circuits.attribution.attribute_effects(model, task, "atp*", "heads")
-    parts = sum(circuits.attribution.attribute_effects(model, task, "atp*", k)[0]
+    heads, _ = circuits.attribution.attribute_effects(model, task, "atp-qk", "heads")
+    parts = sum(circuits.attribution.attribute_effects(model, task, "atp-qk", k)[0]
                 for k in ("queries", "keys", "values"))
     np.testing.assert_allclose(heads, parts, rtol=1e-10, atol=1e-14)
+    for kind in ("queries", "keys", "values"):
+        star, _ = circuits.attribution.attribute_effects(model, task, "atp*", kind)
+        qk, _ = circuits.attribution.attribute_effects(model, task, "atp-qk", kind)
+        np.testing.assert_allclose(star, np.abs(qk), rtol=1e-12, atol=1e-15)
     table = circuits.patch(model, task, "keys", n_boot=10)
     assert list(table.node[:2]) == ["L0H0.k", "L0H1.k"] and set(table["head"]) == {0, 1}
 
 
-def test_atp_star_query_nodes_are_exact_where_the_query_moves():
+def test_atp_star_query_nodes_are_exact_where_the_query_moves():  # the QK fix: atp-qk
     """Issue 40.13: the query-side fix where it matters. The corrupted text changes token 0, the position the
     metric reads, so query 0 moves; AtP* recomputes that row's softmax exactly and, the rest being linear given
     the pattern, equals exactly patching the head's queries (and keys: only key 0 moves, recomputed column by
@@ -264,11 +269,98 @@ def test_atp_star_query_nodes_are_exact_where_the_query_moves():
     model, task, _ = _saturated_one_layer(changed=0)
     for kind in ("queries", "keys"):
         exact, _ = circuits.patching.patch_effects(model, task, kind)
-        star, _ = circuits.attribution.attribute_effects(model, task, "atp*", kind)
+        star, _ = circuits.attribution.attribute_effects(model, task, "atp-qk", kind)
         atp, _ = circuits.attribution.attribute_effects(model, task, "atp", kind)
         assert np.abs(exact).max() > 1e-3, kind
         np.testing.assert_allclose(star, exact, rtol=1e-8, atol=1e-12)
         assert np.abs(atp - exact).max() > 0.1 * np.abs(exact).max(), kind
+
+
+def cancelling_model() -> Encoder:
+    """Two pre-LN layers, no final LayerNorm, everything zero except: head A = L0H0 copies the token's dim-0 value
+    (uniform attention) to +dim 4 / -dim 5; block 1's MLP has one ReLU unit reading dim 4 (bias -4.5: active on the
+    clean text, inactive on the corrupted one) that writes +dim 8 / -dim 9."""
+    cfg = EncoderConfig(vocab_size=12, d_model=D, n_layers=2, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0, norm_placement="pre",
+                        activation="relu")
+    model = Encoder(cfg).eval().double()
+    _zero_(model)
+    model.ln_final = None
+    with torch.no_grad():
+        a = torch.linspace(-1, 1, 12).double()
+        model.embed.word.weight[:, 0], model.embed.word.weight[:, 1] = a, -a
+        model.embed.word.weight[:, 12:16] = torch.tensor([3.0, -3.0, 3.0, -3.0]).double()
+        model.blocks[0].attn.qkv.weight[2 * D, 0] = 1.0  # A's value reads dim 0
+        model.blocks[0].attn.out.weight[4, 0], model.blocks[0].attn.out.weight[5, 0] = 1.0, -1.0
+        model.blocks[1].mlp.fc_in.weight[0, 4], model.blocks[1].mlp.fc_in.bias[0] = 10.0, -4.5
+        model.blocks[1].mlp.fc_out.weight[8, 0], model.blocks[1].mlp.fc_out.weight[9, 0] = 1.0, -1.0
+    return model
+
+
+def test_graddrop_recovers_a_node_whose_direct_and_indirect_gradients_cancel():
+    """Issue 40.13, Kramár et al.'s cancellation failure. The metric reads A's write directly (dim 4, weight alpha)
+    and through the ReLU unit (dim 8); alpha is set so that at the clean run the two gradients cancel: plain AtP of
+    A reads 0. Patching A turns the unit off, so the indirect path gives back less than its gradient says and the
+    true effect is large. GradDrop's pass with block 1's gradient dropped keeps only the direct path; A's own
+    layer's pass is zero; so AtP* = |that estimate| / (2 - 1), which is known: AtP (= exact patching, the path being
+    linear) of A in the same model with block 1's MLP writing nothing. Last-layer heads have nothing downstream to
+    drop: AtP* = |AtP| there."""
+    model = cancelling_model()
+    clean = torch.tensor([[11, 10, 9, 11, 10], [9, 10, 11, 10, 11], [10, 10, 11, 9, 11]])  # one multiset: one alpha
+    corrupted = clean.clone()
+    corrupted[:, 1] = 0
+    unit = torch.eye(D, dtype=torch.float64)
+    atp = lambda m, u: circuits.attribution.attribute_effects(m, _task(clean, corrupted, u), "atp", "heads")[0]  # noqa: E731
+    direct, indirect = atp(model, unit[4])[:, 0], atp(model, unit[8])[:, 0]
+    alpha = -indirect[0] / direct[0]
+    np.testing.assert_allclose(-indirect / direct, alpha, rtol=1e-9)  # one alpha cancels every pair
+    task = _task(clean, corrupted, alpha * unit[4] + unit[8])
+    exact, _ = circuits.patching.patch_effects(model, task, "heads")
+    plain, _ = circuits.attribution.attribute_effects(model, task, "atp", "heads")
+    star, _ = circuits.attribution.attribute_effects(model, task, "atp*", "heads")
+    assert np.abs(plain[:, 0]).max() < 1e-12 * np.abs(exact[:, 0]).min()  # AtP: no effect at all
+    assert np.abs(exact[:, 0]).min() > 0.5  # the true effect is large
+    no_mlp = cancelling_model()
+    with torch.no_grad():
+        no_mlp.blocks[1].mlp.fc_out.weight.zero_()
+    only_direct, _ = circuits.attribution.attribute_effects(no_mlp, task, "atp", "heads")
+    np.testing.assert_allclose(only_direct, circuits.patching.patch_effects(no_mlp, task, "heads")[0], rtol=1e-9)
+    np.testing.assert_allclose(star[:, 0], np.abs(only_direct[:, 0]), rtol=1e-9)
+    assert star[:, 0].min() > 0.5
+    np.testing.assert_allclose(star[:, H:], np.abs(plain[:, H:]), rtol=1e-12, atol=1e-15)
+    assert not circuits.table.node_method("atp*").signed and circuits.table.node_method("atp-qk").signed
+
+
+def test_graddrop_pass_equals_removing_the_dropped_blocks_writes_from_the_backward_pass():
+    """``graddrop_estimates``: the estimate of a layer-0 value node with block 1's gradient dropped equals AtP of
+    the same node in a copy whose block-1 attention and MLP outputs are constants (``detach`` hooks, the definition
+    written out by hand), on a random three-layer post-LN model; its own layer's entry is zero and the last layer's
+    entries are the plain estimate."""
+    torch.manual_seed(5)
+    cfg = EncoderConfig(vocab_size=20, d_model=D, n_layers=3, n_heads=H, d_mlp=8, max_positions=16,
+                        type_vocab_size=0, hidden_dropout=0.0, attention_dropout=0.0)
+    model = Encoder(cfg).eval().double()
+    task = _linear_task()
+    c = circuits.attribution._chunk(model, task, "values", 1, (), task.clean, task.corrupted,
+                                    torch.arange(task.n_pairs))
+    _, cc = model.run_with_cache(**c.clean, names_filter=["blocks.*.attn.hook_v"], incl_bwd=True, loss_fn=c.loss)
+
+    def estimate(L, grads):
+        name = f"blocks.{L}.attn.hook_v"
+        return ((c.ck[name] - cc[name]) * grads[name + "_grad"]).sum((1, 3)).double()
+
+    per_drop = circuits.attribution.graddrop_estimates(model, c.clean, c.loss, "attn.hook_v", estimate, cc)
+    assert per_drop.shape == (3, task.n_pairs, 3, H)
+    cut = [(f"blocks.1.{w}", lambda t, hook: t.detach()) for w in ("hook_attn_out", "hook_mlp_out")]
+    _, by_hand = model.run_with_cache(**c.clean, names_filter=["blocks.0.attn.hook_v"], fwd_hooks=cut,
+                                      incl_bwd=True, loss_fn=c.loss)
+    torch.testing.assert_close(per_drop[1, :, 0], estimate(0, by_hand))
+    assert (per_drop[1, :, 0] - estimate(0, cc)).abs().max() > 1e-6  # dropping block 1 changes layer 0's estimate
+    for drop in range(3):
+        assert per_drop[drop, :, drop].abs().max() == 0.0
+        torch.testing.assert_close(per_drop[drop, :, 2] if drop < 2 else per_drop[0, :, 2], estimate(2, cc))
+    combined = circuits.attribution.graddrop(per_drop)
+    torch.testing.assert_close(combined, per_drop.abs().sum(0).flatten(1) / 2)
 
 
 def test_cpr_and_cmd_are_mibs_trapezoids():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -54,7 +55,7 @@ def test_a_node_method_registered_here_reaches_the_cli_and_the_tables(toy_method
     the head table and its row in the agreement table."""
     with pytest.raises(SystemExit):
         cli.main(["circuits", "--help"])
-    assert "toy-index" in capsys.readouterr().out
+    assert "toy-index" in re.sub(r"-\s+", "-", capsys.readouterr().out)  # argparse may wrap at the hyphen
     from bertscope.experiments.circuits import Settings
 
     assert "toy-index" in Settings().methods
@@ -71,6 +72,10 @@ def test_a_node_method_registered_here_reaches_the_cli_and_the_tables(toy_method
     assert np.allclose(toy.effect, np.arange(8) + 100.0)  # mean over the 3 pairs of i + 100 p
     agreement = pd.read_csv(out / "circuits" / "agreement.csv")
     assert list(agreement.method) == ["toy-index"]
+    assert list(agreement.reference) == ["mean effect"]  # a signed method (atp*, a magnitude, says "mean |effect|")
+    for col in ("recall_at_5", "recall_at_5_low", "mean_abs_exact", "mean_abs_estimate_high"):
+        assert col in agreement, col  # Kramár et al.'s measures (k < the 8 heads only: no recall_at_10)
+    assert "recall_at_10" not in agreement
     cost = pd.read_csv(out / "circuits" / "cost.csv")
     assert "toy-index" in set(cost.method)
 
@@ -87,13 +92,16 @@ def test_registering_twice_or_badly_is_refused(toy_method):
 
 
 def test_the_tables_hold_every_built_in_method_with_its_facts():
-    assert table.node_methods() == ("exact", "atp", "atp*", "eap-ig", "eap-ig-act", "ig-act-own")
+    assert table.node_methods() == ("exact", "atp", "atp*", "atp-qk", "eap-ig", "eap-ig-act", "ig-act-own")
     assert table.node_methods(default=True) == ("exact", "atp", "atp*", "eap-ig", "eap-ig-act")
     assert table.edge_methods() == ("eap", "eap-ig")
     for spec in [*table.NODE_TABLE.values(), *table.EDGE_TABLE.values()]:
         assert spec.citation and spec.summary, spec.name
-    assert "GradDrop" in table.NODE_TABLE["atp*"].citation  # says what it leaves out
-    assert "mlps" not in table.NODE_TABLE["atp*"].nodes
+    assert "QK fix and GradDrop" in table.NODE_TABLE["atp*"].citation  # the paper's AtP*: both fixes
+    assert "GradDrop not applied" in table.NODE_TABLE["atp-qk"].citation  # the QK-fix-only variant says so
+    assert "mlps" not in table.NODE_TABLE["atp-qk"].nodes and "mlps" in table.NODE_TABLE["atp*"].nodes
+    assert not table.NODE_TABLE["atp*"].signed  # GradDrop's absolute values: a magnitude
+    assert all(spec.signed for name, spec in table.NODE_TABLE.items() if name != "atp*")
 
 
 def test_python_and_the_command_line_share_one_set_of_defaults():
