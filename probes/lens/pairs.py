@@ -67,13 +67,20 @@ def score_pairs(model: Any, pairs: pd.DataFrame, method: str = "original", *, ba
     scored piece, so that a bad sentence with more pieces does not lose by length alone)."""
     sentences = [*pairs["good"], *pairs["bad"]]
     scores = sentence_pll(token_pll(model, sentences, method, batch_size=batch_size, streams=streams), len(sentences))
+    return pair_scores(pairs, scores, method)
+
+
+def pair_scores(pairs: pd.DataFrame, scores: pd.DataFrame, method: str = "original") -> pd.DataFrame:
+    """`score_pairs`' table from per-sentence scores already computed: ``scores`` is `sentence_pll`'s table (or
+    any with ``sentence``, ``pll``, ``n_tokens``, ``pll_per_token`` and optionally ``stream``) over the ``2 n``
+    sentences ``[*pairs["good"], *pairs["bad"]]``."""
     n = len(pairs)
-    keys = ["stream"] if streams else []
+    keys = ["stream"] if "stream" in scores.columns else []
     good = scores[scores["sentence"] < n].set_index(["sentence", *keys])
     bad = scores[scores["sentence"] >= n].assign(sentence=lambda d: d["sentence"] - n).set_index(["sentence", *keys])
     joined = good.merge(bad, left_index=True, right_index=True, suffixes=("_good", "_bad")).reset_index()
     out = pairs.reset_index(drop=True).iloc[joined["sentence"].to_numpy()].reset_index(drop=True)
-    if streams:
+    if keys:
         out["stream"] = joined["stream"].to_numpy()
     out["pll_good"], out["pll_bad"] = joined["pll_good"].to_numpy(), joined["pll_bad"].to_numpy()
     out["n_good"], out["n_bad"] = joined["n_tokens_good"].to_numpy(), joined["n_tokens_bad"].to_numpy()
