@@ -109,7 +109,8 @@ def _length(control: pd.DataFrame) -> Finding | None:
         if (diff, "raw") not in rows.index:
             continue
         raw, norm = rows.loc[(diff, "raw")], rows.loc[(diff, "normalised")]
-        parts.append(f"where the {diff.replace('bad ', 'bad sentence is ')} ({int(raw.n_pairs):,} pairs) raw "
+        parts.append(f"where the {diff.replace('bad ', 'bad sentence is ')} ({int(raw.n_pairs):,} pair"
+                     f"{'s' if raw.n_pairs != 1 else ''}) raw "
                      f"{fmt_ci(raw.accuracy, raw.low, raw.high)} against per piece "
                      f"{fmt_ci(norm.accuracy, norm.low, norm.high)}")
         numbers[f"{diff}:raw"], numbers[f"{diff}:normalised"] = float(raw.accuracy), float(norm.accuracy)
@@ -128,12 +129,12 @@ def _layers(layers: pd.DataFrame, first: pd.DataFrame) -> Finding:
     start, end = rows.iloc[0], rows.iloc[-1]
     k = int(first[(first["method"] == method) & (first["level"] == "overall")]["first_stream"].iloc[0])
     fields = first[(first["method"] == method) & (first["level"] == "field")]
-    where = ("never: not even the last layer's lower bound is above chance" if k < 0
-             else "from the embeddings on" if k == 0 else f"from layer {k} on")
+    where = ("at no layer, not even the last" if k < 0 else "from the embeddings on" if k == 0
+             else f"from layer {k} on")
     text = (f"Through the logit lens ({method}, raw), accuracy over all pairs goes from "
             f"{fmt_ci(start.accuracy, start.low, start.high)} at the embeddings to "
-            f"{fmt_ci(end.accuracy, end.low, end.high)} at the output (layer {int(end.stream)}); its lower bound "
-            f"stays above chance {where}.")
+            f"{fmt_ci(end.accuracy, end.low, end.high)} at the output (layer {int(end.stream)}); the lower bound of "
+            f"its interval stays above chance {where}.")
     if len(fields):
         text += " Per field, the first such layer: " + "; ".join(
             f"{r.group.replace('_', ' ')} {'none' if r.first_stream < 0 else int(r.first_stream)}"

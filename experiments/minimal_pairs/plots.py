@@ -79,8 +79,8 @@ def plot_paradigms(accuracy: pd.DataFrame, out_dir: Path, formats: Formats = FOR
     ax.set_yticks(y, wide["group"].str.replace("_", " "), fontsize=7 if len(wide) > 20 else 9)
     ax.set_ylim(-0.7, len(wide) - 0.3)
     ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("share of pairs where the good sentence scores higher")
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    ax.set_xlabel("accuracy: share of pairs where the good sentence scores higher")
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncols=3, frameon=False)
     ax.set_title(f"Accuracy per paradigm ({method} PLL; bars: 95% intervals over pairs)", fontsize=10)
     return io.save_figure(fig, out_dir / "fig_paradigm_accuracy", formats)
 
@@ -108,11 +108,12 @@ def plot_layers(layers: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS)
         ax.axhline(CHANCE, color="grey", ls="--", lw=1, label="chance (0.5)")
         streams = sorted(rows["stream"].unique())
         ax.set_xticks(streams, ["emb" if s == 0 else str(s) for s in streams])
-        ax.set_xlabel("layer read through the logit lens (emb = embeddings; last = the model's output)")
         ax.set_title(f"{method} PLL", fontsize=10)
         ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel("share of pairs where the good sentence scores higher")
-    axes[0][-1].legend(fontsize=7, loc="best", framealpha=0.9)
+    axes[0][0].set_ylabel("accuracy (good sentence scores higher)")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), fontsize=8, loc="outside right center", frameon=False)
+    fig.supxlabel("layer read through the logit lens (emb = the embeddings; the last = the model's own output)",
+                  fontsize=9)
     fig.suptitle("From which layer on is the good sentence preferred? (shading: 95% intervals over pairs)",
                  fontsize=10)
     return io.save_figure(fig, out_dir / "fig_layer_accuracy", formats)
@@ -141,12 +142,14 @@ def plot_raw_vs_normalised(accuracy: pd.DataFrame, control: pd.DataFrame, out_di
     for score, shift in (("raw", -0.18), ("normalised", 0.18)):
         bars = part[part["score"] == score].set_index("difference").reindex(order)
         err = np.abs(np.stack([bars["accuracy"] - bars["low"], bars["high"] - bars["accuracy"]]))
-        right.bar(x + shift, bars["accuracy"], width=0.34, color=SCORE_COLOURS[score], yerr=err, capsize=3,
-                  label=SCORE_LABELS[score])
+        drawn = right.bar(x + shift, bars["accuracy"], width=0.34, color=SCORE_COLOURS[score], yerr=err, capsize=3,
+                          label=SCORE_LABELS[score])
+        right.bar_label(drawn, fmt="%.2f", fontsize=7, padding=2)
     counts = part.drop_duplicates("difference").set_index("difference").reindex(order)["n_pairs"]
-    right.set_xticks(x, [f"{d}\n({int(n):,} pairs)" for d, n in zip(order, counts, strict=True)], fontsize=8)
+    labels = [f"{d}\n({int(n):,} pair{'s' if n != 1 else ''})" for d, n in zip(order, counts, strict=True)]
+    right.set_xticks(x, labels, fontsize=8)
     right.axhline(CHANCE, color="grey", ls="--", lw=1, label="chance (0.5)")
-    right.set(ylim=(0, 1.05), ylabel="share of pairs where the good sentence scores higher")
+    right.set(ylim=(0, 1.12), ylabel="accuracy (good sentence scores higher)")
     right.set_title("By word pieces of the bad sentence vs the good one", fontsize=10)
     right.legend(fontsize=7, loc="upper right", framealpha=0.9)
     fig.suptitle(f"Does sentence length decide the pair? ({method} PLL)", fontsize=10)

@@ -92,12 +92,20 @@ def masked_copies(model: Any, sentences: Sequence[str], method: str = "original"
     return out
 
 
+#: Rows of logits converted to float64 at a time by `_target_logprobs` (a block that stays in the CPU's cache).
+LSE_ROWS = 32
+
+
 def _target_logprobs(logits: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[target]`` in float64: ``logits`` ``[..., n, vocab]``, ``target_ids`` ``[n]`` ->
-    ``[..., n]``."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    index = target_ids.to(logp.device).expand(*logp.shape[:-1])[..., None]
-    return logp.gather(-1, index)[..., 0]
+    ``[..., n]``. The target's logit minus the float64 log-sum-exp over the vocabulary, converted
+    :data:`LSE_ROWS` rows at a time (a float64 copy of all the vocabulary-wide logits and its log-softmax took
+    half the time of scoring BLiMP; this takes a quarter of that, same float64 numbers)."""
+    index = target_ids.to(logits.device).expand(*logits.shape[:-1])[..., None]
+    picked = logits.gather(-1, index)[..., 0].double()
+    rows = logits.reshape(-1, logits.shape[-1])
+    lse = torch.cat([torch.logsumexp(block.double(), dim=-1) for block in rows.split(LSE_ROWS)])
+    return picked - lse.reshape(picked.shape)
 
 
 @torch.inference_mode()
@@ -129,8 +137,9 @@ def _lens_logprobs(model: Any, hidden: torch.Tensor, target_ids: torch.Tensor, b
     unique, inverse = torch.unique(hidden, dim=0, return_inverse=True)
     if unique.shape[0] == hidden.shape[0]:
         return _target_logprobs(logit_lens(model, hidden, bias=bias), target_ids)
-    logp = torch.log_softmax(logit_lens(model, unique, bias=bias).double(), dim=-1)  # [unique, vocab]
-    return logp[inverse, target_ids.to(logp.device)]
+    logits = logit_lens(model, unique, bias=bias)  # [unique, vocab]
+    lse = torch.cat([torch.logsumexp(block.double(), dim=-1) for block in logits.split(LSE_ROWS)])  # [unique]
+    return logits[inverse, target_ids.to(logits.device)].double() - lse[inverse]
 
 
 def _table(model: Any, rows: list[MaskedCopy], scores: np.ndarray, method: str) -> pd.DataFrame:
