@@ -59,7 +59,7 @@ BUILTIN_ROWS: list[dict[str, str]] = [
             ("The women trust themselves.", "The women trust herself.")),
     *_pairs("npi_licensing", "semantics", "npi_licensing",
             ("Nobody has ever seen a ghost.", "Somebody has ever seen a ghost."),
-            ("I did not buy any bread.", "I did buy any bread."),
+            ("I have not bought any bread.", "I have already bought any bread."),
             ("No student has ever failed this test.", "Every student has ever failed this test."),
             ("She never eats any vegetables.", "She often eats any vegetables."),
             ("Few people have ever been there.", "Many people have ever been there."),
@@ -104,17 +104,18 @@ def pair_pll(model: Any, good: Sequence[str], bad: Sequence[str], methods: Seque
              streams: bool, bias: bool = True) -> dict[str, np.ndarray]:
     """Pseudo-log-likelihoods of the sentences ``[*good, *bad]`` by every method: ``pll`` ``[m, s, t]`` (natural
     log; ``s`` is every stream through the logit lens with ``streams``, else the head alone) and ``n_tokens``
-    ``[m, t]`` (scored pieces). The methods' masked copies are scored once each: a copy two methods share (every
-    piece but a split word's non-final ones) is one row of the forward passes."""
+    ``[m, t]`` (scored pieces). Equal masked copies are scored once: a copy two methods share (every piece but a
+    split word's non-final ones), and a good and a bad sentence's copies masked where they differ, when they
+    target the same piece (they differ in the target otherwise, so are two rows)."""
     sentences = [*good, *bad]
     unique: list[MaskedCopy] = []
-    seen: dict[tuple[tuple[int, ...], int], int] = {}
+    seen: dict[tuple[tuple[int, ...], int, int], int] = {}  # (masked ids, position, target id) -> row
     index: list[tuple[np.ndarray, np.ndarray]] = []
     for method in methods:
         copies = masked_copies(model, sentences, method)
         at = np.empty(len(copies), dtype=np.int64)
         for k, c in enumerate(copies):
-            at[k] = seen.setdefault((c.ids, c.target), len(unique))
+            at[k] = seen.setdefault((c.ids, c.target, c.target_id), len(unique))
             if at[k] == len(unique):
                 unique.append(c)
         index.append((at, np.array([c.sentence for c in copies], dtype=np.int64)))
