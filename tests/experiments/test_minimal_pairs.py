@@ -172,3 +172,21 @@ def tiny_mlm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-mlm")
     save_tiny_bert(folder, transformers.BertForMaskedLM)
     return load(folder)
+
+
+def test_win_shares_is_the_pair_bootstrap():
+    """The outcome-count bootstrap of `pair_accuracy` against resampling the pairs themselves
+    (`probes.bootstrap.ratio_of_sums`): same point value, bounds equal within Monte Carlo error."""
+    from bertscope.probes.bootstrap import ratio_of_sums
+    from bertscope.probes.lens.pairs import win_shares
+
+    rng = np.random.default_rng(3)
+    wins = np.stack([rng.random(300) < 0.7, rng.random(300) < 0.55], 1)
+    value, low, high = win_shares(wins, n_boot=4000, seed=1)
+    ref = ratio_of_sums(wins.astype(float), np.ones((300, 1)), n_boot=4000, seed=2)
+    np.testing.assert_array_equal(value, ref.value)
+    np.testing.assert_allclose(low, ref.low, atol=0.012)
+    np.testing.assert_allclose(high, ref.high, atol=0.012)
+    assert (high - low > 0.08).all()  # 95% of a share near 0.6 over 300 pairs is about +-0.055
+    one = win_shares(np.ones((5, 2), dtype=bool), n_boot=50)
+    assert one[0].tolist() == [1.0, 1.0] and one[1].tolist() == [1.0, 1.0]
