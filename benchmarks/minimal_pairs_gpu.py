@@ -6,7 +6,7 @@
 On a random-weight ``BertForMaskedLM`` of bert-base's shape (12 x 12 x 768, BERT's 30,522-piece vocabulary; saved
 offline with the bundled tokenizer):
 
-1. ``bertscope run minimal-pairs --corpus BLIMP`` on ``--pairs`` BLiMP pairs (every k-th pair, all paradigms) with
+1. ``bertscope run minimal-pairs --corpus BLIMP`` on ``--pairs`` BLiMP pairs (evenly spaced, all paradigms) with
    ``--device``: wall seconds, pairs/s and tokens/s (the pieces of every masked copy the forward passes read,
    counted from the run's tables: both PLL methods' copies, each a sentence's pieces plus [CLS]/[SEP]; copies the
    two methods share are read once but counted once per method, so this overstates the tokens by the shared
@@ -65,9 +65,10 @@ def random_mlm(small: bool) -> Path:
 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=10_000, help="BLiMP pairs to run (every k-th pair)")
+    p.add_argument("--pairs", type=int, default=10_000, help="BLiMP pairs to run (evenly spaced over the file)")
     p.add_argument("--batch-rows", type=int, default=2048, help="masked copies per forward pass")
     args = p.parse_args()
+    import numpy as np
     import pandas as pd
     import torch
 
@@ -81,7 +82,8 @@ def main() -> None:
     work.mkdir(parents=True)
     with gzip.open(blimp, "rt", encoding="utf-8") as f:
         table = pd.read_csv(f, sep="\t", quoting=3, dtype=str, keep_default_na=False)
-    table.iloc[:: max(1, len(table) // n)].head(n).to_csv(work / "pairs.tsv", sep="\t", index=False, quoting=3)
+    picked = table.iloc[np.linspace(0, len(table) - 1, n).round().astype(int)]  # every paradigm represented
+    picked.to_csv(work / "pairs.tsv", sep="\t", index=False, quoting=3)
     result: dict = {"device": args.device, "model": "random BertForMaskedLM " + ("small" if args.small else
                     "bert-base shape (12 x 12 x 768)"), "pairs": n}  # fmt: skip
     if args.device.startswith("cuda") and torch.cuda.is_available():

@@ -134,7 +134,9 @@ def _layers(layers: pd.DataFrame, first: pd.DataFrame) -> Finding:
     text = (f"Through the logit lens ({method}, raw), accuracy over all pairs goes from "
             f"{fmt_ci(start.accuracy, start.low, start.high)} at the embeddings to "
             f"{fmt_ci(end.accuracy, end.low, end.high)} at the output (layer {int(end.stream)}); the lower bound of "
-            f"its interval stays above chance {where}.")
+            f"its interval stays above chance {where}. At a masked position the embeddings' stream holds the mask "
+            "and the position only, so the first number is what the head prefers with no context (a fixed preference "
+            f"over pieces at each position); the layers change it by {end.accuracy - start.accuracy:+.2f}.")
     if len(fields):
         text += " Per field, the first such layer: " + "; ".join(
             f"{r.group.replace('_', ' ')} {'none' if r.first_stream < 0 else int(r.first_stream)}"
