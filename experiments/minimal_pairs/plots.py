@@ -101,7 +101,7 @@ def plot_layers(layers: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS)
         for k, (level, group) in enumerate(groups):
             line = rows[(rows["level"] == level) & (rows["group"] == group)].sort_values("stream")
             colour = "black" if level == "overall" else colours(k - 1)
-            label = "all pairs" if level == "overall" else group.replace("_", " ")
+            label = "all pairs" if level == "overall" else group  # the file's own labels
             ax.plot(line["stream"], line["accuracy"], marker="o", ms=4, color=colour, lw=2 if k == 0 else 1.2,
                     label=label)
             ax.fill_between(line["stream"], line["low"], line["high"], color=colour, alpha=0.12, lw=0)
