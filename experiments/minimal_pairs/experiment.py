@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from bertscope.experiments.jobs import Job
 from bertscope.experiments.minimal_pairs import data, measures
 from bertscope.experiments.registry import CannotRun
 from bertscope.experiments.settings import require
@@ -45,12 +47,13 @@ class Settings:
     lens: bool = True  # also score every stream through the logit lens (per-layer accuracy)
     bias: bool = True  # the head's output bias (Kobayashi et al. 2023: it carries word frequency)
     batch_rows: int = 256  # masked copies per forward pass
-    chunk_pairs: int = 2000  # pairs per cached step (an interrupted run resumes from the last finished chunk)
+    chunk_pairs: int = 2000  # pairs per cached job (an interrupted run resumes from the finished chunks)
+    workers: int | None = None  # processes scoring chunks at once, one thread each (None: every core; 1: here)
     n_boot: int = 1000  # bootstrap resamples of the pairs for every interval
 
     def __post_init__(self) -> None:
         """Refuse settings no run could use (each message names the setting)."""
-        require(self, positive=("batch_rows", "chunk_pairs", "n_boot"), subsets={"methods": PLL_METHODS},
+        require(self, positive=("batch_rows", "chunk_pairs", "n_boot", "workers"), subsets={"methods": PLL_METHODS},
                 non_empty=("methods",))
 
 
@@ -121,17 +124,20 @@ def _pairs(ctx: Any) -> tuple[pd.DataFrame, str]:
 
 
 def _score(ctx: Any, pairs: pd.DataFrame, settings: Settings) -> dict[str, np.ndarray]:
-    """:func:`data.pair_pll` over the pairs, a cached step per ``chunk_pairs`` pairs; ``pll`` ``[m, s, 2 n]`` and
-    ``n_tokens`` ``[m, 2 n]`` over ``[*good, *bad]``."""
-    size = settings.chunk_pairs
-    goods, bads = [], []
-    starts = range(0, len(pairs), size)
-    for start in ctx.progress(starts, "scoring pairs (chunks)", total=len(starts)):
+    """:func:`data.pair_pll` over the pairs, one cached job per ``chunk_pairs`` pairs on the job service's workers
+    (forked, one thread each: chunks are independent, and two single-thread processes use two cores better than
+    two threads on these small products); ``pll`` ``[m, s, 2 n]`` and ``n_tokens`` ``[m, 2 n]`` over
+    ``[*good, *bad]``."""
+    size, jobs = settings.chunk_pairs, []
+    for start in range(0, len(pairs), size):
         chunk = pairs.iloc[start : start + size]
         digest = hashlib.sha256("\n".join([*chunk["good"], *chunk["bad"]]).encode()).hexdigest()[:16]
-        part = ctx.step_arrays("pll", lambda chunk=chunk: data.pair_pll(
-            ctx.model, list(chunk["good"]), list(chunk["bad"]), settings.methods, batch_size=settings.batch_rows,
-            streams=settings.lens, bias=settings.bias), start=start, texts=digest)
-        goods.append({k: v[..., : len(chunk)] for k, v in part.items()})
-        bads.append({k: v[..., len(chunk):] for k, v in part.items()})
+        fn = partial(data.pair_pll, ctx.model, list(chunk["good"]), list(chunk["bad"]), settings.methods,
+                     batch_size=settings.batch_rows, streams=settings.lens, bias=settings.bias)
+        jobs.append(Job("pll", {"start": start, "texts": digest}, fn, cost=len(chunk), kind="arrays"))
+    service = ctx.jobs(workers=settings.workers, threads=None if settings.workers == 1 else 1)
+    parts = service.run(jobs, "scoring pairs (chunks)")
+    n = [min(size, len(pairs) - start) for start in range(0, len(pairs), size)]
+    goods = [{k: v[..., :m] for k, v in part.items()} for part, m in zip(parts, n, strict=True)]
+    bads = [{k: v[..., m:] for k, v in part.items()} for part, m in zip(parts, n, strict=True)]
     return {k: np.concatenate([p[k] for p in goods] + [p[k] for p in bads], axis=-1) for k in ("pll", "n_tokens")}

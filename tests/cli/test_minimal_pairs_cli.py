@@ -91,3 +91,16 @@ def test_blimp_file_runs(mlm_folder, tmp_path, capsys):
     results = pd.read_parquet(out / "minimal_pairs" / "results.parquet")
     assert len(results) == 24 and set(results["paradigm"]) == {"adjunct_island"}
     assert set(results["field"]) == {"syntax"} and set(results["phenomenon"]) == {"island_effects"}
+
+
+def test_chunks_on_two_workers_give_the_one_process_scores(mlm_folder, tmp_path, capsys):
+    """A chunk of pairs per job, scored on two forked workers (one thread each) or here: the same table."""
+    corpus = _tsv(tmp_path / "pairs.tsv")
+    tables = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}"
+        code, said = _run(["--model", str(mlm_folder), "--corpus", str(corpus), "--threads", "1", "--set",
+                           "minimal-pairs.chunk_pairs=1", "--set", f"minimal-pairs.workers={workers}"], out, capsys)
+        assert code == 0, said.err
+        tables.append(pd.read_parquet(out / "minimal_pairs" / "results.parquet"))
+    pd.testing.assert_frame_equal(tables[0], tables[1], check_exact=False, rtol=0, atol=1e-9)
