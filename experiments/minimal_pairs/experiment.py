@@ -47,7 +47,7 @@ class Settings:
     lens: bool = True  # also score every stream through the logit lens (per-layer accuracy)
     bias: bool = True  # the head's output bias (Kobayashi et al. 2023: it carries word frequency)
     batch_rows: int = 256  # masked copies per forward pass
-    chunk_pairs: int = 2000  # pairs per cached job (an interrupted run resumes from the finished chunks)
+    chunk_pairs: int = 500  # pairs per cached job (an interrupted run resumes from the finished chunks)
     workers: int | None = None  # processes scoring chunks at once, one thread each (None: every core; 1: here)
     n_boot: int = 1000  # bootstrap resamples of the pairs for every interval
 
