@@ -139,7 +139,7 @@ def _layers(layers: pd.DataFrame, first: pd.DataFrame) -> Finding:
             f"over pieces at each position); the layers change it by {end.accuracy - start.accuracy:+.2f}.")
     if len(fields):
         text += " Per field, the first such layer: " + "; ".join(
-            f"{r.group.replace('_', ' ')} {'none' if r.first_stream < 0 else int(r.first_stream)}"
+            f"{r.group} {'none' if r.first_stream < 0 else int(r.first_stream)}"
             for r in fields.itertuples()) + "."
     return Finding(text, numbers={"first_stream": float(k), "accuracy_embeddings": float(start.accuracy),
                                   "accuracy_output": float(end.accuracy)})
