@@ -50,4 +50,18 @@ for check in benchmarks/gpu/check_*.py; do
   echo "== $check rc=$rc seconds=$(( $(date +%s) - start )) limit=$limit" | tee -a "$out/gpu.log"
   [ "$rc" -ne 0 ] && status=1
 done
+# minimal-pairs (issue 42): `run minimal-pairs` on BLiMP with a bert-base-shaped random BertForMaskedLM (tokens/s)
+# and tuned-lens training, timed: benchmarks/minimal_pairs_gpu.py. BLiMP must be on the machine: copy
+# ../shared/data/blimp/blimp.tsv.gz to .gpu/blimp/ before carrying .gpu (or set BERTSCOPE_BLIMP). ONLY=minimal_pairs
+# runs it alone; ARGS_minimal_pairs="--pairs 67000" runs all of BLiMP (default 10,000 pairs, extrapolated).
+if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" minimal_pairs "* ]]; then
+  read -r -a extra <<< "${ARGS_minimal_pairs:-}"
+  echo "== benchmarks/minimal_pairs_gpu.py ${extra[*]}" | tee -a "$out/gpu.log"
+  start=$(date +%s); limit="${CHECK_LIMIT_S:-150}"
+  (cd "$run_in" && PYTHONUNBUFFERED=1 exec timeout "$limit" python3 "$repo/benchmarks/minimal_pairs_gpu.py" --device "$device" --out "$out" "${small[@]}" "${extra[@]}") 2>&1 \
+    | tee -a "$out/gpu.log"
+  rc=${PIPESTATUS[0]}
+  echo "== benchmarks/minimal_pairs_gpu.py rc=$rc seconds=$(( $(date +%s) - start )) limit=$limit" | tee -a "$out/gpu.log"
+  [ "$rc" -ne 0 ] && status=1
+fi
 exit $status

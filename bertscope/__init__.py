@@ -12,6 +12,7 @@ Eight experiments (``experiments.registry.EXPERIMENTS``, by CLI name): ``same-to
 identical tokens), ``heads`` (what each head does, how much it matters), ``positions`` (position information per
 layer), ``mixing`` (context mixing and its faithfulness), ``structure`` (structural probes), ``erasure`` (amnesic
 probing), ``circuits`` (a bi-encoder's term-frequency circuit) and ``features`` (sparse-dictionary latents).
+Also ``minimal-pairs`` (which sentence of a minimal pair the masked-LM head prefers, per layer).
 
 >>> import bertscope
 >>> model = bertscope.load()                      # the bundled all-MiniLM-L6-v2

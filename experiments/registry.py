@@ -21,6 +21,7 @@ EXPERIMENTS: dict[str, str] = {
     "erasure": "bertscope.experiments.erasure",
     "circuits": "bertscope.experiments.circuits",
     "features": "bertscope.experiments.features",
+    "minimal-pairs": "bertscope.experiments.minimal_pairs",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
@@ -64,6 +65,13 @@ HELP: dict[str, str] = {
     "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
     "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
     "sparse-probing and browser tables, feature_browser.html, figures, manifest.json.",
+    "minimal-pairs": "Does the masked-LM head prefer the good sentence of a minimal pair, and from which layer on? "
+    "Pseudo-log-likelihood (Salazar et al. 2020's original and Kauf & Ivanova 2023's within_word_l2r) of each "
+    "good and bad sentence, raw and per piece, accuracy per paradigm and field with intervals over pairs, a "
+    "token-count control, and the same accuracy through every layer's logit lens. --corpus FILE: BLiMP's TSV or "
+    "JSONL, or any good/bad TSV, CSV or JSONL (default: 30 builtin pairs). Needs a model with a masked-LM head. "
+    "Writes OUT/minimal_pairs/: results, accuracy, summary, length-control and layer tables, figures, "
+    "manifest.json.",
 }
 #: Experiment-specific ``bertscope run`` options, each a named shorthand for one ``--set NAME.FIELD=VALUE``: flag ->
 #: (experiment, Settings field, metavar, help). The value becomes that same setting (typed and checked like

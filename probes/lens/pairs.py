@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..bootstrap import ratio_of_sums
+from ..bootstrap import percentile_interval
 from .pll import sentence_pll, token_pll
 
 _ALIASES = {"sentence_good": "good", "sentence_bad": "bad", "uid": "paradigm"}
@@ -67,13 +67,20 @@ def score_pairs(model: Any, pairs: pd.DataFrame, method: str = "original", *, ba
     scored piece, so that a bad sentence with more pieces does not lose by length alone)."""
     sentences = [*pairs["good"], *pairs["bad"]]
     scores = sentence_pll(token_pll(model, sentences, method, batch_size=batch_size, streams=streams), len(sentences))
+    return pair_scores(pairs, scores, method)
+
+
+def pair_scores(pairs: pd.DataFrame, scores: pd.DataFrame, method: str = "original") -> pd.DataFrame:
+    """`score_pairs`' table from per-sentence scores already computed: ``scores`` is `sentence_pll`'s table (or
+    any with ``sentence``, ``pll``, ``n_tokens``, ``pll_per_token`` and optionally ``stream``) over the ``2 n``
+    sentences ``[*pairs["good"], *pairs["bad"]]``."""
     n = len(pairs)
-    keys = ["stream"] if streams else []
+    keys = ["stream"] if "stream" in scores.columns else []
     good = scores[scores["sentence"] < n].set_index(["sentence", *keys])
     bad = scores[scores["sentence"] >= n].assign(sentence=lambda d: d["sentence"] - n).set_index(["sentence", *keys])
     joined = good.merge(bad, left_index=True, right_index=True, suffixes=("_good", "_bad")).reset_index()
     out = pairs.reset_index(drop=True).iloc[joined["sentence"].to_numpy()].reset_index(drop=True)
-    if streams:
+    if keys:
         out["stream"] = joined["stream"].to_numpy()
     out["pll_good"], out["pll_bad"] = joined["pll_good"].to_numpy(), joined["pll_bad"].to_numpy()
     out["n_good"], out["n_bad"] = joined["n_tokens_good"].to_numpy(), joined["n_tokens_bad"].to_numpy()
@@ -86,18 +93,38 @@ def score_pairs(model: Any, pairs: pd.DataFrame, method: str = "original", *, ba
 def pair_accuracy(scores: pd.DataFrame, by: tuple[str, ...] = ("paradigm",), *, n_boot: int = 1000,
                   level: float = 0.95, seed: int = 0) -> pd.DataFrame:
     """Accuracy (share of pairs won) per group of ``by`` (and per stream when ``scores`` has one), raw and
-    length-normalised, each with the percentile interval of the bootstrap over pairs: ``score`` ("raw" or
-    "normalised"), ``accuracy``, ``low``, ``high``, ``n_pairs``. ``by=()`` gives the overall accuracy."""
+    length-normalised, each with the percentile interval of the bootstrap over pairs (`win_shares`): ``score``
+    ("raw" or "normalised"), ``accuracy``, ``low``, ``high``, ``n_pairs``. ``by=()`` gives the overall accuracy."""
     keys = [*by, *(["stream"] if "stream" in scores.columns else [])]
     rows = []
     for key, group in (scores.groupby(keys, sort=True) if keys else [((), scores)]):
         key = key if isinstance(key, tuple) else (key,)
-        wins = group[["win", "win_normalised"]].to_numpy(dtype=np.float64)  # [pair, 2]
-        est = ratio_of_sums(wins, np.ones((len(group), 1)), n_boot=n_boot, level=level, seed=seed)
+        wins = group[["win", "win_normalised"]].to_numpy(dtype=bool)  # [pair, 2]
+        value, low, high = win_shares(wins, n_boot=n_boot, level=level, seed=seed)
         for i, score in enumerate(("raw", "normalised")):
-            rows.append({**dict(zip(keys, key, strict=True)), "score": score, "accuracy": est.value[i],
-                         "low": est.low[i], "high": est.high[i], "n_pairs": len(group)})  # fmt: skip
+            rows.append({**dict(zip(keys, key, strict=True)), "score": score, "accuracy": value[i],
+                         "low": low[i], "high": high[i], "n_pairs": len(group)})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def win_shares(wins: np.ndarray, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shares of True in each column of ``wins`` ``[pair, k]`` (bool) and their percentile intervals of the
+    bootstrap over pairs: ``(value [k], low [k], high [k])``.
+
+    Resampling ``n`` pairs with replacement draws each distinct row of ``wins`` (at most ``2^k`` outcomes) with its
+    frequency, so the resampled counts of the outcomes are ``Multinomial(n, frequencies)``: drawn directly, the
+    bootstrap costs ``n_boot`` draws instead of ``n_boot * n`` (BLiMP's 67,000 pairs: 60 CPU seconds -> under
+    one), with the same distribution as `probes.bootstrap.ratio_of_sums` over pairs (tested against it)."""
+    wins = np.asarray(wins, dtype=bool)
+    if wins.ndim != 2 or wins.shape[0] == 0:
+        raise ValueError(f"wins must be [pair, k] with at least one pair, got {wins.shape}")
+    n = wins.shape[0]
+    value = wins.mean(0)
+    outcomes, counts = np.unique(wins, axis=0, return_counts=True)  # [m, k], [m]
+    draws = np.random.default_rng(seed).multinomial(n, counts / n, size=n_boot)  # [n_boot, m]
+    low, high = percentile_interval(draws @ outcomes.astype(np.float64) / n, level)
+    return value, low, high
 
 
 def first_preferring_stream(accuracy: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:

@@ -92,15 +92,23 @@ def masked_copies(model: Any, sentences: Sequence[str], method: str = "original"
     return out
 
 
+#: Rows of logits converted to float64 at a time by `_target_logprobs` (a block that stays in the CPU's cache).
+LSE_ROWS = 32
+
+
 def _target_logprobs(logits: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[target]`` in float64: ``logits`` ``[..., n, vocab]``, ``target_ids`` ``[n]`` ->
-    ``[..., n]``."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    index = target_ids.to(logp.device).expand(*logp.shape[:-1])[..., None]
-    return logp.gather(-1, index)[..., 0]
+    ``[..., n]``. The target's logit minus the float64 log-sum-exp over the vocabulary, converted
+    :data:`LSE_ROWS` rows at a time (a float64 copy of all the vocabulary-wide logits and its log-softmax took
+    half the time of scoring BLiMP; this takes a quarter of that, same float64 numbers)."""
+    index = target_ids.to(logits.device).expand(*logits.shape[:-1])[..., None]
+    picked = logits.gather(-1, index)[..., 0].double()
+    rows = logits.reshape(-1, logits.shape[-1])
+    lse = torch.cat([torch.logsumexp(block.double(), dim=-1) for block in rows.split(LSE_ROWS)])
+    return picked - lse.reshape(picked.shape)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _score_batch(model: Any, rows: list[MaskedCopy], *, streams: bool, bias: bool) -> np.ndarray:
     """Log-probabilities of the rows' targets: ``[n_rows]``, or ``[stream, n_rows]`` with ``streams``."""
     n = max(len(r.ids) for r in rows)
@@ -117,9 +125,21 @@ def _score_batch(model: Any, rows: list[MaskedCopy], *, streams: bool, bias: boo
     target_ids = torch.tensor([r.target_id for r in rows], device=device)
     if streams:
         hidden = hidden_states(model, ids, mask)[:, at, target]  # [stream, row, d_model]
-        return _target_logprobs(logit_lens(model, hidden, bias=bias), target_ids).cpu().numpy()
+        return torch.stack([_lens_logprobs(model, h, target_ids, bias) for h in hidden]).cpu().numpy()
     last = model(ids, mask)[at, target]  # [row, d_model]
     return _target_logprobs(model.mlm_logits(last[:, None], bias=bias)[:, 0], target_ids).cpu().numpy()
+
+
+def _lens_logprobs(model: Any, hidden: torch.Tensor, target_ids: torch.Tensor, bias: bool) -> torch.Tensor:
+    """One stream's log-probabilities of the targets through the logit lens: ``hidden`` ``[row, d_model]`` ->
+    ``[row]``. Identical rows are read through the head once (at a masked position the embeddings' stream depends
+    on the position alone, so stream 0 has a few distinct rows: the head's vocabulary-wide product is the cost)."""
+    unique, inverse = torch.unique(hidden, dim=0, return_inverse=True)
+    if unique.shape[0] == hidden.shape[0]:
+        return _target_logprobs(logit_lens(model, hidden, bias=bias), target_ids)
+    logits = logit_lens(model, unique, bias=bias)  # [unique, vocab]
+    lse = torch.cat([torch.logsumexp(block.double(), dim=-1) for block in logits.split(LSE_ROWS)])  # [unique]
+    return logits[inverse, target_ids.to(logits.device)].double() - lse[inverse]
 
 
 def _table(model: Any, rows: list[MaskedCopy], scores: np.ndarray, method: str) -> pd.DataFrame:
@@ -155,16 +175,28 @@ def token_pll(
     embeddings .. n_layers = the model's output, read through the logit lens). ``bias=False`` scores without the
     head's output bias. Rows of a batch are sorted by length (less padding); the table keeps sentence order."""
     require_mlm_head(model, "pseudo-log-likelihood")
+    rows = masked_copies(model, sentences, method)
+    return _table(model, rows, score_copies(model, rows, batch_size=batch_size, streams=streams, bias=bias), method)
+
+
+def score_copies(
+    model: Any, rows: Sequence[MaskedCopy], *, batch_size: int = 64, streams: bool = False, bias: bool = True
+) -> np.ndarray:
+    """The log-probability (natural log) of each masked copy's target, in ``rows`` order: ``[n_rows]``, or
+    ``[stream, n_rows]`` with ``streams=True`` (every stream through the logit lens; the last is the model's own
+    prediction). ``batch_size`` copies a forward pass, rows of similar length together. The engine of
+    `token_pll`; a caller scoring several methods can pass the union of their copies once (equal copies of two
+    methods, e.g. a one-piece word's, are equal rows)."""
+    require_mlm_head(model, "pseudo-log-likelihood")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    rows = masked_copies(model, sentences, method)
     order = sorted(range(len(rows)), key=lambda k: len(rows[k].ids))
     n_streams = model.config.n_layers + 1
     scores = np.zeros((n_streams, len(rows)) if streams else (len(rows),), dtype=np.float64)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         scores[..., chunk] = _score_batch(model, [rows[k] for k in chunk], streams=streams, bias=bias)
-    return _table(model, rows, scores, method)
+    return scores
 
 
 def pll_loop(model: Any, sentences: Sequence[str], method: str = "original", *, bias: bool = True) -> pd.DataFrame:

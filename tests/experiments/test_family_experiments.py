@@ -58,25 +58,30 @@ TINY = dict(
 #: experiment -> family -> settings that differ for that family: the tiny sentencepiece vocabularies (about 100
 #: pieces) hold no one-piece word, so the TFC1 terms there are two pieces ("▁" + "the")
 FAMILY_SETTINGS = {"circuits": {"albert": dict(query_pieces=2), "xlm-roberta": dict(query_pieces=2)}}
+#: experiments that read the masked-LM head: they run on the family's checkpoint saved with one (``head="mlm"``)
+MLM_EXPERIMENTS = {"minimal-pairs"}
 
 
-def save_family(family: str, folder: Path) -> Path:
-    """A tiny ``family`` checkpoint with its tokenizer in ``folder``."""
+def save_family(family: str, folder: Path, head: str = "base") -> Path:
+    """A tiny ``family`` checkpoint with its tokenizer in ``folder`` (``head="mlm"``: with its masked-LM head)."""
+    mlm = head == "mlm"
     if family == "deberta-v2":
-        save_tiny_deberta(folder, transformers.DebertaV2Model, num_hidden_layers=2)
+        save_tiny_deberta(folder, transformers.DebertaV2ForMaskedLM if mlm else transformers.DebertaV2Model,
+                          num_hidden_layers=2)
     elif family == "modernbert":  # layer 0 global, layer 1 local (window 8: shorter than most sentences)
-        save_tiny_modernbert(folder, transformers.ModernBertModel, num_hidden_layers=2)
+        save_tiny_modernbert(folder, transformers.ModernBertForMaskedLM if mlm else transformers.ModernBertModel,
+                             num_hidden_layers=2)
     elif family == "bert":
         tokenizer = wordpiece_tokenizer()
         torch.manual_seed(0)
         config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
                                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-        transformers.BertModel(config).save_pretrained(folder)
+        (transformers.BertForMaskedLM if mlm else transformers.BertModel)(config).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     elif family == "distilbert":
-        save_tiny_family(family, folder, head="base", n_layers=2)
+        save_tiny_family(family, folder, head=head, n_layers=2)
     else:
-        save_tiny_family(family, folder, head="base", num_hidden_layers=2)
+        save_tiny_family(family, folder, head=head, num_hidden_layers=2)
     return folder
 
 
@@ -107,6 +112,8 @@ def _unrendered(fig, base, formats=None, dpi=150) -> list[Path]:
                                           for f in FAMILIES], indirect=True, scope="module")
 def test_experiment_runs_on_family(family_model, experiment, short_corpus, tmp_path, monkeypatch) -> None:
     family, _, model = family_model
+    if experiment in MLM_EXPERIMENTS:
+        model = models.load(save_family(family, tmp_path / "mlm", head="mlm"))
     module = importlib.import_module(EXPERIMENTS[experiment])
     fields = {f.name for f in dataclasses.fields(module.Settings)}
     tiny = {**TINY, **FAMILY_SETTINGS.get(experiment, {}).get(family, {})}

@@ -163,7 +163,14 @@ def test_every_figure_a_registered_experiment_plots_has_a_caption(
     from bertscope.experiments.options import RunOptions, prepare_inputs
     from bertscope.experiments.runner import run_experiment
 
-    options = RunOptions(model=str(tiny_model_dir), corpus="builtin", max_sentences=12, device="cpu",
+    model_dir = tiny_model_dir
+    if name == "minimal-pairs":  # reads the masked-LM head: the tiny model saved with one
+        import transformers
+        from helpers import save_tiny_bert
+
+        model_dir = tmp_path / "mlm"
+        save_tiny_bert(model_dir, transformers.BertForMaskedLM)
+    options = RunOptions(model=str(model_dir), corpus="builtin", max_sentences=12, device="cpu",
                          out=tmp_path, quiet=True)  # fmt: skip
     result = run_experiment(module, options, prepare_inputs(options))
     assert result.status == "complete", result.error
