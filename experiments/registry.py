@@ -21,6 +21,7 @@ EXPERIMENTS: dict[str, str] = {
     "erasure": "bertscope.experiments.erasure",
     "circuits": "bertscope.experiments.circuits",
     "features": "bertscope.experiments.features",
+    "similarity": "bertscope.experiments.similarity",
 }
 
 #: What ``bertscope run NAME --help`` says about each experiment: what it measures and what it writes
@@ -64,6 +65,13 @@ HELP: dict[str, str] = {
     "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
     "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
     "sparse-probing and browser tables, feature_browser.html, figures, manifest.json.",
+    "similarity": "What makes two texts similar to an embedding model? On scored pairs (--corpus PAIRS: CSV/TSV "
+    "sentence 1, sentence 2, score, or JSONL; builtin demo pairs otherwise): Spearman with gold per layer and "
+    "pooling (chosen on one split, reported on another), each head's share of the cosine (exact decomposition) "
+    "and its mean-ablation effect, pairwise attribution methods (integrated Jacobians, BiLRP, ...) checked by "
+    "removing their top token pairs against random, and two published claims (negation, a few token pairs "
+    "dominate) beside controls. Writes OUT/similarity/: benchmark, heads, faithfulness, aopc, claims tables, "
+    "pairs.html, figures, manifest.json.",
 }
 #: Experiment-specific ``bertscope run`` options, each a named shorthand for one ``--set NAME.FIELD=VALUE``: flag ->
 #: (experiment, Settings field, metavar, help). The value becomes that same setting (typed and checked like
