@@ -219,17 +219,25 @@ def embed_ids(model: Any, seqs: Sequence[Sequence[int]], *, pooling: str, batch_
     return torch.cat(out)
 
 
+#: How a token is removed: ``reference`` replaces it by the padding token (xsbert's reference token, attended like
+#: a real one); ``delete`` drops it from the sequence (the text without that word piece).
+REMOVALS: tuple[str, ...] = ("reference", "delete")
+
+
 def removal_scores(model: Any, ids_a: Sequence[Sequence[int]], ids_b: Sequence[Sequence[int]],
-                   plans: pd.DataFrame, *, pooling: str, batch_size: int = 64) -> np.ndarray:
-    """``[len(plans)]``: the cosine of each plan's pair after its positions are replaced by the padding token.
-    ``plans``: rows with ``pair`` and ``positions_a`` / ``positions_b`` (lists of piece positions)."""
+                   plans: pd.DataFrame, *, pooling: str, removal: str = "reference", batch_size: int = 64
+                   ) -> np.ndarray:
+    """``[len(plans)]``: the cosine of each plan's pair after its positions are removed (``removal``, see
+    :data:`REMOVALS`). ``plans``: rows with ``pair`` and ``positions_a`` / ``positions_b`` (piece positions)."""
+    if removal not in REMOVALS:
+        raise ValueError(f"removal must be one of {', '.join(REMOVALS)}, got {removal!r}")
     pad = pad_id(model)
 
     def edit(ids: Sequence[int], positions: Sequence[int]) -> tuple[int, ...]:
-        out = list(ids)
-        for p in positions:
-            out[int(p)] = pad
-        return tuple(out)
+        gone = {int(p) for p in positions}
+        if removal == "delete":
+            return tuple(t for n, t in enumerate(ids) if n not in gone)
+        return tuple(pad if n in gone else t for n, t in enumerate(ids))
 
     seq_a = [edit(ids_a[r.pair], r.positions_a) for r in plans.itertuples()]
     seq_b = [edit(ids_b[r.pair], r.positions_b) for r in plans.itertuples()]
@@ -241,7 +249,7 @@ def removal_scores(model: Any, ids_a: Sequence[Sequence[int]], ids_b: Sequence[S
     return similarity.score(emb[ia], emb[ib], "cosine").numpy()
 
 
-# ---------------------------------------------------------------------------------------------- negation
+# ----------------------------------------------------------------------------------------------- negation
 #: The words after which the negation rule inserts "not" (the first of them in a sentence, any case).
 AUXILIARIES: tuple[str, ...] = ("am", "is", "are", "was", "were", "will", "would", "can", "could", "shall",
                                 "should", "may", "might", "must", "has", "have", "had", "does", "do", "did")

@@ -23,9 +23,10 @@ CAPTIONS: dict[str, str] = {
     "how much the Spearman correlation with gold changes when that head is mean-ablated (negative: the head "
     "helps the ranking).",
     "fig_faithfulness": "Faithfulness of each attribution method: the mean drop of the cosine when the method's "
-    "top-k token pairs are removed (both tokens replaced by the padding token), against k random token pairs "
-    "(dashed). Higher than the dashed line means the method finds pairs that matter more than chance; bars are "
-    "95% bootstrap intervals over pairs.",
+    "top-k token pairs are removed from both texts, against k random token pairs (dashed). Left: the removed "
+    "tokens are replaced by the padding token (the reference of integrated Jacobians); right: they are deleted. "
+    "Above the dashed line: the method finds pairs that matter more than chance; a drop below zero means the "
+    "removal made the texts more similar. Bars are 95% bootstrap intervals over pairs.",
 }
 
 
@@ -42,7 +43,7 @@ def findings(out_dir: Path) -> list[Finding]:
         out.append(_heads(heads))
     aopc, methods = read_table(out_dir, "aopc"), read_table(out_dir, "methods")
     if aopc is not None and len(aopc):
-        out.append(_faithfulness(aopc, methods))
+        out += _faithfulness(aopc, methods)
     claims = read_table(out_dir, "claims")
     if claims is not None:
         out += [_claim(r) for r in claims.itertuples()]
@@ -84,25 +85,34 @@ def _heads(df: pd.DataFrame) -> Finding:
     return Finding(text, numbers=numbers)
 
 
-def _faithfulness(aopc: pd.DataFrame, methods: pd.DataFrame | None) -> Finding:
-    rows = aopc[aopc.method != "random"].sort_values("aopc", ascending=False)
-    rand = float(aopc.random_aopc.iloc[0])
-    parts = [f"{r.method} {fmt_ci(r.aopc, r.aopc_low, r.aopc_high, 3)} ({r.vs_random} random)"
-             for r in rows.itertuples()]
-    text = (f"Removing each method's top token pairs (k = {aopc.ks.iloc[0]}, {int(aopc.n_pairs.iloc[0])} pairs), "
-            f"the mean cosine drop (AOPC) is: {'; '.join(parts)}; random pairs: {rand:.3f}.")
-    losers = rows[rows.vs_random != "above"].method.tolist()
-    text += (f" Not above random: {', '.join(losers)}." if losers else " Every method is above random.")
-    numbers = {f"aopc:{r.method}": float(r.aopc) for r in aopc.itertuples()}
-    ij, ro = aopc[aopc.method == "integrated-jacobians"], aopc[aopc.method == "mixing:rollout:attention"]
-    if len(ij) and len(ro) and float(ro.aopc.iloc[0]) != 0:
-        ratio = float(ij.aopc.iloc[0] / ro.aopc.iloc[0])
-        text += f" Integrated Jacobians' AOPC is {ratio:.1f} times attention rollout's."
-        numbers["ij_over_rollout"] = ratio
+def _faithfulness(aopc: pd.DataFrame, methods: pd.DataFrame | None) -> list[Finding]:
+    out = []
+    modes = list(dict.fromkeys(aopc.removal)) if "removal" in aopc else [None]
+    for mode in modes:
+        sub = aopc if mode is None else aopc[aopc.removal == mode]
+        rows = sub[sub.method != "random"].sort_values("aopc", ascending=False)
+        rand = float(sub.random_aopc.iloc[0])
+        how = {"reference": "replaced by the padding token", "delete": "deleted"}.get(str(mode), "removed")
+        parts = [f"{r.method} {fmt_ci(r.aopc, r.aopc_low, r.aopc_high, 3)} ({r.vs_random} random)"
+                 for r in rows.itertuples()]
+        text = (f"With the top token pairs' tokens {how} (k = {sub.ks.iloc[0]}, {int(sub.n_pairs.iloc[0])} "
+                f"pairs), the mean cosine drop (AOPC) is: {'; '.join(parts)}; random pairs: {rand:.3f}.")
+        losers = rows[rows.vs_random != "above"].method.tolist()
+        text += (f" Not above random: {', '.join(losers)}." if losers else " Every method is above random.")
+        numbers = {f"aopc:{r.method}": float(r.aopc) for r in sub.itertuples()}
+        ij, ro = sub[sub.method == "integrated-jacobians"], sub[sub.method == "mixing:rollout:attention"]
+        if len(ij) and len(ro) and float(ro.aopc.iloc[0]) != 0:
+            ratio = float(ij.aopc.iloc[0] / ro.aopc.iloc[0])
+            text += f" Integrated Jacobians' AOPC is {ratio:.1f} times attention rollout's."
+            numbers["ij_over_rollout"] = ratio
+        out.append(Finding(text, numbers=numbers))
     if methods is not None and len(methods):
         errs = "; ".join(f"{r.method} {r.relative_error:.2g}" for r in methods.itertuples())
-        text += f" Conservation error |sum - target| / |score|, mean over pairs: {errs}."
-    return Finding(text, numbers=numbers)
+        out.append(Finding(f"Conservation error |sum - target| / |score|, mean over the {int(methods.n_pairs.iloc[0])}"
+                           f" attributed pairs (path methods at {int(methods.steps.iloc[0])} steps): {errs}.",
+                           numbers={f"relative_error:{r.method}": float(r.relative_error)
+                                    for r in methods.itertuples()}))
+    return out
 
 
 def _claim(r: object) -> Finding:

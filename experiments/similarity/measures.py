@@ -130,25 +130,37 @@ def _allowed(special_a: np.ndarray, special_b: np.ndarray) -> np.ndarray:
     return ~special_a[:, None] & ~special_b[None, :]
 
 
+MATCHED = "matched:"
+
+
 def removal_plans(matrices: Mapping[str, Sequence[np.ndarray]], special_a: Sequence[np.ndarray],
                   special_b: Sequence[np.ndarray], ks: Sequence[int], n_random: int, seed: int) -> pd.DataFrame:
     """Which token pairs each method removes: one row per method, pair, ``k`` and ``draw`` with ``positions_a``
     and ``positions_b`` (the distinct piece positions of the removed pairs on each side), ``n_removed`` (pairs
     removed: ``min(k, pairs available)``) and ``tokens_removed``. A method removes its top-k token pairs by
-    attribution (largest first); the ``random`` method removes k token pairs drawn uniformly, ``n_random``
-    draws per pair and k. Special tokens ([CLS], [SEP]) are never removed (the reference keeps them)."""
+    attribution (largest first). Two baselines, ``n_random`` draws per pair and k: ``random`` removes k token
+    pairs drawn uniformly (the issue's baseline; its pairs share fewer tokens than a method's top pairs, so it
+    removes more tokens), and ``matched:METHOD`` removes as many tokens on each side as METHOD did, drawn
+    uniformly (the baseline with the amount removed held equal). Special tokens ([CLS], [SEP]) are never removed
+    (the reference keeps them)."""
     rows = []
     rng = np.random.default_rng([seed, 5])
-    n_pairs = len(special_a)
-    for pair in range(n_pairs):
+    for pair in range(len(special_a)):
         allowed = _allowed(special_a[pair], special_b[pair])
         cand = np.flatnonzero(allowed.ravel())
         nb = allowed.shape[1]
+        free_a, free_b = np.flatnonzero(~special_a[pair]), np.flatnonzero(~special_b[pair])
         for method, mats in matrices.items():
             flat = np.asarray(mats[pair], dtype=float).ravel()[cand]
             order = cand[np.argsort(-flat, kind="stable")]
             for k in ks:
-                rows.append(_plan(method, pair, k, 0, order[:k], nb))
+                plan = _plan(method, pair, k, 0, order[:k], nb)
+                rows.append(plan)
+                for draw in range(n_random):
+                    pa = sorted(rng.choice(free_a, size=len(plan["positions_a"]), replace=False).tolist())
+                    pb = sorted(rng.choice(free_b, size=len(plan["positions_b"]), replace=False).tolist())
+                    rows.append({**plan, "method": MATCHED + method, "draw": draw, "positions_a": pa,
+                                 "positions_b": pb})
         for k in ks:
             for draw in range(n_random):
                 pick = rng.choice(cand, size=min(k, cand.size), replace=False) if cand.size else cand
@@ -163,40 +175,58 @@ def _plan(method: str, pair: int, k: int, draw: int, flat: np.ndarray, nb: int) 
             "n_removed": len(flat), "tokens_removed": len(pa) + len(pb)}
 
 
-def faithfulness_tables(plans: pd.DataFrame, after: np.ndarray, before: np.ndarray, *, n_boot: int, seed: int
-                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(faithfulness, aopc)`` from the plans and each plan's cosine ``after`` removal (``before``: each pair's
-    intact cosine ``[n]``). ``faithfulness``: one row per method and k: ``drop`` (mean over pairs of
-    ``before - after``; random: mean over draws first) with a 95% bootstrap interval over pairs,
-    ``tokens_removed`` (mean), ``random_drop`` and ``vs_random`` (``above``, ``below`` or ``not distinguishable``:
-    the paired bootstrap interval of ``drop - random_drop``), ``n_pairs``. ``aopc``: one row per method, the mean
-    drop over the ks (AOPC, Samek et al. 2017, over the table's ks) with its interval, the random baseline's,
-    ``vs_random`` and ``ratio_to_random``."""
+def faithfulness_tables(plans: pd.DataFrame, after: Mapping[str, np.ndarray], before: np.ndarray, *, n_boot: int,
+                        seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(faithfulness, aopc)`` from the plans and each plan's cosine after removal (``after``: removal mode ->
+    ``[len(plans)]``; ``before``: each pair's intact cosine ``[n]``). ``faithfulness``: one row per removal mode,
+    method and k: ``drop`` (mean over pairs of ``before - after``; random: mean over draws first) with a 95%
+    bootstrap interval over pairs, ``tokens_removed`` (mean), ``random_drop`` and ``vs_random`` (``above``,
+    ``below`` or ``not distinguishable``: the paired bootstrap interval of ``drop - random_drop``), ``n_pairs``.
+    ``aopc``: one row per removal mode and method, the mean drop over the ks (AOPC, Samek et al. 2017, over the
+    table's ks) with its interval, the random baseline's, ``vs_random`` and ``ratio_to_random``."""
+    faith, aopc = [], []
+    for removal, scores in after.items():
+        f, a = _faithfulness(plans, np.asarray(scores), before, n_boot=n_boot, seed=seed)
+        faith.append(f.assign(removal=removal))
+        aopc.append(a.assign(removal=removal))
+    front = ["removal", "method"]
+    faith_df, aopc_df = pd.concat(faith, ignore_index=True), pd.concat(aopc, ignore_index=True)
+    return (faith_df[front + [c for c in faith_df if c not in front]],
+            aopc_df[front + [c for c in aopc_df if c not in front]])
+
+
+def _faithfulness(plans: pd.DataFrame, after: np.ndarray, before: np.ndarray, *, n_boot: int, seed: int
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     df = plans.assign(drop=before[plans.pair.to_numpy()] - after)
     per = df.groupby(["method", "k", "pair"], sort=False)[["drop", "tokens_removed"]].mean().reset_index()
     n = int(per.pair.nunique())
     idx = resamples(n, n_boot, seed, 6)
     pairs = np.sort(per.pair.unique())
     ks = sorted(per.k.unique())
-    methods = [m for m in dict.fromkeys(per.method) if m != "random"] + ["random"]
+    methods = [m for m in dict.fromkeys(per.method) if m != "random" and not m.startswith(MATCHED)] + ["random"]
     grid = {m: per[per.method == m].pivot_table(index="k", columns="pair", values="drop")
-            .reindex(index=ks, columns=pairs).to_numpy() for m in methods}  # [k, n]
+            .reindex(index=ks, columns=pairs).to_numpy() for m in dict.fromkeys(per.method)}  # [k, n]
     removed = per.groupby(["method", "k"]).tokens_removed.mean()
     rows, aopc = [], []
     for m in methods:
         g, r = grid[m], grid["random"]
+        mt = grid.get(MATCHED + m, np.full_like(g, np.nan))
         for i, k in enumerate(ks):
             low, high = _interval(g[i][idx].mean(-1))
             d_low, d_high = _interval((g[i] - r[i])[idx].mean(-1))
+            m_low, m_high = _interval((g[i] - mt[i])[idx].mean(-1))
             rows.append({"method": m, "k": int(k), "drop": float(g[i].mean()), "drop_low": low, "drop_high": high,
                          "tokens_removed": float(removed[(m, k)]), "random_drop": float(r[i].mean()),
-                         "vs_random": _versus(d_low, d_high, m), "n_pairs": n})
-        per_pair, rand = g.mean(0), r.mean(0)
+                         "vs_random": _versus(d_low, d_high, m), "matched_drop": float(mt[i].mean()),
+                         "vs_matched": _versus(m_low, m_high, m), "n_pairs": n})
+        per_pair, rand, matched = g.mean(0), r.mean(0), mt.mean(0)
         low, high = _interval(per_pair[idx].mean(-1))
         d_low, d_high = _interval((per_pair - rand)[idx].mean(-1))
+        m_low, m_high = _interval((per_pair - matched)[idx].mean(-1))
         aopc.append({"method": m, "aopc": float(per_pair.mean()), "aopc_low": low, "aopc_high": high,
                      "random_aopc": float(rand.mean()), "ratio_to_random": _ratio(per_pair.mean(), rand.mean()),
-                     "vs_random": _versus(d_low, d_high, m), "ks": ",".join(str(int(k)) for k in ks),
+                     "vs_random": _versus(d_low, d_high, m), "matched_aopc": float(matched.mean()),
+                     "vs_matched": _versus(m_low, m_high, m), "ks": ",".join(str(int(k)) for k in ks),
                      "n_pairs": n})
     return pd.DataFrame(rows), pd.DataFrame(aopc)
 
@@ -204,6 +234,8 @@ def faithfulness_tables(plans: pd.DataFrame, after: np.ndarray, before: np.ndarr
 def _versus(low: float, high: float, method: str) -> str:
     if method == "random":
         return "baseline"
+    if low != low:
+        return "n/a"
     if low > 0:
         return "above"
     if high < 0:
