@@ -7,12 +7,13 @@
 - ``experiments.io``: atomic file writes; ``experiments.capture``: activations to safetensors shards.
 - one package per experiment (``NAME``, ``DIRNAME``, ``SUMMARY_TABLES``, ``Settings``, ``run``, ``plot``;
   computation in ``data``, ``measures`` and ``steps``), imported lazily by the CLI: ``same_token``, ``heads``,
-  ``positions``, ``mixing``, ``structure``, ``erasure``, ``circuits``, ``features``.
+  ``positions``, ``mixing``, ``structure``, ``erasure``, ``circuits``, ``features``, ``similarity``.
 
-Eight experiments (``experiments.registry.EXPERIMENTS``, by CLI name): ``same-token`` (raw vs learned attention on
+Nine experiments (``experiments.registry.EXPERIMENTS``, by CLI name): ``same-token`` (raw vs learned attention on
 identical tokens), ``heads`` (what each head does, how much it matters), ``positions`` (position information per
 layer), ``mixing`` (context mixing and its faithfulness), ``structure`` (structural probes), ``erasure`` (amnesic
-probing), ``circuits`` (a bi-encoder's term-frequency circuit) and ``features`` (sparse-dictionary latents).
+probing), ``circuits`` (a bi-encoder's term-frequency circuit), ``features`` (sparse-dictionary latents) and
+``similarity`` (what makes two texts similar to an embedding model).
 
 Importing this package is cheap: nothing heavy (torch, pandas) is imported until a command needs it.
 """

@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from bertscope.hooks import ablation
+from bertscope.hooks import ablation, similarity
 from einops import rearrange
-
-from bertscope import similarity
 
 #: The builtin pairs: written for this experiment by its authors, gold scores on STS's 0-5 scale assigned by the
 #: STS annotation guidelines (5 equivalent, 4 mostly equivalent, 3 roughly equivalent, 2 not equivalent but

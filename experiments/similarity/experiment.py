@@ -28,8 +28,7 @@ from bertscope.experiments.corpus.pairs import PairsFormat, pairs_from_rows
 from bertscope.experiments.registry import CannotRun
 from bertscope.experiments.settings import require
 from bertscope.experiments.similarity import data, measures
-
-from bertscope import similarity
+from bertscope.hooks import similarity
 
 NAME = "similarity"
 DIRNAME = "similarity"
