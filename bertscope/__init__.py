@@ -8,11 +8,12 @@ caches, interventions), ``bertscope.probes`` (linear probes with controls) and `
 Eight families (``models.FAMILIES``, by ``model_type``): BERT (``bert``), RoBERTa (``roberta``), XLM-R
 (``xlm-roberta``), DistilBERT (``distilbert``), ALBERT (``albert``), ELECTRA (``electra``), DeBERTa-v2/v3
 (``deberta-v2``) and ModernBERT (``modernbert``).
-Eight experiments (``experiments.registry.EXPERIMENTS``, by CLI name): ``same-token`` (raw vs learned attention on
+Ten experiments (``experiments.registry.EXPERIMENTS``, by CLI name): ``same-token`` (raw vs learned attention on
 identical tokens), ``heads`` (what each head does, how much it matters), ``positions`` (position information per
 layer), ``mixing`` (context mixing and its faithfulness), ``structure`` (structural probes), ``erasure`` (amnesic
-probing), ``circuits`` (a bi-encoder's term-frequency circuit) and ``features`` (sparse-dictionary latents).
-Also ``minimal-pairs`` (which sentence of a minimal pair the masked-LM head prefers, per layer).
+probing), ``circuits`` (a bi-encoder's term-frequency circuit), ``features`` (sparse-dictionary latents),
+``similarity`` (what makes two texts similar to an embedding model) and ``minimal-pairs`` (which sentence of a
+minimal pair the masked-LM head prefers, per layer).
 
 >>> import bertscope
 >>> model = bertscope.load()                      # the bundled all-MiniLM-L6-v2

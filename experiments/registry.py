@@ -21,6 +21,7 @@ EXPERIMENTS: dict[str, str] = {
     "erasure": "bertscope.experiments.erasure",
     "circuits": "bertscope.experiments.circuits",
     "features": "bertscope.experiments.features",
+    "similarity": "bertscope.experiments.similarity",
     "minimal-pairs": "bertscope.experiments.minimal_pairs",
 }
 
@@ -65,6 +66,13 @@ HELP: dict[str, str] = {
     "concepts (chosen on dev sentences, scored on test), against neurons, PCA directions, the re-initialised "
     "model's dictionary and shuffled labels; k-sparse probing (SAEBench). Writes OUT/features/: results, summary, "
     "sparse-probing and browser tables, feature_browser.html, figures, manifest.json.",
+    "similarity": "What makes two texts similar to an embedding model? On scored pairs (--corpus PAIRS: CSV/TSV "
+    "sentence 1, sentence 2, score, or JSONL; builtin demo pairs otherwise): Spearman with gold per layer and "
+    "pooling (chosen on one split, reported on another), each head's share of the cosine (exact decomposition) "
+    "and its mean-ablation effect, pairwise attribution methods (integrated Jacobians, BiLRP, ...) checked by "
+    "removing their top token pairs against random, and two published claims (negation, a few token pairs "
+    "dominate) beside controls. Writes OUT/similarity/: benchmark, heads, faithfulness, aopc, claims tables, "
+    "pairs.html, figures, manifest.json.",
     "minimal-pairs": "Does the masked-LM head prefer the good sentence of a minimal pair, and from which layer on? "
     "Pseudo-log-likelihood (Salazar et al. 2020's original and Kauf & Ivanova 2023's within_word_l2r) of each "
     "good and bad sentence, raw and per piece, accuracy per paradigm and field with intervals over pairs, a "
