@@ -45,6 +45,9 @@ BAD_SETTINGS = [
     ("features", "features.ks=0,2", "ks must be >= 1"),
     ("features", "features.probe_variables=bogus", "unknown 'bogus'"),
     ("features", "features.threshold=0", "threshold must be in (0, 1]"),
+    ("similarity", "similarity.methods=bogus", "got unknown 'bogus'"),
+    ("similarity", "similarity.attributed=1", "attributed must be at least 2"),
+    ("similarity", "similarity.poolings=cls,max", "the model's own pooling 'mean' must be among them"),
     ("minimal-pairs", "minimal-pairs.methods=l2r", "got unknown 'l2r'"),
     ("minimal-pairs", "minimal-pairs.batch_rows=0", "batch_rows must be >= 1"),
 ]

@@ -54,6 +54,7 @@ TINY = dict(
     n_train=4, n_dev=2, n_test=3, max_epochs=2, patience=1, ranks=(2,),  # structure
     n_pairs=4, n_random=1, n_random_circuits=2, candidates=4,  # circuits
     min_positives=2,  # features (2 dev sentences: a concept needs 2 positive and 2 negative rows per split)
+    attributed=2, steps=1,  # similarity
 )
 #: experiment -> family -> settings that differ for that family: the tiny sentencepiece vocabularies (about 100
 #: pieces) hold no one-piece word, so the TFC1 terms there are two pieces ("▁" + "the")
