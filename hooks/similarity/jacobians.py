@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.autograd.forward_ad as fwAD
 from bertscope.hooks.similarity.pairs import embedding_from
+from einops import einsum, repeat
 
 RULES = ("xsbert", "trapezoid")
 
@@ -68,50 +68,62 @@ def projections(
     weights: torch.Tensor | None = None,
     hooks: Sequence[tuple[str, Callable]] = (),
     detach_norm: bool = False,
-    chunk: int = 4096,
+    chunk: int = 16384,
 ) -> torch.Tensor:
     """``P`` ``[b, e, p]`` (see the module docstring) for representations ``x`` and references ``r`` ``[b, p, m]``
-    at the input of block ``layer``, averaged over ``points`` (the alphas). ``hooks``: forward hooks active during
-    the passes (BiLRP's rules). ``chunk``: most token positions run at once (sequences x length). Zero on padding.
+    at the input of block ``layer``, summed over ``points`` (the alphas) with ``weights`` (default ``1 / points``).
+    ``hooks``: forward hooks active during the passes (BiLRP's rules). ``chunk``: most token positions run at once
+    (primal and tangent copies x length; memory grows with it). Zero on padding and at tokens whose path does not
+    move (``x_i = r_i``: the special tokens at block 0, which the reference keeps).
     """
     b, p, m = x.shape
     # an observed attention pattern makes every family take its explicit path (fused kernels have no forward AD)
     hooks = [("blocks.*.attn.hook_pattern", _observe), *hooks]
+    w = weights if weights is not None else torch.full_like(points, 1 / len(points))
     dx = (x - r) * mask[..., None].to(x.dtype)
-    out = []
-    for row in range(b):
-        n = int(mask[row].sum())
-        pos = torch.nonzero(mask[row]).flatten()
-        if int(pos[-1]) != n - 1:
-            raise ValueError("pairwise attribution needs right padding (real tokens first in every row)")
-        lin = mask[row, :n]
-        xr, rr, dr = x[row, :n], r[row, :n], dx[row, :n]
-        # copies (alpha, token): primal r + alpha dx, tangent dx at that token only
-        w = weights if weights is not None else torch.full_like(points, 1 / len(points))
-        grid = [(a, wt, i) for a, wt in zip(points.tolist(), w.tolist(), strict=True) for i in range(n)]
-        acc = None
-        per = max(1, chunk // max(n, 1))
-        for start in range(0, len(grid), per):
-            part = grid[start:start + per]
-            a = torch.tensor([g[0] for g in part], device=x.device, dtype=x.dtype)[:, None, None]
-            idx = torch.tensor([g[2] for g in part], device=x.device)
-            wt = torch.tensor([g[1] for g in part], device=x.device, dtype=x.dtype)
-            primal = rr[None] + a * (xr - rr)[None]
-            tangent = torch.zeros_like(primal)
-            tangent[torch.arange(len(part)), idx] = dr[idx]
-            with torch.enable_grad(), fwAD.dual_level(), model.hooks(list(hooks)):
-                dual = fwAD.make_dual(primal.requires_grad_(len(hooks) > 1), tangent)
-                e = embedding_from(model, dual, lin[None].expand(len(part), n), layer, pooling, kind,
-                                   detach_norm=detach_norm)
-                d = fwAD.unpack_dual(e).tangent.detach()  # [copies, e]
-            if acc is None:
-                acc = x.new_zeros(n, d.shape[-1])
-            acc.index_add_(0, idx, d * wt[:, None])
-        cols = acc  # [n, e]
-        full = x.new_zeros(p, cols.shape[-1])
-        full[pos] = cols
-        out.append(full.T)
-    return torch.stack(out)
+    out = x.new_zeros(b, m, p)
+    with torch.no_grad(), model.hooks(list(hooks)):
+        for row in range(b):
+            n = int(mask[row].sum())
+            if n == 0:
+                continue
+            if not bool(mask[row, :n].all()):
+                raise ValueError("pairwise attribution needs right padding (real tokens first in every row)")
+            moving = torch.nonzero(dx[row, :n].abs().amax(-1) > 0).flatten()
+            if len(moving):
+                out[row, :, moving] = _columns(model, x[row, :n], r[row, :n], mask[row, :n], moving, points, w,
+                                               layer=layer, pooling=pooling, kind=kind, detach_norm=detach_norm,
+                                               chunk=chunk).T  # fmt: skip
+    return out
+
+
+def _columns(model: Any, x: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor,
+             points: torch.Tensor, weights: torch.Tensor, *, layer: int, pooling: str, kind: str,
+             detach_norm: bool, chunk: int) -> torch.Tensor:
+    """``[len(tokens), e]``: column ``P[:, i]`` of one text (``x``, ``r`` ``[n, m]``, ``mask`` ``[n]``, no padding)
+    for each token ``i`` in ``tokens``. Per chunk of points, one primal pass ``[points, n, m]`` carries a batch of
+    tangents (``torch.func.vmap`` over ``torch.func.jvp``), tangent k being ``x_i - r_i`` at token ``i = tokens[k]``
+    only; the primal activations are computed once for all tangents."""
+    n, m = x.shape
+    dx = x - r
+    per_tangent = max(1, min(len(tokens), chunk // n - 1))
+    per_point = max(1, chunk // (n * (1 + per_tangent)))
+    cols = x.new_zeros(len(tokens), m)
+    for s0 in range(0, len(points), per_point):
+        a, wt = points[s0:s0 + per_point].to(x), weights[s0:s0 + per_point].to(x)
+        primal = r + a[:, None, None] * dx  # [s, n, m]
+        lin = repeat(mask, "n -> s n", s=len(a))
+
+        def phi(z: torch.Tensor, lin: torch.Tensor = lin) -> torch.Tensor:
+            return embedding_from(model, z, lin, layer, pooling, kind, detach_norm=detach_norm)
+
+        for k0 in range(0, len(tokens), per_tangent):
+            tok = tokens[k0:k0 + per_tangent]
+            tangent = x.new_zeros(len(tok), len(a), n, m)
+            tangent[torch.arange(len(tok)), :, tok] = dx[tok][:, None]
+            d = torch.func.vmap(lambda t, primal=primal, phi=phi: torch.func.jvp(phi, (primal,), (t,))[1])(tangent)
+            cols[k0:k0 + len(tok)] += einsum(d, wt, "k s e, s -> k e")
+    return cols
 
 
 def _observe(t: torch.Tensor, hook: Any) -> None:
