@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from bertscope.hooks.similarity.pairs import embedding_from
-from einops import einsum, repeat
+from einops import einsum, rearrange, repeat
 
 RULES = ("xsbert", "trapezoid")
 
@@ -68,7 +69,7 @@ def projections(
     weights: torch.Tensor | None = None,
     hooks: Sequence[tuple[str, Callable]] = (),
     detach_norm: bool = False,
-    chunk: int = 16384,
+    chunk: int = 4096,
 ) -> torch.Tensor:
     """``P`` ``[b, e, p]`` (see the module docstring) for representations ``x`` and references ``r`` ``[b, p, m]``
     at the input of block ``layer``, summed over ``points`` (the alphas) with ``weights`` (default ``1 / points``).
@@ -79,6 +80,10 @@ def projections(
     b, p, m = x.shape
     # an observed attention pattern makes every family take its explicit path (fused kernels have no forward AD)
     hooks = [("blocks.*.attn.hook_pattern", _observe), *hooks]
+    # Rules that replace a LayerNorm's internals (BiLRP's) need its explicit path, which the model takes only for
+    # inputs that require grad (the fused kernel's mean and scale carry no forward-mode derivative); inside
+    # torch.func.jvp no input does, so those runs take forward_ad on copies of the primal (``_jvp_copies``).
+    derivative = _jvp_copies if len(hooks) > 1 else _jvp_shared
     w = weights if weights is not None else torch.full_like(points, 1 / len(points))
     dx = (x - r) * mask[..., None].to(x.dtype)
     out = x.new_zeros(b, m, p)
@@ -90,20 +95,23 @@ def projections(
             if not bool(mask[row, :n].all()):
                 raise ValueError("pairwise attribution needs right padding (real tokens first in every row)")
             moving = torch.nonzero(dx[row, :n].abs().amax(-1) > 0).flatten()
-            if len(moving):
-                out[row, :, moving] = _columns(model, x[row, :n], r[row, :n], mask[row, :n], moving, points, w,
-                                               layer=layer, pooling=pooling, kind=kind, detach_norm=detach_norm,
-                                               chunk=chunk).T  # fmt: skip
+            if len(moving) == 0:
+                continue
+
+            def phi(z: torch.Tensor, lin: torch.Tensor = mask[row, :n]) -> torch.Tensor:
+                m_ = lin.expand(z.shape[0], -1)
+                return embedding_from(model, z, m_, layer, pooling, kind, detach_norm=detach_norm)
+
+            out[row, :, moving] = _columns(phi, derivative, x[row, :n], r[row, :n], moving, points, w, chunk).T
     return out
 
 
-def _columns(model: Any, x: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor,
-             points: torch.Tensor, weights: torch.Tensor, *, layer: int, pooling: str, kind: str,
-             detach_norm: bool, chunk: int) -> torch.Tensor:
-    """``[len(tokens), e]``: column ``P[:, i]`` of one text (``x``, ``r`` ``[n, m]``, ``mask`` ``[n]``, no padding)
-    for each token ``i`` in ``tokens``. Per chunk of points, one primal pass ``[points, n, m]`` carries a batch of
-    tangents (``torch.func.vmap`` over ``torch.func.jvp``), tangent k being ``x_i - r_i`` at token ``i = tokens[k]``
-    only; the primal activations are computed once for all tangents."""
+def _columns(phi: Callable, derivative: Callable, x: torch.Tensor, r: torch.Tensor, tokens: torch.Tensor,
+             points: torch.Tensor, weights: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[len(tokens), e]``: column ``P[:, i]`` of one text (``x``, ``r`` ``[n, m]``, no padding; ``phi``: its
+    score vector ``[s, n, m] -> [s, e]``) for each token ``i`` in ``tokens``: the derivative of ``phi`` at the
+    points ``r + alpha (x - r)`` along tangent k, ``x_i - r_i`` at token ``i = tokens[k]`` only, summed over the
+    points with ``weights``. Points and tangents run in chunks of at most about ``chunk`` token positions."""
     n, m = x.shape
     dx = x - r
     per_tangent = max(1, min(len(tokens), chunk // n - 1))
@@ -112,18 +120,30 @@ def _columns(model: Any, x: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, t
     for s0 in range(0, len(points), per_point):
         a, wt = points[s0:s0 + per_point].to(x), weights[s0:s0 + per_point].to(x)
         primal = r + a[:, None, None] * dx  # [s, n, m]
-        lin = repeat(mask, "n -> s n", s=len(a))
-
-        def phi(z: torch.Tensor, lin: torch.Tensor = lin) -> torch.Tensor:
-            return embedding_from(model, z, lin, layer, pooling, kind, detach_norm=detach_norm)
-
         for k0 in range(0, len(tokens), per_tangent):
             tok = tokens[k0:k0 + per_tangent]
             tangent = x.new_zeros(len(tok), len(a), n, m)
             tangent[torch.arange(len(tok)), :, tok] = dx[tok][:, None]
-            d = torch.func.vmap(lambda t, primal=primal, phi=phi: torch.func.jvp(phi, (primal,), (t,))[1])(tangent)
-            cols[k0:k0 + len(tok)] += einsum(d, wt, "k s e, s -> k e")
+            cols[k0:k0 + len(tok)] += einsum(derivative(phi, primal, tangent), wt, "k s e, s -> k e")
     return cols
+
+
+def _jvp_shared(phi: Callable, primal: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
+    """``[k, s, e]``: the derivative of ``phi`` at ``primal`` ``[s, n, m]`` along each of ``tangent``
+    ``[k, s, n, m]``: ``torch.func.vmap`` over ``torch.func.jvp``, so the primal activations are computed once for
+    all k tangents (the cost of a pass is about ``1 + k`` forward passes instead of ``2 k``)."""
+    return torch.func.vmap(lambda t: torch.func.jvp(phi, (primal,), (t,))[1])(tangent)
+
+
+def _jvp_copies(phi: Callable, primal: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
+    """``_jvp_shared`` with ``torch.autograd.forward_ad`` on k copies of the primal, each carrying one tangent, the
+    copies requiring grad so that hooks may replace a LayerNorm's scale (BiLRP's LN rule)."""
+    k, s = tangent.shape[:2]
+    with torch.enable_grad(), fwAD.dual_level():
+        copies = repeat(primal, "s n m -> (k s) n m", k=k).contiguous().requires_grad_()
+        e = phi(fwAD.make_dual(copies, rearrange(tangent, "k s n m -> (k s) n m")))
+        d = fwAD.unpack_dual(e).tangent.detach()
+    return rearrange(d, "(k s) e -> k s e", k=k)
 
 
 def _observe(t: torch.Tensor, hook: Any) -> None:
