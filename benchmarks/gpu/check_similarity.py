@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=1500, help="pairs of the benchmark computation")
     p.add_argument("--ij-pairs", type=int, default=1000, help="most pairs for integrated Jacobians")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--budget", type=float, default=45.0, help="seconds for integrated Jacobians")
+    p.add_argument("--budget", type=float, default=40.0, help="seconds for integrated Jacobians")
     args = p.parse_args()
     path = next((f for f in PLACES if f.is_file()), None)
     if path is None:
