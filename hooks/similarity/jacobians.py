@@ -15,9 +15,14 @@ difference as N grows. Gradient x input: one point, ``alpha = 1``, ``r = 0``. Bi
 model with LayerNorm scales, attention patterns and the MLP activation's gate held constant (see
 ``methods.bilrp``).
 
-Each column of ``P`` is one forward-mode derivative (``torch.autograd.forward_ad``): a batch of ``N x p`` copies of
-the sentence, copy ``(n, i)`` carrying the tangent ``dx`` at token i only. That is ``N p`` sequence passes per side
-against ``e N`` backward passes for the full Jacobian (``e`` = 384 for the bundled model), batched by ``chunk``.
+Each column of ``P`` is one forward-mode derivative along the tangent ``dx`` at token i only: per point, one
+primal pass carries a batch of such tangents (``torch.func.vmap`` over ``torch.func.jvp``), so the primal
+activations are computed once for all tokens: about ``N (1 + k)`` sequence passes per side for ``k`` moving tokens,
+against ``e N`` backward passes for the full Jacobian (``e`` = 384 for the bundled model), in chunks of ``chunk``
+token positions. Tokens whose path does not move (``dx_i = 0``) get a zero column without a pass. Runs whose hooks
+replace a LayerNorm's scale (BiLRP) take ``torch.autograd.forward_ad`` on one copy of the sentence per tangent
+instead (``_jvp_copies``: see ``projections``). The weights are the quadrature's (``quadrature``): ``1/N`` each for
+xsbert's rule.
 """
 
 from __future__ import annotations
