@@ -15,6 +15,9 @@ for f in tokenizer.json tokenizer_config.json vocab.txt special_tokens_map.json;
 ewt=$("$python" -c "from bertscope.experiments.corpus.ewt import find_ewt; p = find_ewt(); print(p.parent if p else '')")
 if [ -n "$ewt" ]; then cp "$ewt"/*.conllu "$ewt"/LICENSE.txt "$ewt"/README.md .gpu.tmp/ud-english-ewt/ 2>/dev/null || true
 else echo "UD English EWT not found here: check_erasure will skip on the GPU machine, saying why"; fi
+stsb=../shared/data/stsb-en  # STS-B dev for check_similarity (read its README and LICENSE in the folder)
+if [ -f "$stsb/stsb-en-dev.csv" ]; then mkdir -p .gpu.tmp/stsb-en; cp "$stsb"/stsb-en-dev.csv "$stsb"/README.md "$stsb"/LICENSE .gpu.tmp/stsb-en/ 2>/dev/null || true
+else echo "STS-B dev not found here: check_similarity will skip on the GPU machine, saying why"; fi
 captum=$("$python" -c "import importlib.metadata as m; print(m.version('captum'))")
 "$python" -m pip download -q --no-deps --only-binary=:all: -d .gpu.tmp/wheels "captum==$captum"
 rm -rf .gpu && mv .gpu.tmp .gpu

@@ -409,7 +409,8 @@ class Attention(nn.Module):
         explicit = (
             self.impl == "explicit" or self.hook_scores.is_hooked or self.hook_pattern.is_hooked or dropout_p > 0
         )
-        if self.projected and explicit:
+        # under torch.func (vmap/jvp: bertscope.similarity's projections) the broadcast below would be materialised
+        if self.projected and explicit and not torch._C._functorch.is_functorch_wrapped_tensor(x):
             # Heads first, [three, head, batch, pos, d_head]: the batched matmuls below read q, k and v in place
             # (q, k, v and the hooks' [batch, pos, head, d_head] are views of it), with no copy of any.
             q, k, v = qkv_heads_first(x, self.qkv.weight, self.qkv.bias, self.n_heads)

@@ -78,7 +78,7 @@ def final_site(model: Any) -> str:
     return f"blocks.{model.config.n_layers - 1}.hook_resid_post"
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def embed(
     model: Any,
     texts: Sequence[str],
@@ -91,16 +91,19 @@ def embed(
 
     ``pooling``: one name or several (default the checkpoint's, see ``default_pooling``); ``sites``: residual
     sites (default the model's own output, ``final_site``). The last block's ``hook_resid_post`` goes through the
-    final LayerNorm of pre-LN families, so ``(final_site, pooling)`` is the model's own sentence embedding. Texts
-    are sorted by length into batches (less padding) and returned in input order.
+    final LayerNorm of pre-LN families, so ``(final_site, pooling)`` is the model's own sentence embedding. Each
+    distinct text runs once (STS-B repeats sentences), sorted by length into batches (less padding); rows come back
+    in input order, repeats included.
     """
     pools = [pooling or default_pooling(model)] if pooling is None or isinstance(pooling, str) else list(pooling)
     names = list(sites or [final_site(model)])
     last = final_site(model)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    distinct = list(dict.fromkeys(texts))
+    row_of = {t: i for i, t in enumerate(distinct)}
+    order = sorted(range(len(distinct)), key=lambda i: len(distinct[i]))
     out: dict[tuple[str, str], list[torch.Tensor]] = {(s, p): [] for s in names for p in pools}
     for start in range(0, len(order), batch_size):
-        rows = [texts[i] for i in order[start:start + batch_size]]
+        rows = [distinct[i] for i in order[start:start + batch_size]]
         enc = model.tokenize(rows)
         final, cache = model.run_with_cache(**enc, names_filter=[s for s in names if s != last])
         for site in names:
@@ -109,4 +112,5 @@ def embed(
                 out[(site, how)].append(pool(hidden, enc["attention_mask"], how).float().cpu())
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-    return {key: torch.cat(parts)[back] for key, parts in out.items()}
+    index = back[torch.tensor([row_of[t] for t in texts], dtype=torch.long)]
+    return {key: torch.cat(parts)[index] for key, parts in out.items()}

@@ -74,6 +74,24 @@ def test_embed_matches_model_output(tiny):
         torch.testing.assert_close(got[(similarity.final_site(tiny), how)], want, atol=1e-6, rtol=0)
 
 
+def test_embed_runs_each_distinct_text_once_and_keeps_input_order(tiny):
+    texts = ["dogs bark loudly at night", "the cat", "dogs bark loudly at night", "a b c", "the cat"]
+    site = similarity.final_site(tiny)
+    got = similarity.embed(tiny, texts, pooling="max", sites=["blocks.0.hook_resid_post", site], batch_size=2)
+    calls = []
+    tokenize = tiny.tokenize
+    tiny.tokenize = lambda rows: calls.append(list(rows)) or tokenize(rows)
+    try:
+        similarity.embed(tiny, texts, pooling="max", batch_size=2)
+    finally:
+        del tiny.tokenize
+    assert sorted(t for rows in calls for t in rows) == sorted(set(texts))  # each distinct text once
+    for i, text in enumerate(texts):
+        one = similarity.embed(tiny, [text], pooling="max", sites=["blocks.0.hook_resid_post", site])
+        for key in one:
+            torch.testing.assert_close(got[key][i], one[key][0], atol=1e-6, rtol=0)
+
+
 # ---------------------------------------------------------------------- xsbert conventions
 def test_xsbert_reference_and_points(tiny):
     s = pairs.side(tiny, ["the cat sat", "dogs"])
