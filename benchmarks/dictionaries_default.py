@@ -217,12 +217,6 @@ def main() -> None:
         cpu[name] = round(_cpu() - c)
     x = torch.cat([r[SITE] for r in rows])[:65536]
     dicts[f"pca-top{RECIPE.k}"] = pca_topk_dictionary(x, RECIPE.k, site=SITE)
-    loaded = {}
-    for name, folder in loads:
-        for sub, path in find_dictionaries(folder).items():
-            d = load_dictionary(path)
-            if d.config.site == SITE and not d.config.site_out:
-                dicts[f"{name}: {sub}"] = loaded[f"{name}: {sub}"] = d
     a, b = dicts["default, dead after N/4, SAELens AuxK"], dicts["default, dead after N/4, Gao AuxK"]
     auxk_acted = not torch.equal(a.W_enc, b.W_enc)
     c_eval = _cpu()
@@ -232,8 +226,21 @@ def main() -> None:
         stsb_a, stsb_b, gold = stsb_a[: args.max_pairs], stsb_b[: args.max_pairs], gold[: args.max_pairs]
     # the site's mean over the dev tokens: the same mean ablation for every dictionary
     mean = dev_batch.acts[SITE].double().mean(0).float()
-    stats, spear, stsb, fixed = {}, {}, {}, {}
-    for i, (name, d) in enumerate(dicts.items()):
+    stats, spear, stsb, fixed, loaded = {}, {}, {}, {}, {}
+
+    def scored():
+        """The trained dictionaries, then the saved ones (read only now, after the others are scored)."""
+        yield from list(dicts.items())
+        for name, folder in loads:
+            if (Path(folder) / "manifest.json").is_file() and not (Path(folder) / "training.json").is_file():
+                raise SystemExit(f"dictionaries_default: {folder} is a sae train that has not finished")
+            for sub, path in find_dictionaries(folder).items():
+                d = load_dictionary(path)
+                if d.config.site == SITE and not d.config.site_out:
+                    dicts[f"{name}: {sub}"] = loaded[f"{name}: {sub}"] = d
+                    yield f"{name}: {sub}", d
+
+    for i, (name, d) in enumerate(scored()):
         # clean and the ablations do not depend on the dictionary: computed once, with the first one
         emb = spliced_embeddings(model, d, dev, conditions=("dictionary",) if fixed else
                                  ("clean", "dictionary", "zero", "mean"), mean=mean)
