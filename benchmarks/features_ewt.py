@@ -73,11 +73,14 @@ def main() -> int:
 def tables(folder: Path) -> str:
     """The doc's two markdown tables from a features output folder."""
     s = pd.read_parquet(folder / "summary.parquet")
-    lines = ["| site | model | basis | units | labelled (position / duplicate / syntax / special) | "
-             "share beating neuron and PCA |", "| --- | --- | --- | ---: | --- | ---: |"]
+    lines = ["| site | model | basis | units | dictionary width (rows trained) | labelled (position / duplicate / "
+             "syntax / special) | share beating neuron and PCA |", "| --- | --- | --- | ---: | ---: | --- | ---: |"]
     for r in s.itertuples():
-        lines.append(f"| {r.site} | {r.encoder} | {r.basis} | {r.n_units} | {r.n_labelled} ({r.n_position} / "
-                     f"{r.n_duplicate} / {r.n_syntax} / {r.n_special}) | {100 * r.share_beating_neuron_and_pca:.1f}% |")
+        width = f"{int(r.d_sae)} ({int(r.tokens_trained):,})" if "tokens_trained" in s and r.tokens_trained == \
+            r.tokens_trained else (f"{int(r.d_sae)}" if "d_sae" in s else "-")
+        lines.append(f"| {r.site} | {r.encoder} | {r.basis} | {r.n_units} | {width} | {r.n_labelled} ({r.n_position} "
+                     f"/ {r.n_duplicate} / {r.n_syntax} / {r.n_special}) | "
+                     f"{100 * r.share_beating_neuron_and_pca:.1f}% |")
     p = pd.read_parquet(folder / "sparse_probing_summary.parquet")
     p = p[p["variable"].isin(["position", "upos"]) & p["k"].isin([1, 5])]
     lines += ["", "| site | variable | k | latents | neurons | PCA | re-initialised latents |",
