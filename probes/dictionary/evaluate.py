@@ -26,7 +26,6 @@ import pandas as pd
 import torch
 from bertscope.hooks.hook_points import HookPoint
 from bertscope.hooks.sites import last_block
-from bertscope.hooks.similarity.pooling import pool
 from scipy.stats import spearmanr
 
 from .architectures.relu import RELU
@@ -206,8 +205,10 @@ def _hook_points(model: Any, after: str, points: dict[str, HookPoint]) -> Iterat
 
 
 def _pooled(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean over real tokens ``[b, p, m], [b, p] -> [b, m]`` (``bertscope.similarity``'s mean pooling)."""
-    return pool(hidden, attention_mask, "mean")
+    """Mean over real tokens ``[b, p, m], [b, p] -> [b, m]`` (sentence-transformers' mean pooling, as
+    ``bertscope.similarity`` pools; that layer sits above this one, so it is not imported here)."""
+    m = attention_mask.to(hidden.dtype)[..., None]
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
 
 
 CONDITIONS = ("clean", "dictionary", "zero", "mean")
@@ -236,15 +237,16 @@ def _condition_outputs(model: Any, dictionary: Dictionary, batches: list[dict[st
 @torch.no_grad()
 def spliced_embeddings(model: Any, dictionary: Dictionary, texts: Sequence[str], *,
                        conditions: Sequence[str] = CONDITIONS, batch_size: int = 32, include_special: bool = False,
-                       mean: torch.Tensor | None = None, pooling: str = "mean") -> dict[str, torch.Tensor]:
+                       mean: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Each sentence's pooled last hidden state per condition, ``{condition: [len(texts), d_model]}`` (float64,
     in the order of ``texts``): what :func:`splice_fidelity`'s sentence objective averages, kept per sentence.
 
     ``conditions``: any of ``clean``, ``dictionary`` (the dictionary's reconstruction spliced in), ``zero`` and
     ``mean`` (ablations), each replacing the site at the trained token classes only (all but special tokens,
     [MASK] and padding unless ``include_special``), as in :func:`splice_fidelity`; ``mean`` (the site's mean over
-    those tokens) is estimated from ``texts`` when not given and needed. ``pooling``: ``bertscope.similarity``'s
-    (``mean``, ``cls`` or ``max``). ``1 - cos(e[c][i], e["clean"][i])`` is sentence ``i``'s embedding loss.
+    those tokens) is estimated from ``texts`` when not given and needed. Pooling is the mean over real tokens (the
+    bundled model's own, equal to ``bertscope.similarity.embed``'s). ``1 - cos(e[c][i], e["clean"][i])`` is
+    sentence ``i``'s embedding loss.
     """
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
@@ -254,7 +256,7 @@ def spliced_embeddings(model: Any, dictionary: Dictionary, texts: Sequence[str],
     if mean is None and "mean" in conditions:
         mean = _site_mean(model, batches, dictionary.config.site_out or dictionary.config.site, excluded)
     outputs = _condition_outputs(model, dictionary, batches, list(conditions), excluded, mean)
-    return {c: torch.cat([pool(h, b["attention_mask"], pooling) for h, b in zip(hs, batches, strict=True)]).double()
+    return {c: torch.cat([_pooled(h, b["attention_mask"]) for h, b in zip(hs, batches, strict=True)]).double()
             for c, hs in outputs.items()}
 
 
