@@ -8,19 +8,27 @@ Each JSON argument is one run: ``TrainSettings`` fields plus ``arch``, ``width``
 CACHE/MODEL-{train,dev}.pt (``{"x": [rows, 384], "classes": [...]}``, special tokens left out; the train file is the
 one ``benchmarks/dictionaries.py --cache`` writes), computed once with a forward over EWT when missing. Prints one
 JSON line per run (dev EV, L0, dead fraction on dev, CPU seconds, tokens per CPU second) and, with --markdown, a
-table of them.
+table of them; ``--doc FILE`` writes that table, with the command that made it, into the generated block
+``recipe-levers`` of FILE (docs/dictionaries.md's "Recipe levers"):
+
+    nice python benchmarks/dictionaries_recipe.py --tokens 400k --doc docs/dictionaries.md \\
+        '{"lr": 3e-4, "batch_size": 4096}' '{"lr": 1e-3, "batch_size": 1024}' '{"lr": 1e-3, "batch_size": 512}' \\
+        '{"lr": 3e-3, "batch_size": 1024}' '{"lr": 5e-3, "batch_size": 1024}' \\
+        '{"lr": 3e-3, "batch_size": 1024, "lr_warm_up_tokens": 40000}' '{"lr": 3e-3, "batch_size": 1024, "k": 64}'
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from benchutils import EWT
+from benchutils import EWT, write_docs
 from bertscope.probes.dictionary import DictionaryConfig, TrainSettings, train_dictionaries
 
 SITE = "blocks.3.hook_resid_post"
@@ -109,6 +117,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/saefit"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--doc", type=Path, default=None, help="write the table into this file's recipe-levers block")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.score:
@@ -119,14 +128,34 @@ def main() -> None:
     for spec in args.runs:
         results.append(run(x, x_dev, args.tokens, json.loads(spec)))
         print(json.dumps(results[-1]), flush=True)
+    table = markdown(results)
     if args.markdown:
-        print("| settings | tokens (epochs) | dev EV | dead on dev | tokens / CPU s |\n| --- | --- | --- | --- | --- |")
-        for r in results:
-            keys = {k: v for k, v in r.items() if k not in ("tokens", "unique", "dev_ev", "dev_l0", "dead", "cpu_s",
-                                                            "tok_per_cpu_s")}
-            print(f"| {json.dumps(keys)} | {r['tokens']} ({r['tokens'] / r['unique']:.2f}) | {r['dev_ev']:.3f} | "
-                  f"{r['dead']:.3f} | {r['tok_per_cpu_s']} |")
+        print(table)
+    if args.doc is not None:
+        command = "nice python benchmarks/dictionaries_recipe.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        cpu = sum(r["cpu_s"] for r in results)
+        text = (f"\nWritten by `{command}` ({args.model} model, {results[0]['unique']:,} EWT-train rows, "
+                f"{len(x_dev):,} EWT dev rows; {cpu:.0f} CPU s of training, one thread, niced on the shared 2-core "
+                f"machine). `settings`: each run's JSON (`TrainSettings` fields, `k`); everything else is TopK, "
+                f"k = 32, width 3072 and `TrainSettings`' defaults; dev numbers on every non-special dev token, no "
+                f"splice:\n\n{table}\n")
+        write_docs(args.doc, text, name="recipe-levers")
 
+
+#: the fields every run shares unless its JSON says otherwise (left out of the table's settings column)
+FIXED = {"arch": "topk", "width": 3072, "k": 32}
+
+
+def markdown(results: list[dict]) -> str:
+    """The runs as a markdown table: settings, tokens (epochs), dev EV, dev L0, dead on dev, tokens per CPU s."""
+    lines = ["| settings | tokens (epochs) | dev EV | dev L0 | dead on dev | tokens / CPU s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        keys = {k: v for k, v in r.items() if k not in ("tokens", "unique", "dev_ev", "dev_l0", "dead", "cpu_s",
+                                                        "tok_per_cpu_s") and FIXED.get(k) != v}
+        lines.append(f"| `{json.dumps(keys)}` | {r['tokens']} ({r['tokens'] / r['unique']:.2f}) | {r['dev_ev']:.3f} | "
+                     f"{r['dev_l0']:.1f} | {r['dead']:.3f} | {r['tok_per_cpu_s']} |")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

@@ -44,6 +44,7 @@ from .evaluate import (
     reconstruct,
     splice_fidelity,
     spliced,
+    spliced_embeddings,
     token_classes,
 )
 from .metrics import latent_statistics, metrics_table, reconstruction_metrics, saelens_metrics
@@ -122,6 +123,7 @@ __all__ = [
     "save_dictionary",
     "splice_fidelity",
     "spliced",
+    "spliced_embeddings",
     "latent_samples",
     "token_classes",
     "topk_activation",

@@ -7,6 +7,9 @@
   by zero / a mean: the ablations) at the positions of chosen token classes, on every forward;
 - :func:`splice_fidelity`: the model's own objective with the splice against the clean run and against zero-
   and mean-ablation of the site, with the fraction recovered ``(L_ablate - L_dict) / (L_ablate - L_clean)``;
+- :func:`spliced_embeddings`: each sentence's pooled embedding per condition (clean, spliced, ablated), the
+  per-sentence values behind the sentence objective (for sentence-bootstrap intervals, or pair scores such as
+  STS-B's);
 - :func:`evaluate_dictionary`: reconstruction and sparsity metrics (overall and per class) plus fidelity;
 - :func:`pca_topk_dictionary`, :func:`neuron_topk_dictionary`: the controls at the same L0, as dictionaries.
 """
@@ -202,8 +205,59 @@ def _hook_points(model: Any, after: str, points: dict[str, HookPoint]) -> Iterat
 
 
 def _pooled(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real tokens ``[b, p, m], [b, p] -> [b, m]`` (sentence-transformers' mean pooling, as
+    ``bertscope.similarity`` pools; that layer sits above this one, so it is not imported here)."""
     m = attention_mask.to(hidden.dtype)[..., None]
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
+
+
+CONDITIONS = ("clean", "dictionary", "zero", "mean")
+
+
+def _condition_outputs(model: Any, dictionary: Dictionary, batches: list[dict[str, torch.Tensor]],
+                       conditions: Sequence[str], excluded: set[str],
+                       mean: torch.Tensor | None) -> dict[str, list[Any]]:
+    """The model's outputs on ``batches`` per condition: ``clean`` (no hook) or the site replaced at the positions
+    of every token class but ``excluded`` by the dictionary's reconstruction (``dictionary``), zero or ``mean``."""
+    current: dict[str, torch.Tensor] = {}
+    outputs: dict[str, list[Any]] = {c: [] for c in conditions}
+    for batch in batches:
+        classes = token_classes(model, batch["input_ids"], batch["attention_mask"])
+        current["where"] = torch.from_numpy(~np.isin(classes, list(excluded)))
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        for condition in conditions:
+            if condition == "clean":
+                outputs[condition].append(model(inputs))
+                continue
+            with spliced(model, dictionary, mode=condition, positions=lambda: current["where"], mean=mean):
+                outputs[condition].append(model(inputs))
+    return outputs
+
+
+@torch.no_grad()
+def spliced_embeddings(model: Any, dictionary: Dictionary, texts: Sequence[str], *,
+                       conditions: Sequence[str] = CONDITIONS, batch_size: int = 32, include_special: bool = False,
+                       mean: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Each sentence's pooled last hidden state per condition, ``{condition: [len(texts), d_model]}`` (float64,
+    in the order of ``texts``): what :func:`splice_fidelity`'s sentence objective averages, kept per sentence.
+
+    ``conditions``: any of ``clean``, ``dictionary`` (the dictionary's reconstruction spliced in), ``zero`` and
+    ``mean`` (ablations), each replacing the site at the trained token classes only (all but special tokens,
+    [MASK] and padding unless ``include_special``), as in :func:`splice_fidelity`; ``mean`` (the site's mean over
+    those tokens) is estimated from ``texts`` when not given and needed. Pooling is the mean over real tokens (the
+    bundled model's own, equal to ``bertscope.similarity.embed``'s). ``1 - cos(e[c][i], e["clean"][i])`` is
+    sentence ``i``'s embedding loss.
+    """
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        raise ValueError(f"conditions are {', '.join(CONDITIONS)}, got {unknown[0]!r}")
+    excluded = set() if include_special else set(SPECIAL_CLASSES) | {"mask"}
+    batches = list(text_batches(model, texts, batch_size))
+    if mean is None and "mean" in conditions:
+        mean = _site_mean(model, batches, dictionary.config.site_out or dictionary.config.site, excluded)
+    outputs = _condition_outputs(model, dictionary, batches, list(conditions), excluded, mean)
+    return {c: torch.cat([_pooled(h, b["attention_mask"]) for h, b in zip(hs, batches, strict=True)]).double()
+            for c, hs in outputs.items()}
 
 
 @torch.no_grad()
@@ -238,16 +292,7 @@ def splice_fidelity(model: Any, dictionary: Dictionary, texts: Sequence[str], *,
         batches = [_mask_batch(model, b, mask_fraction, seed + i) for i, b in enumerate(batches)]
     if mean is None:
         mean = _site_mean(model, batches, site_out, excluded)
-    current: dict[str, torch.Tensor] = {}
-    outputs: dict[str, list[Any]] = {c: [] for c in ("clean", "dictionary", "zero", "mean")}
-    for batch in batches:
-        classes = token_classes(model, batch["input_ids"], batch["attention_mask"])
-        current["where"] = torch.from_numpy(~np.isin(classes, list(excluded)))
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        outputs["clean"].append(model(inputs))
-        for condition in ("dictionary", "zero", "mean"):
-            with spliced(model, dictionary, mode=condition, positions=lambda: current["where"], mean=mean):
-                outputs[condition].append(model(inputs))
+    outputs = _condition_outputs(model, dictionary, batches, CONDITIONS, excluded, mean)
     rows = _objective_rows(objective, model, batches, outputs, head, labels)
     table = pd.DataFrame(rows)
     table.insert(0, "objective", objective)

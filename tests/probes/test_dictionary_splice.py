@@ -14,6 +14,7 @@ from bertscope.probes.dictionary import (
     neuron_topk_dictionary,
     pca_topk_dictionary,
     splice_fidelity,
+    spliced_embeddings,
     token_classes,
 )
 from helpers import save_tiny_bert
@@ -72,6 +73,29 @@ def test_classifier_objective_and_transcoder_splice(tiny_mlm):
     table = splice_fidelity(tiny_mlm, identity_dictionary(32, site=site), TEXTS, objective="classifier", head=head)
     assert _values(table, "dictionary", "kl") == pytest.approx(0.0, abs=1e-9)
     assert _values(table, "dictionary", "accuracy") == 1.0  # agreement with the clean prediction
+
+
+def test_spliced_embeddings_are_the_per_sentence_values_splice_fidelity_averages(bundled):
+    site = "blocks.3.hook_resid_post"
+    x = torch.cat([b.acts[site] for b in collect_activations(bundled, TEXTS * 4, [site])])
+    d = pca_topk_dictionary(x, 8, site=site)  # a lossy dictionary: the splice changes the embedding
+    emb = spliced_embeddings(bundled, d, TEXTS, batch_size=2)
+    assert set(emb) == {"clean", "dictionary", "zero", "mean"}
+    assert all(e.shape == (len(TEXTS), 384) and e.dtype == torch.float64 for e in emb.values())
+    clean = bertscope.similarity.embed(bundled, TEXTS)[("blocks.5.hook_resid_post", "mean")].double()
+    torch.testing.assert_close(emb["clean"], clean, atol=1e-5, rtol=1e-5)  # bertscope.similarity's embedding
+    cos = {c: torch.nn.functional.cosine_similarity(e, emb["clean"], dim=-1) for c, e in emb.items()}
+    assert float(cos["dictionary"].min()) < 0.9999
+    table = splice_fidelity(bundled, d, TEXTS, objective="sentence")
+    for c in ("dictionary", "zero", "mean"):
+        assert float(cos[c].mean()) == pytest.approx(_values(table, c, "embedding_cosine"), abs=1e-6)
+    loss = {c: float((1 - cos[c]).mean()) for c in ("dictionary", "mean")}
+    assert 1 - loss["dictionary"] / loss["mean"] == pytest.approx(
+        _values(table, "mean_ablation", "fraction_recovered"), abs=1e-5)
+    only = spliced_embeddings(bundled, identity_dictionary(384, site=site), TEXTS[:2], conditions=("dictionary",))
+    torch.testing.assert_close(only["dictionary"], emb["clean"][:2], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="conditions are"):
+        spliced_embeddings(bundled, d, TEXTS, conditions=("spliced",))
 
 
 def test_fraction_recovered_formula():
