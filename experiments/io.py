@@ -117,6 +117,18 @@ def write_table(
     return paths
 
 
+
+def read_table(out_dir: str | os.PathLike[str], name: str) -> Any:
+    """The saved table ``out_dir/name.parquet`` (or ``name.csv`` when only that was written) as a DataFrame;
+    ``None`` when neither exists. What ``plot`` and ``findings`` read, never the model."""
+    import pandas as pd
+
+    for suffix in (".parquet", ".csv"):
+        path = Path(out_dir) / f"{name}{suffix}"
+        if path.is_file():
+            return pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
+    return None
+
 def save_figure(
     fig: Any, base: str | os.PathLike[str], formats: Iterable[str] = FIGURE_FORMATS, dpi: int = 150
 ) -> list[Path]:

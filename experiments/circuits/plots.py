@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.experiments.io import read_table
 from bertscope.hooks.circuits import table
 from bertscope.hooks.naming import head_name, head_of
 
@@ -47,14 +48,6 @@ def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
         paths += plot_faithfulness(curve, read_table(out_dir, "areas"), out_dir, formats)
     return paths
 
-
-def read_table(out_dir: Path, name: str) -> pd.DataFrame | None:
-    """``out_dir/name.parquet`` (or .csv), None when absent."""
-    for suffix in (".parquet", ".csv"):
-        path = Path(out_dir) / f"{name}{suffix}"
-        if path.is_file():
-            return pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
-    return None
 
 
 def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.experiments.io import read_table
 from bertscope.experiments.minimal_pairs.measures import CHANCE, DIFFERENCE
 
 FORMATS = tuple(io.FIGURE_FORMATS)
@@ -16,14 +17,6 @@ Formats = tuple[str, ...]
 SCORE_COLOURS = {"raw": "#1b6ca8", "normalised": "#d95f02"}
 SCORE_LABELS = {"raw": "raw PLL (sum over pieces)", "normalised": "PLL per piece (length-normalised)"}
 
-
-def read_table(out_dir: Path, name: str) -> pd.DataFrame | None:
-    """``out_dir/name.parquet`` (or .csv), None when absent."""
-    for suffix in (".parquet", ".csv"):
-        path = Path(out_dir) / f"{name}{suffix}"
-        if path.is_file():
-            return pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
-    return None
 
 
 def main_method(table: pd.DataFrame) -> str:

@@ -7,19 +7,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from bertscope.experiments import io
+from bertscope.experiments.io import read_table
 
 FORMATS = tuple(io.FIGURE_FORMATS)
 Formats = tuple[str, ...]
 POOLING_STYLE = {"mean": ("#1f77b4", "o"), "cls": ("#d62728", "s"), "max": ("#2ca02c", "^")}
 
-
-def read_table(out_dir: Path, name: str) -> pd.DataFrame | None:
-    """``out_dir/name.parquet`` (or .csv), None when absent."""
-    for suffix in (".parquet", ".csv"):
-        path = Path(out_dir) / f"{name}{suffix}"
-        if path.is_file():
-            return pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
-    return None
 
 
 def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
