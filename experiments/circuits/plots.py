@@ -23,7 +23,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-
 def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
     """Every figure the saved tables allow; returns the written paths."""
     import matplotlib
@@ -47,7 +46,6 @@ def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
     if curve is not None:
         paths += plot_faithfulness(curve, read_table(out_dir, "areas"), out_dir, formats)
     return paths
-
 
 
 def plot_head_maps(results: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:

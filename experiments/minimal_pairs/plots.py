@@ -18,7 +18,6 @@ SCORE_COLOURS = {"raw": "#1b6ca8", "normalised": "#d95f02"}
 SCORE_LABELS = {"raw": "raw PLL (sum over pieces)", "normalised": "PLL per piece (length-normalised)"}
 
 
-
 def main_method(table: pd.DataFrame) -> str:
     """The method the single-method figures show: ``original`` (Salazar et al.) when present."""
     methods = list(dict.fromkeys(table["method"]))

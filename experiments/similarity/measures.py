@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from bertscope.probes.bootstrap import percentile_interval
 from scipy.stats import rankdata
 
 SELECT, REPORT = "select", "report"
@@ -50,10 +51,10 @@ def correlations(pred: np.ndarray, gold: np.ndarray, idx: np.ndarray) -> dict[st
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:
-    v = values[np.isfinite(values)]
-    if v.size == 0:
-        return math.nan, math.nan
-    return float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))
+    """95% percentile interval of bootstrap replicates ``[B]`` (`probes.bootstrap.percentile_interval`: finite
+    replicates only, NaN when none)."""
+    low, high = percentile_interval(values, 0.95)
+    return float(low), float(high)
 
 
 def benchmark_table(scores: Mapping[tuple[str, str], np.ndarray], gold: np.ndarray, select: np.ndarray, *,

@@ -14,7 +14,6 @@ Formats = tuple[str, ...]
 POOLING_STYLE = {"mean": ("#1f77b4", "o"), "cls": ("#d62728", "s"), "max": ("#2ca02c", "^")}
 
 
-
 def plot(out_dir: Path, formats: Formats | None = None) -> list[Path]:
     """Every figure the saved tables allow; returns the written paths."""
     import matplotlib
