@@ -24,6 +24,13 @@ from bertscope.hooks.interventions import AblationMethod, FwdHooks
 METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "uniform")
 
 
+def single_head_keep(n_layers: int, n_heads: int, layer: int) -> torch.Tensor:
+    """``keep [head, layer, head]`` for `head_gates`: copy ``h`` of a batch ablates head ``h`` of ``layer`` only."""
+    keep = torch.ones(n_heads, n_layers, n_heads)
+    keep[torch.arange(n_heads), layer, torch.arange(n_heads)] = 0.0
+    return keep
+
+
 def head_gates(
     keep: torch.Tensor,
     *,

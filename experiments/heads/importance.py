@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from bertscope.experiments.heads.parallel import map_sentences
-from bertscope.hooks.ablation import METHODS, head_gates, mean_z_over
+from bertscope.hooks.ablation import METHODS, head_gates, mean_z_over, single_head_keep
 from bertscope.hooks.hook_points import fork_batch
 from bertscope.hooks.interventions import AblationMethod
 
@@ -247,13 +247,6 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     """Mean over real tokens: ``[batch, pos, d_model] -> [batch, d_model]``."""
     real = attention_mask.to(device=hidden.device, dtype=hidden.dtype)[..., None]
     return (hidden * real).sum(-2) / real.sum(-2)
-
-
-def single_head_keep(n_layers: int, n_heads: int, layer: int) -> torch.Tensor:
-    """``keep [head, layer, head]``: copy ``h`` ablates head ``h`` of ``layer`` only."""
-    keep = torch.ones(n_heads, n_layers, n_heads)
-    keep[torch.arange(n_heads), layer, torch.arange(n_heads)] = 0.0
-    return keep
 
 
 def split_sentences(batch: TokenBatch) -> list[TokenBatch]:

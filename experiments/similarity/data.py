@@ -131,8 +131,7 @@ def head_ablation_scores(model: Any, a: Sequence[str], b: Sequence[str], *, pool
         _, cache = model.run_with_cache(**bt, names_filter=names)
         mask = bt["attention_mask"].repeat(n_heads, 1)
         for layer in range(n_layers):
-            keep = torch.ones(n_heads, n_layers, n_heads)
-            keep[torch.arange(n_heads), layer, torch.arange(n_heads)] = 0  # copy h: head h of this layer ablated
+            keep = ablation.single_head_keep(n_layers, n_heads, layer)  # copy h: head h of this layer ablated
             hooks = ablation.head_gates(keep, n_batch=nb, method="mean", mean_z=mean_z, first_layer=layer)
             with model.hooks(hooks):
                 hidden = model.forward_from(layer, cache[names[layer]].repeat(n_heads, 1, 1), mask)
