@@ -108,22 +108,28 @@ def main() -> None:
         vals = {how: sp for s, how, sp in rows if s == site}
         lines.append(f"| {site} | {vals['mean']:.4f} | {vals['cls']:.4f} | {vals['max']:.4f} |")
 
-    times, cpu, errors, pieces = [], [], [], []
     S.attribute(model, a[0], b[0], method="integrated-jacobians", steps=2)  # warm-up (first vmap call), untimed
-    load1 = os.getloadavg()[0]
-    for i in range(args.ij_pairs):
-        t, c = time.perf_counter(), time.process_time()
-        r = S.attribute(model, a[i], b[i], method="integrated-jacobians", steps=50)
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-        errors.append(abs(r.error) / max(abs(r.score), 1e-12))
-        pieces.append(f"{len(r.tokens_a)}+{len(r.tokens_b)}")
-    wall = sorted(times)[len(times) // 2]
-    lines += ["", f"- integrated Jacobians, one pair, 50 steps (trapezoid), block 0's input, the first "
-              f"{len(times)} dev pairs (pieces {', '.join(pieces)}): median {wall:.2f} s wall, "
-              f"{sorted(cpu)[len(cpu) // 2]:.2f} CPU-s (target < 1 s: {'met' if wall < 1 else 'not met'}; load "
-              f"average {load1:.1f} before, {os.getloadavg()[0]:.1f} after); |error| / |score| up to "
-              f"{max(errors):.1e}"]  # fmt: skip
+    from bertscope.hooks.similarity.methods import xsbert_layer
+
+    default = xsbert_layer(model.config.n_layers)
+    lines.append("")
+    for layer, label in ((default, f"block {default}'s input (the default: xsbert's depth)"),
+                         (0, "block 0's input (the embedding output)")):
+        times, cpu, errors, pieces = [], [], [], []
+        load1 = os.getloadavg()[0]
+        for i in range(args.ij_pairs):
+            t, c = time.perf_counter(), time.process_time()
+            r = S.attribute(model, a[i], b[i], method="integrated-jacobians", steps=50, layer=layer)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+            errors.append(abs(r.error) / max(abs(r.score), 1e-12))
+            pieces.append(f"{len(r.tokens_a)}+{len(r.tokens_b)}")
+        wall = sorted(times)[len(times) // 2]
+        lines.append(f"- integrated Jacobians, one pair, 50 steps (Simpson), {label}, the first {len(times)} dev "
+                     f"pairs (pieces {', '.join(pieces)}): median {wall:.2f} s wall, "
+                     f"{sorted(cpu)[len(cpu) // 2]:.2f} CPU-s (target < 1 s: {'met' if wall < 1 else 'not met'}; "
+                     f"load average {load1:.1f} before, {os.getloadavg()[0]:.1f} after); |error| / |score| up to "
+                     f"{max(errors):.1e}")  # fmt: skip
     text = "\n".join(lines)
     print(text)
     if args.docs:

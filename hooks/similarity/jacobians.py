@@ -10,10 +10,10 @@ cosine) and explains it with two ``[e, p]`` matrices, one per side,
 the change of ``phi`` that token i's part of ``dx`` causes, integrated along a path. Then ``matrix = P_a^T P_b``
 ``[p_a, p_b]``. Integrated Jacobians (Moeller et al. 2023): ``x(alpha) = r + alpha (x - r)``, ``dx = x - r``,
 ``alpha`` in ``{1, 1 - 1/N, ..., 1/N}`` (xsbert's ``interpolate_reference_embedding``: N points from the input
-down, the reference itself excluded), so ``P_a 1 -> phi(a) - phi(r_a)`` and the matrix sums to the four-term
-difference as N grows. Gradient x input: one point, ``alpha = 1``, ``r = 0``. BiLRP: gradient x input of the
-model with LayerNorm scales, attention patterns and the MLP activation's gate held constant (see
-``methods.bilrp``).
+down, the reference itself excluded; the Simpson and trapezoid rules add ``alpha = 0``), so
+``P_a 1 -> phi(a) - phi(r_a)`` and the matrix sums to the four-term difference as N grows. Gradient x input: one
+point, ``alpha = 1``, ``r = 0``. BiLRP: gradient x input of the model with LayerNorm scales, attention patterns and
+the MLP activation's gate held constant (see ``methods.bilrp``).
 
 Each column of ``P`` is one forward-mode derivative along the tangent ``dx`` at token i only: per point, one
 primal pass carries a batch of such tangents (``torch.func.vmap`` over ``torch.func.jvp``), so the primal
@@ -22,7 +22,7 @@ against ``e N`` backward passes for the full Jacobian (``e`` = 384 for the bundl
 token positions. Tokens whose path does not move (``dx_i = 0``) get a zero column without a pass. Runs whose hooks
 replace a LayerNorm's scale (BiLRP) take ``torch.autograd.forward_ad`` on one copy of the sentence per tangent
 instead (``_jvp_copies``: see ``projections``). The weights are the quadrature's (``quadrature``): ``1/N`` each for
-xsbert's rule.
+xsbert's rule, Simpson's for the default.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch.autograd.forward_ad as fwAD
 from bertscope.hooks.similarity.pairs import embedding_from
 from einops import einsum, rearrange, repeat
 
-RULES = ("xsbert", "trapezoid")
+RULES = ("xsbert", "trapezoid", "simpson")
 
 
 def alphas(steps: int, *, device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -47,18 +47,39 @@ def alphas(steps: int, *, device: torch.device | None = None, dtype: torch.dtype
 
 def quadrature(steps: int, rule: str, *, device: torch.device | None = None,
                dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(points, weights)`` of the path integral over ``alpha`` in [0, 1]. ``"xsbert"``: the paper code's right
-    Riemann sum, ``alphas(steps)`` each weighted ``1/steps`` (error O(1/steps)); ``"trapezoid"``: the same points
-    and ``alpha = 0``, the two ends weighted ``1/(2 steps)`` (error O(1/steps^2); one pass more)."""
+    """``(points, weights)`` of the path integral over ``alpha`` in [0, 1], the points in xsbert's order (from 1
+    down). ``"xsbert"``: the paper code's right Riemann sum, ``alphas(steps)`` each weighted ``1/steps`` (error
+    O(1/steps)); ``"trapezoid"``: the same points and ``alpha = 0``, the two ends weighted ``1/(2 steps)`` (error
+    O(1/steps^2); one pass more); ``"simpson"``: the same ``steps + 1`` points with composite Simpson weights
+    ``(1, 4, 2, ..., 4, 1) / (3 steps)`` (error O(1/steps^4); for odd ``steps`` the last three intervals take
+    Simpson's 3/8 rule, and ``steps = 1`` is the trapezoid). The weights sum to 1 and integrate cubics exactly
+    (Simpson)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     pts = alphas(steps, device=device, dtype=dtype)
     w = torch.full_like(pts, 1 / steps)
-    if rule == "trapezoid":
-        pts = torch.cat([pts, pts.new_zeros(1)])
+    if rule == "xsbert":
+        return pts, w
+    pts = torch.cat([pts, pts.new_zeros(1)])
+    if rule == "trapezoid" or steps == 1:
         w = torch.cat([w, w.new_full((1,), 0.5 / steps)])
         w[0] = 0.5 / steps
-    return pts, w
+        return pts, w
+    return pts, _simpson_weights(steps).flip(0).to(pts)
+
+
+def _simpson_weights(steps: int) -> torch.Tensor:
+    """``[steps + 1]`` composite Simpson weights of the points ``alpha = k / steps``, k = 0 .. steps (float64):
+    ``(1, 4, 2, 4, ..., 4, 1) h / 3`` on an even number of intervals, the last three intervals by the 3/8 rule
+    ``(1, 3, 3, 1) 3 h / 8`` when ``steps`` is odd (``steps >= 2``)."""
+    h = 1.0 / steps
+    w = torch.zeros(steps + 1, dtype=torch.float64)
+    even = steps if steps % 2 == 0 else steps - 3
+    for k in range(0, even, 2):
+        w[k:k + 3] += torch.tensor([1.0, 4.0, 1.0], dtype=torch.float64) * h / 3
+    if even < steps:
+        w[even:] += torch.tensor([1.0, 3.0, 3.0, 1.0], dtype=torch.float64) * 3 * h / 8
+    return w
 
 
 def projections(

@@ -10,6 +10,7 @@ vector ``phi`` is the pooled embedding (divided by its norm for cosine), referen
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,27 @@ from bertscope.hooks.similarity.table import PairMethod, register
 from einops import einsum, repeat
 
 
+def xsbert_layer(n_layers: int) -> int:
+    """Integrated Jacobians' default block: the one whose input xsbert's published examples attribute to, scaled to
+    the model's depth. Both of its demos (``demo_shelf_model.ipynb``, ``demo_exact_model.ipynb``) call
+    ``init_attribution_to_layer(idx=10, N_steps=50)`` on 12-layer encoders, so the last 2 of 12 blocks run on the
+    path; here ``round(10 n_layers / 12)``, at most ``n_layers - 1`` (5 for the bundled 6-layer model, 10 for
+    bert-base). The EACL 2024 follow-up (Moeller et al., Approximate Attributions for Off-the-Shelf Siamese
+    Transformers) finds the attributions of off-the-shelf models trustworthy at such deep layers."""
+    return max(0, min(n_layers - 1, round(10 * n_layers / 12)))
+
+
+def _check_layer(model: Any, layer: int) -> int:
+    n = int(model.config.n_layers)
+    ok = isinstance(layer, numbers.Integral) and not isinstance(layer, bool) and 0 <= int(layer) < n
+    if not ok:
+        raise ValueError(f"layer must be a block index from 0 to {n - 1}, got {layer!r}")
+    return int(layer)
+
+
 def _sides(model: Any, pair: Pair, layer: int) -> list[tuple[Side, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(side, x, r, ref_ids)`` of a and b: the representation at block ``layer``'s input and the reference's."""
+    _check_layer(model, layer)
     out = []
     for s in (pair.a, pair.b):
         ref = reference_ids(model, s)
@@ -58,19 +78,23 @@ def _outer(pa: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
 
 
 # ====================================================================== integrated Jacobians
-def integrated_jacobians(model: Any, pair: Pair, *, steps: int = 50, layer: int = 0, rule: str = "trapezoid",
-                         chunk: int = 4096):
+def integrated_jacobians(model: Any, pair: Pair, *, steps: int = 50, layer: int | None = None,
+                         rule: str = "simpson", chunk: int = 4096):
     """Integrated Jacobians (Moeller, Nikolaev and Pado, EMNLP 2023; ``lucasmllr/xsbert``
     ``XSTransformer.explain_similarity``): ``A = (J_a dx_a)^T (J_b dx_b)`` with ``J`` the Jacobian of ``phi``
     integrated over ``steps`` points ``alpha = 1, 1 - 1/N, ..., 1/N`` between the reference and the input at
-    block ``layer``'s input. Sums to ``s(a,b) - s(r_a,b) - s(a,r_b) + s(r_a,r_b)`` as ``steps`` grows.
+    block ``layer``'s input (default ``xsbert_layer``: the depth of xsbert's examples, block 5 of the bundled
+    model; ``layer=0`` attributes to the embedding output). Sums to ``s(a,b) - s(r_a,b) - s(a,r_b) + s(r_a,r_b)``
+    as ``steps`` grows.
 
     One difference from xsbert, stated: for cosine xsbert differentiates the unnormalised embedding and divides
     by the input embeddings' norms, which is exact only for its fine-tuned models; here ``phi`` is the normalised
     embedding, so the four-term identity holds for any model in the limit (for ``score="dot"`` the two agree).
     ``rule="xsbert"`` is the paper code's right Riemann sum over its points (pinned against a copy of its code in
-    the tests); the default ``"trapezoid"`` adds the ``alpha = 0`` point and halves the end weights: the same
-    integral, error O(1/steps^2) instead of O(1/steps) (measured in ``docs/similarity.md``)."""
+    the tests); ``"trapezoid"`` adds the ``alpha = 0`` point and halves the end weights (error O(1/steps^2));
+    the default ``"simpson"`` weights the same ``steps + 1`` points by Simpson's rule (error O(1/steps^4), the
+    same cost as the trapezoid; measured in ``docs/similarity.md``)."""
+    layer = xsbert_layer(int(model.config.n_layers)) if layer is None else layer
     (sa, xa, ra, refa), (sb, xb, rb, refb) = _sides(model, pair, layer)
     points, weights = jacobians.quadrature(steps, rule, device=xa.device, dtype=xa.dtype)
     kw = {"layer": layer, "pooling": pair.pooling, "kind": pair.kind, "points": points, "weights": weights,
@@ -213,7 +237,7 @@ def occlusion(model: Any, pair: Pair):
 
 register(PairMethod("integrated-jacobians", integrated_jacobians,
                     "Moeller, Nikolaev and Pado, An Attribution Method for Siamese Encoders, EMNLP 2023 "
-                    "(code: lucasmllr/xsbert)", {"steps": 50, "layer": 0, "rule": "trapezoid", "chunk": 4096},
+                    "(code: lucasmllr/xsbert)", {"steps": 50, "layer": None, "rule": "simpson", "chunk": 4096},
                     "costly", "limit",
                     "integrated Jacobians: token-pair matrix summing to the four-term difference"))
 register(PairMethod("bilrp", bilrp, "Vasileiou and Eberle, Explaining Text Similarity in Transformer Models, NAACL "

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 from bertscope.hooks.similarity import jacobians, pairs
+from bertscope.hooks.similarity.methods import xsbert_layer
 from bertscope.hooks.similarity.pooling import default_pooling, pool
 from family_fixtures import FAMILIES, save_tiny_family
 from fixtures_deberta_modernbert import save_tiny_deberta, save_tiny_modernbert
@@ -104,6 +105,42 @@ def test_xsbert_reference_and_points(tiny):
     assert points.tolist() == [1.0, 0.75, 0.5, 0.25] and weights.tolist() == [0.25] * 4
     points, weights = jacobians.quadrature(4, "trapezoid")
     assert points.tolist() == [1.0, 0.75, 0.5, 0.25, 0.0] and weights.tolist() == [0.125, 0.25, 0.25, 0.25, 0.125]
+    points, weights = jacobians.quadrature(4, "simpson")
+    assert points.tolist() == [1.0, 0.75, 0.5, 0.25, 0.0]
+    torch.testing.assert_close(weights, torch.tensor([1.0, 4.0, 2.0, 4.0, 1.0]) / 12)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 6, 7, 50])
+def test_quadrature_rules_integrate_what_their_order_promises(steps):
+    """Every rule's weights sum to 1; Simpson (3/8 on the last three intervals for odd steps) integrates a cubic
+    exactly and the trapezoid a line; xsbert's right sum misses a line's integral by 1/(2 steps)."""
+    for rule in jacobians.RULES:
+        points, weights = jacobians.quadrature(steps, rule, dtype=torch.float64)
+        assert weights.sum().item() == pytest.approx(1.0, abs=1e-12)
+        assert points.tolist() == sorted(points.tolist(), reverse=True)
+    line = lambda x: 3 * x + 1  # noqa: E731  integral 2.5
+    cubic = lambda x: 4 * x**3 - 3 * x**2 + 2 * x  # noqa: E731  integral 1 - 1 + 1 = 1
+    p, w = jacobians.quadrature(steps, "trapezoid", dtype=torch.float64)
+    assert (w * line(p)).sum().item() == pytest.approx(2.5, abs=1e-12)
+    p, w = jacobians.quadrature(steps, "xsbert", dtype=torch.float64)
+    assert (w * line(p)).sum().item() == pytest.approx(2.5 + 1.5 / steps, abs=1e-12)
+    p, w = jacobians.quadrature(steps, "simpson", dtype=torch.float64)
+    if steps > 1:
+        assert (w * cubic(p)).sum().item() == pytest.approx(1.0, abs=1e-12)
+    with pytest.raises(ValueError, match="rule must be one of"):
+        jacobians.quadrature(steps, "midpoint")
+
+
+def test_integrated_jacobians_default_layer_is_xsbert_depth(tiny):
+    """xsbert's examples attribute to block 10 of 12; the default scales that depth (5 of the bundled 6)."""
+    assert [xsbert_layer(n) for n in (1, 2, 4, 6, 8, 12, 24)] == [0, 1, 3, 5, 7, 10, 20]
+    default = similarity.attribute(tiny, A, B, steps=4)
+    explicit = similarity.attribute(tiny, A, B, steps=4, layer=xsbert_layer(tiny.config.n_layers))
+    torch.testing.assert_close(default.matrix, explicit.matrix)
+    assert f"block {xsbert_layer(tiny.config.n_layers)}'s input" in default.reference
+    for bad in (-1, tiny.config.n_layers, 1.5):
+        with pytest.raises(ValueError, match="layer must be a block index"):
+            similarity.attribute(tiny, A, B, steps=2, layer=bad)
 
 
 def _xsbert_matrix(model, text_a, text_b, layer, steps):
@@ -293,5 +330,5 @@ def test_integrated_jacobians_equal_captum_layer_integrated_gradients(tiny):
         ref = pairs.reference_ids(tiny, s)
         ps.append(torch.stack([lig.attribute(s.ids, baselines=ref, target=d, n_steps=steps, method="riemann_right")[0]
                                .sum(-1) for d in range(tiny.config.d_model)]))  # fmt: skip
-    got = similarity.attribute(tiny, A, B, steps=steps, rule="xsbert")
+    got = similarity.attribute(tiny, A, B, steps=steps, rule="xsbert", layer=0)
     torch.testing.assert_close(got.matrix, (ps[0].T @ ps[1]).double(), atol=1e-6, rtol=1e-5)

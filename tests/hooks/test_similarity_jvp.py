@@ -59,11 +59,11 @@ def reverse_matrix(model, **kw):
 def test_fast_projections_equal_reverse_mode_on_every_family(family):
     name, model = family
     one = torch.ones(1, dtype=torch.float64)
-    trapezoid, xsbert = (dict(zip(("points", "weights"), jacobians.quadrature(n, rule, dtype=torch.float64),
-                                  strict=True)) for n, rule in ((4, "trapezoid"), (3, "xsbert")))  # fmt: skip
+    simpson, xsbert = (dict(zip(("points", "weights"), jacobians.quadrature(n, rule, dtype=torch.float64),
+                                strict=True)) for n, rule in ((4, "simpson"), (3, "xsbert")))  # fmt: skip
     cases = [
         ("integrated-jacobians", {"score": "cosine", "steps": 4, "layer": 0},
-         {"kind": "cosine", "layer": 0, **trapezoid}),
+         {"kind": "cosine", "layer": 0, **simpson}),
         ("integrated-jacobians", {"score": "dot", "steps": 3, "layer": 1, "rule": "xsbert"},
          {"kind": "dot", "layer": 1, **xsbert}),
         ("grad-x-input", {"score": "cosine"},
