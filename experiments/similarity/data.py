@@ -219,15 +219,31 @@ def embed_ids(model: Any, seqs: Sequence[Sequence[int]], *, pooling: str, batch_
 #: How a token is removed: ``reference`` replaces it by the padding token (xsbert's reference token, attended like
 #: a real one); ``delete`` drops it from the sequence (the text without that word piece).
 REMOVALS: tuple[str, ...] = ("reference", "delete")
+#: Which texts lose a removed token pair's tokens: ``one``: one text at a time (the pair's token of a removed from a
+#: with b intact, then its token of b from b with a intact; the score after is the mean of the two), which breaks
+#: the pair's match; ``both``: both texts at once, which removes both halves of a match and leaves the two texts
+#: parallel (see docs/experiments/similarity.md, "How to read the faithfulness result").
+SIDES: tuple[str, ...] = ("one", "both")
 
 
 def removal_scores(model: Any, ids_a: Sequence[Sequence[int]], ids_b: Sequence[Sequence[int]],
-                   plans: pd.DataFrame, *, pooling: str, removal: str = "reference", batch_size: int = 64
-                   ) -> np.ndarray:
+                   plans: pd.DataFrame, *, pooling: str, removal: str = "reference", sides: str = "both",
+                   batch_size: int = 64) -> np.ndarray:
     """``[len(plans)]``: the cosine of each plan's pair after its positions are removed (``removal``, see
-    :data:`REMOVALS`). ``plans``: rows with ``pair`` and ``positions_a`` / ``positions_b`` (piece positions)."""
+    :data:`REMOVALS`; ``sides``, see :data:`SIDES`: for ``one`` the mean of the cosine with only a's positions
+    removed and the cosine with only b's). ``plans``: rows with ``pair`` and ``positions_a`` / ``positions_b``
+    (piece positions)."""
     if removal not in REMOVALS:
         raise ValueError(f"removal must be one of {', '.join(REMOVALS)}, got {removal!r}")
+    if sides not in SIDES:
+        raise ValueError(f"sides must be one of {', '.join(SIDES)}, got {sides!r}")
+    if sides == "one":
+        none = [[] for _ in range(len(plans))]
+        only_a = removal_scores(model, ids_a, ids_b, plans.assign(positions_b=none), pooling=pooling,
+                                removal=removal, batch_size=batch_size)
+        only_b = removal_scores(model, ids_a, ids_b, plans.assign(positions_a=none), pooling=pooling,
+                                removal=removal, batch_size=batch_size)
+        return (only_a + only_b) / 2
     pad = pad_id(model)
 
     def edit(ids: Sequence[int], positions: Sequence[int]) -> tuple[int, ...]:

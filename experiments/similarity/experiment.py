@@ -10,10 +10,10 @@ Tables (``docs/experiments/similarity.md``): ``benchmark`` (Spearman and Pearson
 and pooling, bootstrap intervals over pairs; also returned as ``results`` with model and corpus columns),
 ``heads`` (each component's share of the cosine from the exact decomposition; each head's Spearman change when
 mean-ablated), ``faithfulness`` and ``aopc`` (the similarity drop when each method's top-k token pairs are
-replaced by the padding token or deleted, against random pairs), ``methods`` (each method's conservation error and
-time),
-``claims`` (two published claims beside controls), ``negation`` and ``concentration`` (their per-item rows),
-``matrices`` (the attribution matrices of the attributed pairs); ``pairs.html``, the explorer's pair view.
+replaced by the padding token or deleted, from one text at a time or from both, against random pairs),
+``methods`` (each method's conservation error and time), ``claims`` (two published claims beside controls),
+``negation`` and ``concentration`` (their per-item rows), ``matrices`` (the attribution matrices of the
+attributed pairs); ``pairs.html``, the explorer's pair view.
 """
 
 from __future__ import annotations
@@ -55,11 +55,12 @@ class Settings:
     select_fraction: float = 0.5  # share of the pairs the best site and pooling are chosen on (never reported)
     poolings: tuple[str, ...] = ("mean", "cls", "max")  # poolings of the benchmark (the model's own among them)
     methods: tuple[str, ...] = field(default_factory=lambda: DEFAULT_METHODS)  # pairwise attribution methods
-    steps: int = 8  # path steps of integrated Jacobians / integrated gradients here (the library's default: 50)
+    steps: int = 50  # path steps of integrated Jacobians / integrated gradients (the library's default)
     attributed: int = 10  # pairs attributed by every method (faithfulness, concentration, heatmaps, pair view)
     ks: tuple[int, ...] = (1, 2, 5, 10)  # top-k token pairs removed (faithfulness)
     n_random: int = 10  # random removals per pair and k (the baseline)
     removals: tuple[str, ...] = ("reference", "delete")  # how a token is removed: by [PAD] and/or deleted
+    sides: tuple[str, ...] = ("one", "both")  # which texts lose a removed pair's tokens: one at a time, or both
     top_fraction: float = 0.05  # "a few token pairs dominate": the share of pairs called the top
     n_boot: int = 1000  # bootstrap resamples over pairs
 
@@ -67,7 +68,8 @@ class Settings:
         """Refuse settings no run could use (each message names the setting)."""
         require(self, positive=("steps", "ks", "n_random", "n_boot"), fraction=("select_fraction", "top_fraction"),
                 subsets={"poolings": similarity.POOLINGS, "methods": tuple(similarity.TABLE),
-                         "removals": data.REMOVALS}, non_empty=("poolings", "methods", "ks", "removals"))
+                         "removals": data.REMOVALS, "sides": data.SIDES},
+                non_empty=("poolings", "methods", "ks", "removals", "sides"))
         if self.attributed < 2:
             raise ValueError(f"attributed must be at least 2 (intervals over pairs), got {self.attributed}")
 
@@ -179,8 +181,9 @@ def _faithfulness(ctx: Any, a: list[str], b: list[str], mats: dict[str, list[np.
     special_a = [data.special_positions(ctx.model, i) for i in ids_a]
     special_b = [data.special_positions(ctx.model, i) for i in ids_b]
     plans = measures.removal_plans(mats, special_a, special_b, settings.ks, settings.n_random, ctx.seed)
-    after = {how: data.removal_scores(ctx.model, ids_a, ids_b, plans, pooling=pooling, removal=how,
-                                      batch_size=ctx.options.batch_size) for how in settings.removals}
+    after = {(how, sides): data.removal_scores(ctx.model, ids_a, ids_b, plans, pooling=pooling, removal=how,
+                                               sides=sides, batch_size=ctx.options.batch_size)
+             for sides in settings.sides for how in settings.removals}
     before = data.removal_scores(ctx.model, ids_a, ids_b, measures.intact_plans(len(a)), pooling=pooling)
     faith, aopc = measures.faithfulness_tables(plans, after, before, n_boot=settings.n_boot, seed=ctx.seed)
     ctx.write_table(faith, "faithfulness")

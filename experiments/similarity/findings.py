@@ -23,10 +23,12 @@ CAPTIONS: dict[str, str] = {
     "how much the Spearman correlation with gold changes when that head is mean-ablated (negative: the head "
     "helps the ranking).",
     "fig_faithfulness": "Faithfulness of each attribution method: the mean drop of the cosine when the method's "
-    "top-k token pairs are removed from both texts, against k random token pairs (dashed). Left: the removed "
-    "tokens are replaced by the padding token (the reference of integrated Jacobians); right: they are deleted. "
-    "Above the dashed line: the method finds pairs that matter more than chance; a drop below zero means the "
-    "removal made the texts more similar. Bars are 95% bootstrap intervals over pairs.",
+    "top-k token pairs are removed, against k random token pairs (dashed). Top row: a pair's token is removed from "
+    "one text at a time (the other text intact; the mean of the two), which breaks the pair's match; bottom row: "
+    "from both texts at once, which leaves matched texts parallel. Left: the removed tokens are replaced by the "
+    "padding token (the reference of integrated Jacobians); right: they are deleted. Above the dashed line: the "
+    "method finds pairs that matter more than chance; a drop below zero means the removal made the texts more "
+    "similar. Bars are 95% bootstrap intervals over pairs.",
 }
 
 
@@ -43,7 +45,7 @@ def findings(out_dir: Path) -> list[Finding]:
         out.append(_heads(heads))
     aopc, methods = read_table(out_dir, "aopc"), read_table(out_dir, "methods")
     if aopc is not None and len(aopc):
-        out += _faithfulness(aopc, methods)
+        out += _faithfulness(aopc, methods, read_table(out_dir, "faithfulness"))
     claims = read_table(out_dir, "claims")
     if claims is not None:
         out += [_claim(r) for r in claims.itertuples()]
@@ -85,25 +87,38 @@ def _heads(df: pd.DataFrame) -> Finding:
     return Finding(text, numbers=numbers)
 
 
-def _faithfulness(aopc: pd.DataFrame, methods: pd.DataFrame | None) -> list[Finding]:
+def _faithfulness(aopc: pd.DataFrame, methods: pd.DataFrame | None,
+                  faith: pd.DataFrame | None = None) -> list[Finding]:
     out = []
-    modes = list(dict.fromkeys(aopc.removal)) if "removal" in aopc else [None]
-    for mode in modes:
-        sub = aopc if mode is None else aopc[aopc.removal == mode]
+    aopc = aopc if "sides" in aopc else aopc.assign(sides="both")
+    modes = list(dict.fromkeys(zip(aopc.removal, aopc.sides, strict=True))) if "removal" in aopc else [(None, None)]
+    for mode, sides in modes:
+        sub = aopc if mode is None else aopc[(aopc.removal == mode) & (aopc.sides == sides)]
         rows = sub[sub.method != "random"].sort_values("aopc", ascending=False)
         rand = float(sub.random_aopc.iloc[0])
         how = {"reference": "replaced by the padding token", "delete": "deleted"}.get(str(mode), "removed")
+        where = {"one": " from one text at a time", "both": " from both texts at once"}.get(str(sides), "")
         parts = [f"{r.method} {fmt_ci(r.aopc, r.aopc_low, r.aopc_high, 3)} ({r.vs_random} random)"
                  for r in rows.itertuples()]
-        text = (f"With the top token pairs' tokens {how} (k = {sub.ks.iloc[0]}, {int(sub.n_pairs.iloc[0])} "
+        text = (f"With the top token pairs' tokens {how}{where} (k = {sub.ks.iloc[0]}, {int(sub.n_pairs.iloc[0])} "
                 f"pairs), the mean cosine drop (AOPC) is: {'; '.join(parts)}; random pairs: {rand:.3f}.")
         losers = rows[rows.vs_random != "above"].method.tolist()
         text += (f" Not above random: {', '.join(losers)}." if losers else " Every method is above random.")
+        if faith is not None and len(faith) and mode is not None:
+            f = faith if "sides" in faith else faith.assign(sides="both")
+            f = f[(f.removal == mode) & (f.sides == sides) & (f.method != "random")]
+            every = sorted(m for m, g in f.groupby("method") if (g.vs_random == "above").all())
+            if every:
+                text += f" Above random at every k: {', '.join(every)}."
         numbers = {f"aopc:{r.method}": float(r.aopc) for r in sub.itertuples()}
         ij, ro = sub[sub.method == "integrated-jacobians"], sub[sub.method == "mixing:rollout:attention"]
         if len(ij) and len(ro) and float(ro.aopc.iloc[0]) != 0:
-            ratio = float(ij.aopc.iloc[0] / ro.aopc.iloc[0])
-            text += f" Integrated Jacobians' AOPC is {ratio:.1f} times attention rollout's."
+            r = ij.iloc[0]
+            ratio = float(r.aopc / ro.aopc.iloc[0])
+            interval = ""
+            if "ratio_to_rollout_low" in sub and r.ratio_to_rollout_low == r.ratio_to_rollout_low:
+                interval = f" [{r.ratio_to_rollout_low:.1f}, {r.ratio_to_rollout_high:.1f}] (95%, pairs resampled)"
+            text += f" Integrated Jacobians' AOPC is {ratio:.1f}{interval} times attention rollout's."
             numbers["ij_over_rollout"] = ratio
         out.append(Finding(text, numbers=numbers))
     if methods is not None and len(methods):

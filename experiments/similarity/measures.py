@@ -176,21 +176,29 @@ def _plan(method: str, pair: int, k: int, draw: int, flat: np.ndarray, nb: int) 
             "n_removed": len(flat), "tokens_removed": len(pa) + len(pb)}
 
 
-def faithfulness_tables(plans: pd.DataFrame, after: Mapping[str, np.ndarray], before: np.ndarray, *, n_boot: int,
+#: The method whose AOPC every other method's is divided by in the ``aopc`` table (``ratio_to_rollout``).
+ROLLOUT = "mixing:rollout:attention"
+
+
+def faithfulness_tables(plans: pd.DataFrame, after: Mapping[Any, np.ndarray], before: np.ndarray, *, n_boot: int,
                         seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(faithfulness, aopc)`` from the plans and each plan's cosine after removal (``after``: removal mode ->
-    ``[len(plans)]``; ``before``: each pair's intact cosine ``[n]``). ``faithfulness``: one row per removal mode,
-    method and k: ``drop`` (mean over pairs of ``before - after``; random: mean over draws first) with a 95%
-    bootstrap interval over pairs, ``tokens_removed`` (mean), ``random_drop`` and ``vs_random`` (``above``,
-    ``below`` or ``not distinguishable``: the paired bootstrap interval of ``drop - random_drop``), ``n_pairs``.
-    ``aopc``: one row per removal mode and method, the mean drop over the ks (AOPC, Samek et al. 2017, over the
-    table's ks) with its interval, the random baseline's, ``vs_random`` and ``ratio_to_random``."""
+    """``(faithfulness, aopc)`` from the plans and each plan's cosine after removal (``after``: ``(removal,
+    sides)`` (or a removal mode alone, sides ``both``) -> ``[len(plans)]``; ``before``: each pair's intact cosine
+    ``[n]``). ``faithfulness``: one row per removal mode, sides, method and k: ``drop`` (mean over pairs of
+    ``before - after``; random: mean over draws first) with a 95% bootstrap interval over pairs,
+    ``tokens_removed`` (mean), ``random_drop`` and ``vs_random`` (``above``, ``below`` or ``not
+    distinguishable``: the paired bootstrap interval of ``drop - random_drop``), ``n_pairs``. ``aopc``: one row
+    per removal mode, sides and method, the mean drop over the ks (AOPC, Samek et al. 2017, over the table's ks)
+    with its interval, the random baseline's, ``vs_random``, ``ratio_to_random`` and ``ratio_to_rollout`` (the
+    method's AOPC over attention rollout's, ``ROLLOUT``, with a 95% interval from the same pair resamples; NaN
+    when rollout did not run)."""
     faith, aopc = [], []
-    for removal, scores in after.items():
+    for key, scores in after.items():
+        removal, sides = key if isinstance(key, tuple) else (key, "both")
         f, a = _faithfulness(plans, np.asarray(scores), before, n_boot=n_boot, seed=seed)
-        faith.append(f.assign(removal=removal))
-        aopc.append(a.assign(removal=removal))
-    front = ["removal", "method"]
+        faith.append(f.assign(removal=removal, sides=sides))
+        aopc.append(a.assign(removal=removal, sides=sides))
+    front = ["removal", "sides", "method"]
     faith_df, aopc_df = pd.concat(faith, ignore_index=True), pd.concat(aopc, ignore_index=True)
     return (faith_df[front + [c for c in faith_df if c not in front]],
             aopc_df[front + [c for c in aopc_df if c not in front]])
@@ -209,6 +217,7 @@ def _faithfulness(plans: pd.DataFrame, after: np.ndarray, before: np.ndarray, *,
             .reindex(index=ks, columns=pairs).to_numpy() for m in dict.fromkeys(per.method)}  # [k, n]
     removed = per.groupby(["method", "k"]).tokens_removed.mean()
     rows, aopc = [], []
+    rollout = grid[ROLLOUT].mean(0) if ROLLOUT in grid else None  # [n] per-pair AOPC of rollout
     for m in methods:
         g, r = grid[m], grid["random"]
         mt = grid.get(MATCHED + m, np.full_like(g, np.nan))
@@ -224,8 +233,15 @@ def _faithfulness(plans: pd.DataFrame, after: np.ndarray, before: np.ndarray, *,
         low, high = _interval(per_pair[idx].mean(-1))
         d_low, d_high = _interval((per_pair - rand)[idx].mean(-1))
         m_low, m_high = _interval((per_pair - matched)[idx].mean(-1))
+        if rollout is None:
+            r_ratio, r_low, r_high = math.nan, math.nan, math.nan
+        else:
+            r_ratio = _ratio(per_pair.mean(), rollout.mean())
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r_low, r_high = _interval(per_pair[idx].mean(-1) / rollout[idx].mean(-1))
         aopc.append({"method": m, "aopc": float(per_pair.mean()), "aopc_low": low, "aopc_high": high,
                      "random_aopc": float(rand.mean()), "ratio_to_random": _ratio(per_pair.mean(), rand.mean()),
+                     "ratio_to_rollout": r_ratio, "ratio_to_rollout_low": r_low, "ratio_to_rollout_high": r_high,
                      "vs_random": _versus(d_low, d_high, m), "matched_aopc": float(matched.mean()),
                      "vs_matched": _versus(m_low, m_high, m), "ks": ",".join(str(int(k)) for k in ks),
                      "n_pairs": n})

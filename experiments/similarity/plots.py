@@ -137,30 +137,36 @@ def plot_head_shares(heads: pd.DataFrame, out_dir: Path, formats: Formats = FORM
 
 
 def plot_faithfulness(faith: pd.DataFrame, out_dir: Path, formats: Formats = FORMATS) -> list[Path]:
-    """Mean similarity drop against k for each method, the random baseline dashed; one panel per removal mode."""
+    """Mean similarity drop against k for each method, the random baseline dashed; one panel per removal mode
+    (columns) and sides (rows: one text at a time, both texts)."""
     import matplotlib.pyplot as plt
 
+    faith = faith if "sides" in faith else faith.assign(sides="both")
     modes = list(dict.fromkeys(faith.removal)) if "removal" in faith else [None]
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.0 * len(modes), 4.4), squeeze=False, sharey=True,
-                             layout="constrained")
+    sides = list(dict.fromkeys(faith.sides))
+    fig, axes = plt.subplots(len(sides), len(modes), figsize=(6.0 * len(modes), 4.2 * len(sides)), squeeze=False,
+                             sharey="row", layout="constrained")
     colors = plt.get_cmap("tab10")
     ks = sorted(faith.k.unique())
-    for ax, mode in zip(axes[0], modes, strict=True):
-        sub = faith if mode is None else faith[faith.removal == mode]
-        for n, (method, g) in enumerate(sub.groupby("method", sort=False)):
-            g = g.sort_values("k")
-            style = {"color": "black", "linestyle": "--"} if method == "random" else {"color": colors(n % 10)}
-            ax.errorbar(g.k, g["drop"], yerr=[g["drop"] - g.drop_low, g.drop_high - g["drop"]], marker="o",
-                        capsize=3, label=str(method), **style)
-        ax.axhline(0, color="grey", linewidth=0.8)
-        ax.set_xscale("log")
-        ax.set_xticks(ks, [str(k) for k in ks])
-        ax.minorticks_off()
-        ax.set_xlabel("token pairs removed (top k by the method)")
-        how = {"reference": "tokens replaced by the padding token", "delete": "tokens deleted"}.get(str(mode), "")
-        ax.set_title(how, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("mean drop of the cosine")
+    for row, side in enumerate(sides):
+        for ax, mode in zip(axes[row], modes, strict=True):
+            sub = faith[faith.sides == side]
+            sub = sub if mode is None else sub[sub.removal == mode]
+            for n, (method, g) in enumerate(sub.groupby("method", sort=False)):
+                g = g.sort_values("k")
+                style = {"color": "black", "linestyle": "--"} if method == "random" else {"color": colors(n % 10)}
+                ax.errorbar(g.k, g["drop"], yerr=[g["drop"] - g.drop_low, g.drop_high - g["drop"]], marker="o",
+                            capsize=3, label=str(method), **style)
+            ax.axhline(0, color="grey", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_xticks(ks, [str(k) for k in ks])
+            ax.minorticks_off()
+            ax.set_xlabel("token pairs removed (top k by the method)")
+            how = {"reference": "tokens replaced by the padding token", "delete": "tokens deleted"}.get(str(mode), "")
+            where = {"one": "from one text at a time (mean of a's and b's)", "both": "from both texts at once"}
+            ax.set_title(f"{how}, {where.get(str(side), str(side))}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel("mean drop of the cosine")
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(f"Faithfulness: removing each method's top token pairs ({int(faith.n_pairs.iloc[0])} pairs)",
                  fontsize=10)

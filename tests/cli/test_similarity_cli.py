@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from bertscope.experiments import cli
@@ -128,7 +129,11 @@ def test_small_run_writes_every_table_figure_and_the_pair_view(tiny_folder, tmp_
     assert bench.chosen.sum() == 2 and set(bench.chosen_on) == {"select"}
     faith = pd.read_parquet(folder / "faithfulness.parquet")
     assert set(faith.k) == {1, 2, 5, 10} and {"random", "occlusion"} <= set(faith.method)
-    assert set(faith.removal) == {"reference", "delete"}
+    assert set(faith.removal) == {"reference", "delete"} and set(faith.sides) == {"one", "both"}
+    aopc = pd.read_parquet(folder / "aopc.parquet")
+    assert len(aopc) == 2 * 2 * 4  # removals x sides x (three methods and random)
+    ratio = aopc[aopc.method == "mixing:rollout:attention"].ratio_to_rollout
+    assert np.allclose(ratio[np.isfinite(ratio)], 1.0)
     heads = pd.read_parquet(folder / "heads.parquet")
     assert (heads.kind == "head").sum() == 2 * 4
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -90,6 +90,13 @@ def test_removals_know_their_answers(tiny) -> None:
     ea = data.embed_ids(tiny, [[pad if n == 2 else t for n, t in enumerate(ids_a[0])]], pooling="mean")
     eb = data.embed_ids(tiny, [[pad if n == 2 else t for n, t in enumerate(ids_b[0])]], pooling="mean")
     np.testing.assert_allclose(padded, similarity.score(ea, eb).numpy(), atol=1e-6)
+    one = data.removal_scores(tiny, ids_a, ids_b, plan, pooling="mean", removal="delete", sides="one")
+    e3 = similarity.embed(tiny, ["the sat on the mat", "a cat sits", "the cat sat on the mat", "a sits"],
+                          pooling="mean")[(similarity.final_site(tiny), "mean")]
+    only_a, only_b = similarity.score(e3[:1], e3[1:2]), similarity.score(e3[2:3], e3[3:])
+    np.testing.assert_allclose(one, ((only_a + only_b) / 2).numpy(), atol=1e-5)  # a's cat gone, then b's
+    with pytest.raises(ValueError, match="sides must be one of"):
+        data.removal_scores(tiny, ids_a, ids_b, plan, pooling="mean", sides="neither")
 
 
 # ---------------------------------------------------------------------------------------------- measures
@@ -155,6 +162,25 @@ def test_faithfulness_drops_are_the_planted_differences() -> None:
     assert set(m.vs_random) == {"above"} and set(m.vs_matched) == {"above"}
     row = aopc.set_index("method").loc["m"]
     assert row.aopc == pytest.approx(0.5) and row.ratio_to_random == pytest.approx(5.0) and row.removal == "delete"
+    assert row.sides == "both" and np.isnan(row.ratio_to_rollout)  # a bare removal key means both texts
+
+
+def test_aopc_ratio_to_rollout_is_the_planted_ratio() -> None:
+    """Planted drops: the method 0.5, attention rollout 0.2 on every pair, random 0.1: the method's AOPC is 2.5
+    times rollout's (the interval too, every resample has the same ratio), rollout's own ratio is 1."""
+    mats = {"m": [np.eye(4)] * 4, measures.ROLLOUT: [np.eye(4)] * 4}
+    special = [np.array([1, 0, 0, 1], bool)] * 4
+    plans = measures.removal_plans(mats, special, special, ks=(1, 2), n_random=2, seed=0)
+    before = np.array([0.9, 0.8, 0.7, 0.6])
+    drop = np.select([plans.method == "m", plans.method == measures.ROLLOUT], [0.5, 0.2], 0.1)
+    after = before[plans.pair.to_numpy()] - drop
+    faith, aopc = measures.faithfulness_tables(plans, {("delete", "one"): after}, before, n_boot=50, seed=0)
+    assert set(faith.sides) == {"one"} and list(faith.columns[:3]) == ["removal", "sides", "method"]
+    rows = aopc.set_index("method")
+    assert rows.loc["m", "ratio_to_rollout"] == pytest.approx(2.5)
+    assert rows.loc["m", "ratio_to_rollout_low"] == pytest.approx(2.5)
+    assert rows.loc["m", "ratio_to_rollout_high"] == pytest.approx(2.5)
+    assert rows.loc[measures.ROLLOUT, "ratio_to_rollout"] == pytest.approx(1.0)
 
 
 def test_concentration_control_separates_one_dominant_pair_from_token_weights() -> None:
@@ -177,7 +203,7 @@ def test_experiment_settings_refuse_bad_values() -> None:
     from bertscope.experiments.similarity import Settings
 
     for bad in ({"methods": ("nope",)}, {"ks": (0,)}, {"poolings": ("median",)}, {"attributed": 1},
-                {"select_fraction": 1.0}, {"removals": ("erase",)}):
+                {"select_fraction": 1.0}, {"removals": ("erase",)}, {"sides": ("three",)}, {"sides": ()}):
         with pytest.raises(ValueError):
             Settings(**bad)
 
