@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,25 @@ def test_hooks_doc_is_current():
                  "patch_heads(model,", "patch_activation(model,", "from bertscope.hooks import"):
         assert name in text, name
     assert "from hooks import" not in text
+
+
+def _readme_similarity() -> str:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    return textwrap.dedent(next(b for b in blocks if "similarity.attribute(" in b))
+
+
+@pytest.mark.slow
+def test_readme_similarity_example_prints_what_its_comments_say(capsys):
+    """The README's five lines explaining one pair run, and the numbers in their comments are what they print (score
+    to 3 decimals; the top two token pairs and their values to 3 decimals)."""
+    code = _readme_similarity()
+    exec(compile(code, "README.md", "exec"), {})
+    score_line, top_line = capsys.readouterr().out.strip().splitlines()[-2:]
+    comments = re.findall(r"# (.*)", code)
+    assert f"{float(score_line.split()[0]):.3f}" == comments[1].split()[0]
+    shown = re.findall(r"\('([^']*)', '([^']*)', (-?[\d.]+)\)", comments[2])
+    printed = re.findall(r"\('([^']*)', '([^']*)', (-?[\d.e-]+)\)", top_line)
+    assert len(shown) == 2 and len(printed) == 3
+    for (a, b, v), (pa, pb, pv) in zip(shown, printed, strict=False):
+        assert (a, b, v) == (pa, pb, f"{float(pv):.3f}")
