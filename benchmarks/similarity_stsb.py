@@ -4,8 +4,11 @@
 
 1. The model's own embedding (last block, mean pooling, cosine) on ``../shared/data/stsb-en/stsb-en-dev.csv``:
    Spearman against the gold scores, beside transformers' ``BertModel`` with mean pooling over the attention mask,
-   max length 256 (the README's anchor, 0.8672). The STS Benchmark test split is not in the shared data, so MTEB's
-   0.8203 cannot be checked here.
+   max length 256 (the README's anchor, 0.8672). The STS Benchmark test split is not in the shared data (on
+   purpose), so MTEB's 0.8203 cannot be checked here; whoever holds it runs the same code on it with ``--file``
+   (any pairs file the experiment reads: MTEB's ``test.jsonl.gz`` of ``mteb/stsbenchmark-sts``, the original
+   ``sts-test.csv`` converted to sentence 1, sentence 2, score, ...), e.g.
+   ``python benchmarks/similarity_stsb.py --file test.jsonl.gz --pairs 0 --ij-pairs 0 --skip-transformers``.
 2. The ``benchmark`` computation: every site (each block's ``hook_resid_post``) x pooling (mean, cls, max), one
    forward pass per batch, timed (target < 60 s for 1,500 pairs on 2 cores).
 3. Integrated Jacobians for one pair at 50 steps, timed (target < 1 s), and their completeness error.
@@ -24,7 +27,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP threads
 
 import argparse  # noqa: E402
-import csv  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -36,9 +38,13 @@ DEV = ROOT.parent / "shared" / "data" / "stsb-en" / "stsb-en-dev.csv"
 
 
 def read_pairs(path: Path, n: int) -> tuple[list[str], list[str], list[float]]:
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = [r for r in csv.reader(f) if r][:n]
-    return [r[0] for r in rows], [r[1] for r in rows], [float(r[2]) for r in rows]
+    """The first ``n`` pairs of ``path`` (all when ``n`` is 0), read by the similarity experiment's pairs reader
+    (CSV/TSV with or without a header, JSONL, gzip)."""
+    from bertscope.experiments.corpus.pairs import read_pairs as read
+    from bertscope.experiments.similarity.experiment import PAIRS
+
+    frame = read(path, PAIRS, max_rows=n or None).frame
+    return list(frame.a), list(frame.b), [float(x) for x in frame.score]
 
 
 @torch.no_grad()
@@ -66,7 +72,8 @@ def transformers_spearman(a: list[str], b: list[str], gold: list[float]) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=1500)
+    parser.add_argument("--file", type=Path, default=DEV, help="the pairs file (default STS-B dev)")
+    parser.add_argument("--pairs", type=int, default=1500, help="the first N pairs (0: all)")
     parser.add_argument("--ij-pairs", type=int, default=3, help="pairs timed for integrated Jacobians")
     parser.add_argument("--docs", type=Path, default=None, help="write the numbers into this markdown file")
     parser.add_argument("--skip-transformers", action="store_true")
@@ -79,9 +86,10 @@ def main() -> None:
 
     keep_freed_memory()
 
-    a, b, gold = read_pairs(DEV, args.pairs)
+    a, b, gold = read_pairs(args.file, args.pairs)
     model = bertscope.load().eval()
-    lines = [f"STS-B dev, {len(a)} pairs, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+    name = "STS-B dev" if args.file == DEV else args.file.name
+    lines = [f"{name}, {len(a)} pairs, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
              f"{os.environ['OMP_WAIT_POLICY']}, load average at start {os.getloadavg()[0]:.1f}", ""]  # fmt: skip
 
     sites = [f"blocks.{L}.hook_resid_post" for L in range(model.config.n_layers)]
@@ -108,13 +116,14 @@ def main() -> None:
         vals = {how: sp for s, how, sp in rows if s == site}
         lines.append(f"| {site} | {vals['mean']:.4f} | {vals['cls']:.4f} | {vals['max']:.4f} |")
 
-    S.attribute(model, a[0], b[0], method="integrated-jacobians", steps=2)  # warm-up (first vmap call), untimed
     from bertscope.hooks.similarity.methods import xsbert_layer
 
     default = xsbert_layer(model.config.n_layers)
-    lines.append("")
+    if args.ij_pairs > 0:
+        S.attribute(model, a[0], b[0], method="integrated-jacobians", steps=2)  # warm-up (first vmap call), untimed
+        lines.append("")
     for layer, label in ((default, f"block {default}'s input (the default: xsbert's depth)"),
-                         (0, "block 0's input (the embedding output)")):
+                         (0, "block 0's input (the embedding output)")) if args.ij_pairs > 0 else ():
         times, cpu, errors, pieces = [], [], [], []
         load1 = os.getloadavg()[0]
         for i in range(args.ij_pairs):
