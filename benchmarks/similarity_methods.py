@@ -52,8 +52,8 @@ def main() -> None:
         load.append(os.getloadavg()[0])
     lines = [f"{len(a)} STS-B dev pairs (the first), {args.threads} threads, load average "
              f"{min(load):.1f} to {max(load):.1f}", "",
-             "| method | exact | median s / pair | median |error|/|score| | max |error|/|score| | "
-             "pairs with |error| <= 1e-3 |score| |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "| method | exact | median s / pair | median abs(error) / abs(score) | max abs(error) / abs(score) | "
+             "pairs with abs(error) <= 1e-3 abs(score) |", "|---|---|---|---|---|---|"]  # fmt: skip
     for label, (times, errs) in stats.items():
         exact = S.TABLE[label.split(" ")[0]].exact
         within = sum(e <= 1e-3 for e in errs)
