@@ -171,10 +171,10 @@ def bilrp(model: Any, pair: Pair, *, layer: int = 0, chunk: int = 4096):
 
 # ====================================================================== integrated gradients on each side
 def _side_ig(model: Any, pair: Pair, s: Side, x: torch.Tensor, r: torch.Tensor, other: torch.Tensor,
-             layer: int, steps: int) -> torch.Tensor:
+             layer: int, steps: int, rule: str = "simpson") -> torch.Tensor:
     """Integrated gradients ``[b, p]`` of ``phi(side) . other`` over side ``s``'s tokens (``other`` ``[b, e]``
-    fixed), xsbert's points."""
-    points = jacobians.alphas(steps, device=x.device, dtype=x.dtype)
+    fixed), on xsbert's points weighted by ``rule`` (``jacobians.quadrature``)."""
+    points, weights = jacobians.quadrature(steps, rule, device=x.device, dtype=x.dtype)
     n = len(points)
     dx = (x - r) * s.mask[..., None].to(x.dtype)
     path = (repeat(r, "b p m -> (b n) p m", n=n) + points.repeat(x.shape[0])[:, None, None]
@@ -183,19 +183,21 @@ def _side_ig(model: Any, pair: Pair, s: Side, x: torch.Tensor, r: torch.Tensor, 
         e = embedding_from(model, path, repeat(s.mask, "b p -> (b n) p", n=n), layer, pair.pooling, pair.kind)
         total = (e * repeat(other, "b e -> (b n) e", n=n)).sum()
         (grad,) = torch.autograd.grad(total, path)
-    mean = grad.reshape(x.shape[0], n, *x.shape[1:]).mean(1)
+    mean = einsum(grad.reshape(x.shape[0], n, *x.shape[1:]), weights, "b n p m, n -> b p m")
     return (mean * dx).sum(-1)
 
 
-def ig_sides(model: Any, pair: Pair, *, steps: int = 50, layer: int = 0):
+def ig_sides(model: Any, pair: Pair, *, steps: int = 50, layer: int = 0, rule: str = "simpson"):
     """Integrated gradients on each side (Sundararajan et al. 2017, xsbert's reference and points): ``ig_a`` of
     ``s(., b)`` over a's tokens with b fixed, ``ig_b`` likewise; ``matrix[i, j] = (ig_a[i] / n_b + ig_b[j] / n_a)
-    / 2``. Target: ``(s(a,b) - s(r_a,b) + s(a,b) - s(a,r_b)) / 2``, reached as ``steps`` grows."""
+    / 2``. Target: ``(s(a,b) - s(r_a,b) + s(a,b) - s(a,r_b)) / 2``, reached as ``steps`` grows. ``rule``: the
+    path quadrature (``jacobians.quadrature``; default Simpson's, as integrated Jacobians'; ``"xsbert"`` is the
+    right Riemann sum of Sundararajan et al.'s paper and Captum's ``riemann_right``)."""
     (sa, xa, ra, refa), (sb, xb, rb, refb) = _sides(model, pair, layer)
     ea = embeddings(model, sa.ids, sa, pair.pooling, pair.kind)
     eb = embeddings(model, sb.ids, sb, pair.pooling, pair.kind)
-    ig_a = _side_ig(model, pair, sa, xa, ra, eb, layer, steps)
-    ig_b = _side_ig(model, pair, sb, xb, rb, ea, layer, steps)
+    ig_a = _side_ig(model, pair, sa, xa, ra, eb, layer, steps, rule)
+    ig_b = _side_ig(model, pair, sb, xb, rb, ea, layer, steps, rule)
     na, nb = sa.mask.sum(-1, keepdim=True).to(xa.dtype), sb.mask.sum(-1, keepdim=True).to(xa.dtype)
     ma, mb = sa.mask.to(xa.dtype), sb.mask.to(xa.dtype)
     matrix = ((ig_a / nb)[:, :, None] * mb[:, None, :] + ma[:, :, None] * (ig_b / na)[:, None, :]) / 2
@@ -248,7 +250,7 @@ register(PairMethod("grad-x-input", grad_x_input, "Eberle et al., Building and I
                     "TPAMI 2022 (Hessian x product)", {"layer": 0, "chunk": 4096}, "costly", "no",
                     "pairwise gradient x input: (J_a x_a)^T (J_b x_b)"))
 register(PairMethod("integrated-gradients", ig_sides, "Sundararajan, Taly and Yan, Axiomatic Attribution for Deep "
-                    "Networks, ICML 2017 (each side, the other fixed)", {"steps": 50, "layer": 0}, "cheap", "limit",
-                    "integrated gradients on each side, combined additively"))
+                    "Networks, ICML 2017 (each side, the other fixed)", {"steps": 50, "layer": 0, "rule": "simpson"},
+                    "cheap", "limit", "integrated gradients on each side, combined additively"))
 register(PairMethod("occlusion", occlusion, "leave one token out on each side (Zeiler and Fergus 2014, pairwise)",
                     {}, "costly", "no", "score drop when one token of each side is left out"))
