@@ -110,6 +110,9 @@ def projections(
     # inputs that require grad (the fused kernel's mean and scale carry no forward-mode derivative); inside
     # torch.func.jvp no input does, so those runs take forward_ad on copies of the primal (``_jvp_copies``).
     derivative = _jvp_copies if len(hooks) > 1 else _jvp_shared
+    first = _FirstBlock(model, layer) if len(hooks) == 1 and _FirstBlock.applies(model, layer) else None
+    if first is not None:
+        hooks += first.hooks()
     w = weights if weights is not None else torch.full_like(points, 1 / len(points))
     dx = (x - r) * mask[..., None].to(x.dtype)
     out = x.new_zeros(b, m, p)
@@ -128,8 +131,99 @@ def projections(
                 m_ = lin.expand(z.shape[0], -1)
                 return embedding_from(model, z, m_, layer, pooling, kind, detach_norm=detach_norm)
 
-            out[row, :, moving] = _columns(phi, derivative, x[row, :n], r[row, :n], moving, points, w, chunk).T
+            if first is not None:
+                cols = first.columns(phi, x[row, :n], r[row, :n], moving, points, w, chunk)
+            else:
+                cols = _columns(phi, derivative, x[row, :n], r[row, :n], moving, points, w, chunk)
+            out[row, :, moving] = cols.T
     return out
+
+
+class _FirstBlock:
+    """The same columns as ``_columns``, with the Q/K/V projections of the first block on the path done once per
+    token instead of once per position.
+
+    Token i's tangent is non-zero at row i only, and so is its attention input's tangent (the attention input is
+    the block input, or its row-wise LayerNorm in pre-LN blocks); the generic pass still projects every row at every
+    point. Here the primal runs with no tangent, and the tangent enters through hooks of block ``layer``: the
+    residual's (``dx`` added to ``hook_attn_out``, which the block adds to its input) and Q/K/V's (the projected
+    row added to ``hook_q/k/v`` at row i), each an input of zero value carrying its tangent. Exactly the
+    derivative of ``_columns`` (a test checks them equal in float64); for the plain ``Block`` with projections
+    (BERT, RoBERTa, XLM-R, DistilBERT, ALBERT, ELECTRA), the others take ``_columns``.
+    """
+
+    def __init__(self, model: Any, layer: int) -> None:
+        self.layer, self.block = layer, model.blocks[layer]
+        self.carry: dict[str, torch.Tensor] | None = None
+
+    @staticmethod
+    def applies(model: Any, layer: int) -> bool:
+        """Whether block ``layer`` is the plain ``Block`` with Q/K/V projections (the hooks' meaning is known)."""
+        from bertscope.models.encoder import Block
+
+        blocks = getattr(model, "blocks", None)
+        return blocks is not None and type(blocks[layer]) is Block and bool(blocks[layer].attn.projected)
+
+    def hooks(self) -> list[tuple[str, Callable]]:
+        """The injection hooks of block ``layer`` (inactive while ``carry`` is None)."""
+        def add(key: str) -> Callable:
+            def hook(t: torch.Tensor, _: Any) -> torch.Tensor:
+                return t if self.carry is None else t + self.carry[key]
+            return hook
+
+        name = f"blocks.{self.layer}"
+        return [(f"{name}.hook_attn_out", add("res")), (f"{name}.attn.hook_q", add("q")),
+                (f"{name}.attn.hook_k", add("k")), (f"{name}.attn.hook_v", add("v"))]
+
+    def _projected(self, primal: torch.Tensor, dx: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """``[k, s, 3 m]``: the Q/K/V tangent of each token's row at each point (``primal`` ``[s, n, m]``)."""
+        blk = self.block
+        rows = dx[tok][:, None].expand(-1, primal.shape[0], -1)  # [k, s, m]
+        if not blk.post_ln:  # pre-LN: the attention reads LN1(x), whose derivative depends on the point
+            at = rearrange(primal[:, tok], "s k m -> k s m")
+            rows = torch.func.jvp(blk.ln1, (at,), (rows.contiguous(),))[1]
+        return rows @ blk.attn.qkv.weight.T
+
+    def columns(self, phi: Callable, x: torch.Tensor, r: torch.Tensor, tokens: torch.Tensor, points: torch.Tensor,
+                weights: torch.Tensor, chunk: int) -> torch.Tensor:
+        """``_columns``' result ``[len(tokens), e]``."""
+        n, m = x.shape
+        h = self.block.attn.n_heads
+        dx = x - r
+        per_tangent = max(1, min(len(tokens), chunk // n - 1))
+        per_point = max(1, chunk // (n * (1 + per_tangent)))
+        cols = x.new_zeros(len(tokens), m)
+        for s0 in range(0, len(points), per_point):
+            a, wt = points[s0:s0 + per_point].to(x), weights[s0:s0 + per_point].to(x)
+            primal = r + a[:, None, None] * dx  # [s, n, m]
+
+            def phi_carried(res: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            primal: torch.Tensor = primal) -> torch.Tensor:
+                self.carry = {"res": res, "q": q, "k": k, "v": v}
+                try:
+                    return phi(primal)
+                finally:
+                    self.carry = None
+
+            for k0 in range(0, len(tokens), per_tangent):
+                tok = tokens[k0:k0 + per_tangent]
+                idx = torch.arange(len(tok))
+                t_res = x.new_zeros(len(tok), len(a), n, m)
+                t_res[idx, :, tok] = dx[tok][:, None]
+                t_q, t_k, t_v = [], [], []
+                for part, out in zip(self._projected(primal, dx, tok).chunk(3, dim=-1), (t_q, t_k, t_v), strict=True):
+                    t = x.new_zeros(len(tok), len(a), n, m)
+                    t[idx, :, tok] = part  # [k, s, m] at each token's own row
+                    out.append(rearrange(t, "k s n (h d) -> k s n h d", h=h))
+                (t_q,), (t_k,), (t_v,) = t_q, t_k, t_v
+                zeros = (x.new_zeros(len(a), n, m), *(x.new_zeros(len(a), n, h, m // h) for _ in range(3)))
+
+                def tangent_of(tr, tq, tk, tv, zeros=zeros):
+                    return torch.func.jvp(phi_carried, zeros, (tr, tq, tk, tv))[1]
+
+                d = torch.func.vmap(tangent_of)(t_res, t_q, t_k, t_v)  # [k, s, e]
+                cols[k0:k0 + len(tok)] += einsum(d, wt, "k s e, s -> k e")
+        return cols
 
 
 def _columns(phi: Callable, derivative: Callable, x: torch.Tensor, r: torch.Tensor, tokens: torch.Tensor,

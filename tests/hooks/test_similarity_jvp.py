@@ -100,3 +100,33 @@ def test_tokens_whose_path_does_not_move_get_zero(tmp_path):
     assert at0.matrix[:, 0].abs().max() == 0 and at0.matrix[:, -1].abs().max() == 0
     at1 = similarity.attribute(model, A, B, steps=3, layer=1)
     assert at1.matrix[0].abs().max() > 0 and at1.matrix[:, -1].abs().max() > 0
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_first_block_path_equals_the_generic_columns(placement, monkeypatch):
+    """The row-sparse first block (Q/K/V of each token's row projected once, the tangent entering through block
+    hooks) computes the generic pass's columns, for post-LN and pre-LN blocks (the pre-LN attention reads the
+    LayerNorm's derivative at each point), at the first block and after it."""
+    torch.manual_seed(0)
+    cfg = models.EncoderConfig(vocab_size=40, d_model=16, n_layers=3, n_heads=4, d_mlp=32, max_positions=16,
+                               norm_placement=placement, hidden_dropout=0.0, attention_dropout=0.0)
+    model = models.Encoder(cfg).eval().double()
+    x, r = torch.randn(2, 6, 16, dtype=torch.float64), torch.randn(2, 6, 16, dtype=torch.float64)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    points, weights = jacobians.quadrature(5, "simpson", dtype=torch.float64)
+    for layer in (0, 2):
+        assert jacobians._FirstBlock.applies(model, layer)
+        kw = {"layer": layer, "pooling": "mean", "kind": "cosine", "points": points, "weights": weights}
+        fast = jacobians.projections(model, x, r, mask, chunk=40, **kw)  # several point and tangent chunks
+        monkeypatch.setattr(jacobians._FirstBlock, "applies", staticmethod(lambda model, layer: False))
+        generic = jacobians.projections(model, x, r, mask, **kw)
+        monkeypatch.undo()
+        assert generic.abs().max() > 1e-3
+        torch.testing.assert_close(fast, generic, atol=1e-12, rtol=1e-10)
+
+
+def test_first_block_path_only_where_the_hooks_mean_what_it_needs(family):
+    """The plain block with projections takes the row-sparse path; DeBERTa's and ModernBERT's blocks (their own
+    attention) take the generic one (so do BiLRP's hooked runs: ``projections`` checks for extra hooks)."""
+    name, model = family
+    assert jacobians._FirstBlock.applies(model, 0) == (name not in ("deberta", "modernbert")), name
