@@ -177,11 +177,12 @@ class _FirstBlock:
 
     def _projected(self, primal: torch.Tensor, dx: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """``[k, s, 3 m]``: the Q/K/V tangent of each token's row at each point (``primal`` ``[s, n, m]``)."""
-        blk = self.block
-        rows = dx[tok][:, None].expand(-1, primal.shape[0], -1)  # [k, s, m]
-        if not blk.post_ln:  # pre-LN: the attention reads LN1(x), whose derivative depends on the point
-            at = rearrange(primal[:, tok], "s k m -> k s m")
-            rows = torch.func.jvp(blk.ln1, (at,), (rows.contiguous(),))[1]
+        blk, s = self.block, primal.shape[0]
+        if blk.post_ln:  # the attention reads the block input: the projected row is the same at every point
+            return (dx[tok] @ blk.attn.qkv.weight.T)[:, None].expand(-1, s, -1)
+        # pre-LN: the attention reads LN1(x), whose derivative depends on the point
+        at = rearrange(primal[:, tok], "s k m -> k s m")
+        rows = torch.func.jvp(blk.ln1, (at,), (dx[tok][:, None].expand(-1, s, -1).contiguous(),))[1]
         return rows @ blk.attn.qkv.weight.T
 
     def columns(self, phi: Callable, x: torch.Tensor, r: torch.Tensor, tokens: torch.Tensor, points: torch.Tensor,
