@@ -110,9 +110,9 @@ def projections(
     # inputs that require grad (the fused kernel's mean and scale carry no forward-mode derivative); inside
     # torch.func.jvp no input does, so those runs take forward_ad on copies of the primal (``_jvp_copies``).
     derivative = _jvp_copies if len(hooks) > 1 else _jvp_shared
-    first = _FirstBlock(model, layer) if len(hooks) == 1 and _FirstBlock.applies(model, layer) else None
-    if first is not None:
-        hooks += first.hooks()
+    if len(hooks) == 1 and _FirstBlock.applies(model, layer):
+        first = _FirstBlock(model, layer)
+        hooks, derivative = hooks + first.hooks(), first.derivative
     w = weights if weights is not None else torch.full_like(points, 1 / len(points))
     dx = (x - r) * mask[..., None].to(x.dtype)
     out = x.new_zeros(b, m, p)
@@ -131,25 +131,21 @@ def projections(
                 m_ = lin.expand(z.shape[0], -1)
                 return embedding_from(model, z, m_, layer, pooling, kind, detach_norm=detach_norm)
 
-            if first is not None:
-                cols = first.columns(phi, x[row, :n], r[row, :n], moving, points, w, chunk)
-            else:
-                cols = _columns(phi, derivative, x[row, :n], r[row, :n], moving, points, w, chunk)
-            out[row, :, moving] = cols.T
+            out[row, :, moving] = _columns(phi, derivative, x[row, :n], r[row, :n], moving, points, w, chunk).T
     return out
 
 
 class _FirstBlock:
-    """The same columns as ``_columns``, with the Q/K/V projections of the first block on the path done once per
-    token instead of once per position.
+    """``_jvp_shared``'s derivative for ``_columns``, with the Q/K/V projections of the first block on the path
+    done once per token instead of once per position and point.
 
     Token i's tangent is non-zero at row i only, and so is its attention input's tangent (the attention input is
     the block input, or its row-wise LayerNorm in pre-LN blocks); the generic pass still projects every row at every
     point. Here the primal runs with no tangent, and the tangent enters through hooks of block ``layer``: the
     residual's (``dx`` added to ``hook_attn_out``, which the block adds to its input) and Q/K/V's (the projected
-    row added to ``hook_q/k/v`` at row i), each an input of zero value carrying its tangent. Exactly the
-    derivative of ``_columns`` (a test checks them equal in float64); for the plain ``Block`` with projections
-    (BERT, RoBERTa, XLM-R, DistilBERT, ALBERT, ELECTRA), the others take ``_columns``.
+    row added to ``hook_q/k/v`` at row i), each an input of zero value carrying its tangent. Exactly
+    ``_jvp_shared``'s derivative (a test checks them equal in float64); for the plain ``Block`` with projections
+    (BERT, RoBERTa, XLM-R, DistilBERT, ALBERT, ELECTRA); the others take ``_jvp_shared``.
     """
 
     def __init__(self, model: Any, layer: int) -> None:
@@ -185,46 +181,28 @@ class _FirstBlock:
         rows = torch.func.jvp(blk.ln1, (at,), (dx[tok][:, None].expand(-1, s, -1).contiguous(),))[1]
         return rows @ blk.attn.qkv.weight.T
 
-    def columns(self, phi: Callable, x: torch.Tensor, r: torch.Tensor, tokens: torch.Tensor, points: torch.Tensor,
-                weights: torch.Tensor, chunk: int) -> torch.Tensor:
-        """``_columns``' result ``[len(tokens), e]``."""
-        n, m = x.shape
+    def derivative(self, phi: Callable, primal: torch.Tensor, tangent: torch.Tensor, dx: torch.Tensor,
+                   tok: torch.Tensor) -> torch.Tensor:
+        """``[k, s, e]``: ``_jvp_shared(phi, primal, tangent)`` for the tangents ``_chunks`` makes (``dx`` ``[n,
+        m]`` at row ``tok[k]`` only), the Q/K/V rows projected once."""
+        k, s, n, m = tangent.shape
         h = self.block.attn.n_heads
-        dx = x - r
-        per_tangent = max(1, min(len(tokens), chunk // n - 1))
-        per_point = max(1, chunk // (n * (1 + per_tangent)))
-        cols = x.new_zeros(len(tokens), m)
-        for s0 in range(0, len(points), per_point):
-            a, wt = points[s0:s0 + per_point].to(x), weights[s0:s0 + per_point].to(x)
-            primal = r + a[:, None, None] * dx  # [s, n, m]
+        idx = torch.arange(k)
+        qkv = []
+        for part in self._projected(primal, dx, tok).chunk(3, dim=-1):
+            t = tangent.new_zeros(k, s, n, m)
+            t[idx, :, tok] = part  # [k, s, m] at each token's own row
+            qkv.append(rearrange(t, "k s n (h d) -> k s n h d", h=h))
 
-            def phi_carried(res: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            primal: torch.Tensor = primal) -> torch.Tensor:
-                self.carry = {"res": res, "q": q, "k": k, "v": v}
-                try:
-                    return phi(primal)
-                finally:
-                    self.carry = None
+        def carried(res: torch.Tensor, q: torch.Tensor, k_: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.carry = {"res": res, "q": q, "k": k_, "v": v}
+            try:
+                return phi(primal)
+            finally:
+                self.carry = None
 
-            for k0 in range(0, len(tokens), per_tangent):
-                tok = tokens[k0:k0 + per_tangent]
-                idx = torch.arange(len(tok))
-                t_res = x.new_zeros(len(tok), len(a), n, m)
-                t_res[idx, :, tok] = dx[tok][:, None]
-                t_q, t_k, t_v = [], [], []
-                for part, out in zip(self._projected(primal, dx, tok).chunk(3, dim=-1), (t_q, t_k, t_v), strict=True):
-                    t = x.new_zeros(len(tok), len(a), n, m)
-                    t[idx, :, tok] = part  # [k, s, m] at each token's own row
-                    out.append(rearrange(t, "k s n (h d) -> k s n h d", h=h))
-                (t_q,), (t_k,), (t_v,) = t_q, t_k, t_v
-                zeros = (x.new_zeros(len(a), n, m), *(x.new_zeros(len(a), n, h, m // h) for _ in range(3)))
-
-                def tangent_of(tr, tq, tk, tv, zeros=zeros):
-                    return torch.func.jvp(phi_carried, zeros, (tr, tq, tk, tv))[1]
-
-                d = torch.func.vmap(tangent_of)(t_res, t_q, t_k, t_v)  # [k, s, e]
-                cols[k0:k0 + len(tok)] += einsum(d, wt, "k s e, s -> k e")
-        return cols
+        zeros = (primal.new_zeros(s, n, m), *(primal.new_zeros(s, n, h, m // h) for _ in range(3)))
+        return torch.func.vmap(lambda *t: torch.func.jvp(carried, zeros, t)[1])(tangent, *qkv)
 
 
 def _columns(phi: Callable, derivative: Callable, x: torch.Tensor, r: torch.Tensor, tokens: torch.Tensor,
@@ -232,7 +210,8 @@ def _columns(phi: Callable, derivative: Callable, x: torch.Tensor, r: torch.Tens
     """``[len(tokens), e]``: column ``P[:, i]`` of one text (``x``, ``r`` ``[n, m]``, no padding; ``phi``: its
     score vector ``[s, n, m] -> [s, e]``) for each token ``i`` in ``tokens``: the derivative of ``phi`` at the
     points ``r + alpha (x - r)`` along tangent k, ``x_i - r_i`` at token ``i = tokens[k]`` only, summed over the
-    points with ``weights``. Points and tangents run in chunks of at most about ``chunk`` token positions."""
+    points with ``weights``. Points and tangents run in chunks of at most about ``chunk`` token positions.
+    ``derivative(phi, primal [s, n, m], tangent [k, s, n, m], dx [n, m], tok [k]) -> [k, s, e]``."""
     n, m = x.shape
     dx = x - r
     per_tangent = max(1, min(len(tokens), chunk // n - 1))
@@ -245,18 +224,18 @@ def _columns(phi: Callable, derivative: Callable, x: torch.Tensor, r: torch.Tens
             tok = tokens[k0:k0 + per_tangent]
             tangent = x.new_zeros(len(tok), len(a), n, m)
             tangent[torch.arange(len(tok)), :, tok] = dx[tok][:, None]
-            cols[k0:k0 + len(tok)] += einsum(derivative(phi, primal, tangent), wt, "k s e, s -> k e")
+            cols[k0:k0 + len(tok)] += einsum(derivative(phi, primal, tangent, dx, tok), wt, "k s e, s -> k e")
     return cols
 
 
-def _jvp_shared(phi: Callable, primal: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
+def _jvp_shared(phi: Callable, primal: torch.Tensor, tangent: torch.Tensor, *_: Any) -> torch.Tensor:
     """``[k, s, e]``: the derivative of ``phi`` at ``primal`` ``[s, n, m]`` along each of ``tangent``
     ``[k, s, n, m]``: ``torch.func.vmap`` over ``torch.func.jvp``, so the primal activations are computed once for
     all k tangents (the cost of a pass is about ``1 + k`` forward passes instead of ``2 k``)."""
     return torch.func.vmap(lambda t: torch.func.jvp(phi, (primal,), (t,))[1])(tangent)
 
 
-def _jvp_copies(phi: Callable, primal: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
+def _jvp_copies(phi: Callable, primal: torch.Tensor, tangent: torch.Tensor, *_: Any) -> torch.Tensor:
     """``_jvp_shared`` with ``torch.autograd.forward_ad`` on k copies of the primal, each carrying one tangent, the
     copies requiring grad so that hooks may replace a LayerNorm's scale (BiLRP's LN rule)."""
     k, s = tangent.shape[:2]
