@@ -98,8 +98,9 @@ def _faithfulness(aopc: pd.DataFrame, methods: pd.DataFrame | None,
         rand = float(sub.random_aopc.iloc[0])
         how = {"reference": "replaced by the padding token", "delete": "deleted"}.get(str(mode), "removed")
         where = {"one": " from one text at a time", "both": " from both texts at once"}.get(str(sides), "")
-        parts = [f"{r.method} {fmt_ci(r.aopc, r.aopc_low, r.aopc_high, 3)} ({r.vs_random} random)"
-                 for r in rows.itertuples()]
+        versus = {"not distinguishable": "not distinguishable from"}
+        parts = [f"{r.method} {fmt_ci(r.aopc, r.aopc_low, r.aopc_high, 3)} ({versus.get(r.vs_random, r.vs_random)} "
+                 "random)" for r in rows.itertuples()]
         text = (f"With the top token pairs' tokens {how}{where} (k = {sub.ks.iloc[0]}, {int(sub.n_pairs.iloc[0])} "
                 f"pairs), the mean cosine drop (AOPC) is: {'; '.join(parts)}; random pairs: {rand:.3f}.")
         losers = rows[rows.vs_random != "above"].method.tolist()
@@ -112,7 +113,9 @@ def _faithfulness(aopc: pd.DataFrame, methods: pd.DataFrame | None,
                 text += f" Above random at every k: {', '.join(every)}."
         numbers = {f"aopc:{r.method}": float(r.aopc) for r in sub.itertuples()}
         ij, ro = sub[sub.method == "integrated-jacobians"], sub[sub.method == "mixing:rollout:attention"]
-        if len(ij) and len(ro) and float(ro.aopc.iloc[0]) != 0:
+        if len(ij) and len(ro) and not float(ro.aopc_low.iloc[0]) > 0:
+            text += " Attention rollout's AOPC is not clearly above zero here, so no ratio to it is stated."
+        elif len(ij) and len(ro):
             r = ij.iloc[0]
             ratio = float(r.aopc / ro.aopc.iloc[0])
             interval = ""

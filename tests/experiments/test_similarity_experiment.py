@@ -213,3 +213,21 @@ def test_matrices_round_trip(tiny) -> None:
     table = measures.matrices_table({"occlusion": results}, [7])
     (m,) = measures.matrices_by_method(table, [7])["occlusion"]
     assert torch.allclose(torch.tensor(m), results[0].matrix)
+
+
+def test_findings_state_the_rollout_ratio_only_where_rollout_is_clearly_positive() -> None:
+    from bertscope.experiments.similarity.findings import _faithfulness
+
+    def table(rollout_low: float) -> pd.DataFrame:
+        rows = [("integrated-jacobians", 0.4, 0.3, 0.5, 2.0, 1.5, 2.5, "above"),
+                (measures.ROLLOUT, 0.2, rollout_low, 0.3, 1.0, 1.0, 1.0, "below"),
+                ("random", 0.25, 0.2, 0.3, 1.25, 1.0, 1.5, "baseline")]
+        df = pd.DataFrame(rows, columns=["method", "aopc", "aopc_low", "aopc_high", "ratio_to_rollout",
+                                         "ratio_to_rollout_low", "ratio_to_rollout_high", "vs_random"])
+        return df.assign(removal="delete", sides="one", random_aopc=0.25, ks="1,2", n_pairs=10)
+
+    (clear,) = _faithfulness(table(0.1), None)
+    assert "AOPC is 2.0 [1.5, 2.5]" in clear.text and clear.numbers["ij_over_rollout"] == pytest.approx(2.0)
+    assert "from one text at a time" in clear.text and "Not above random: mixing:rollout:attention" in clear.text
+    (unclear,) = _faithfulness(table(-0.1), None)
+    assert "no ratio to it is stated" in unclear.text and "ij_over_rollout" not in unclear.numbers
