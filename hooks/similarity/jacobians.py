@@ -183,7 +183,7 @@ class _FirstBlock:
 
     def derivative(self, phi: Callable, primal: torch.Tensor, tangent: torch.Tensor, dx: torch.Tensor,
                    tok: torch.Tensor) -> torch.Tensor:
-        """``[k, s, e]``: ``_jvp_shared(phi, primal, tangent)`` for the tangents ``_chunks`` makes (``dx`` ``[n,
+        """``[k, s, e]``: ``_jvp_shared(phi, primal, tangent)`` for the tangents ``_columns`` makes (``dx`` ``[n,
         m]`` at row ``tok[k]`` only), the Q/K/V rows projected once."""
         k, s, n, m = tangent.shape
         h = self.block.attn.n_heads
