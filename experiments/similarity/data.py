@@ -232,18 +232,23 @@ def removal_scores(model: Any, ids_a: Sequence[Sequence[int]], ids_b: Sequence[S
     """``[len(plans)]``: the cosine of each plan's pair after its positions are removed (``removal``, see
     :data:`REMOVALS`; ``sides``, see :data:`SIDES`: for ``one`` the mean of the cosine with only a's positions
     removed and the cosine with only b's). ``plans``: rows with ``pair`` and ``positions_a`` / ``positions_b``
-    (piece positions)."""
-    if removal not in REMOVALS:
-        raise ValueError(f"removal must be one of {', '.join(REMOVALS)}, got {removal!r}")
+    (piece positions). One ``sides`` of ``removal_cosines``."""
     if sides not in SIDES:
         raise ValueError(f"sides must be one of {', '.join(SIDES)}, got {sides!r}")
-    if sides == "one":
-        none = [[] for _ in range(len(plans))]
-        only_a = removal_scores(model, ids_a, ids_b, plans.assign(positions_b=none), pooling=pooling,
-                                removal=removal, batch_size=batch_size)
-        only_b = removal_scores(model, ids_a, ids_b, plans.assign(positions_a=none), pooling=pooling,
-                                removal=removal, batch_size=batch_size)
-        return (only_a + only_b) / 2
+    return removal_cosines(model, ids_a, ids_b, plans, pooling=pooling, removal=removal, sides=(sides,),
+                           batch_size=batch_size)[sides]
+
+
+def removal_cosines(model: Any, ids_a: Sequence[Sequence[int]], ids_b: Sequence[Sequence[int]],
+                    plans: pd.DataFrame, *, pooling: str, removal: str = "reference",
+                    sides: Sequence[str] = SIDES, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """``{sides: [len(plans)]}``: ``removal_scores`` for each of ``sides`` from one forward pass over every
+    distinct text they need (each plan's edited a and b, and for ``one`` the intact texts)."""
+    if removal not in REMOVALS:
+        raise ValueError(f"removal must be one of {', '.join(REMOVALS)}, got {removal!r}")
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown:
+        raise ValueError(f"sides must be one of {', '.join(SIDES)}, got {unknown[0]!r}")
     pad = pad_id(model)
 
     def edit(ids: Sequence[int], positions: Sequence[int]) -> tuple[int, ...]:
@@ -254,12 +259,21 @@ def removal_scores(model: Any, ids_a: Sequence[Sequence[int]], ids_b: Sequence[S
 
     seq_a = [edit(ids_a[r.pair], r.positions_a) for r in plans.itertuples()]
     seq_b = [edit(ids_b[r.pair], r.positions_b) for r in plans.itertuples()]
-    distinct = list(dict.fromkeys([*seq_a, *seq_b]))
+    whole_a = [tuple(ids_a[r.pair]) for r in plans.itertuples()] if "one" in sides else []
+    whole_b = [tuple(ids_b[r.pair]) for r in plans.itertuples()] if "one" in sides else []
+    distinct = list(dict.fromkeys([*seq_a, *seq_b, *whole_a, *whole_b]))
     index = {s: i for i, s in enumerate(distinct)}
     emb = embed_ids(model, distinct, pooling=pooling, batch_size=batch_size)
-    ia = torch.as_tensor([index[s] for s in seq_a])
-    ib = torch.as_tensor([index[s] for s in seq_b])
-    return similarity.score(emb[ia], emb[ib], "cosine").numpy()
+
+    def cos(left: list[tuple[int, ...]], right: list[tuple[int, ...]]) -> np.ndarray:
+        il = torch.as_tensor([index[s] for s in left])
+        ir = torch.as_tensor([index[s] for s in right])
+        return similarity.score(emb[il], emb[ir], "cosine").numpy()
+
+    out: dict[str, np.ndarray] = {}
+    for side in sides:
+        out[side] = cos(seq_a, seq_b) if side == "both" else (cos(seq_a, whole_b) + cos(whole_a, seq_b)) / 2
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- negation

@@ -181,9 +181,10 @@ def _faithfulness(ctx: Any, a: list[str], b: list[str], mats: dict[str, list[np.
     special_a = [data.special_positions(ctx.model, i) for i in ids_a]
     special_b = [data.special_positions(ctx.model, i) for i in ids_b]
     plans = measures.removal_plans(mats, special_a, special_b, settings.ks, settings.n_random, ctx.seed)
-    after = {(how, sides): data.removal_scores(ctx.model, ids_a, ids_b, plans, pooling=pooling, removal=how,
-                                               sides=sides, batch_size=ctx.options.batch_size)
-             for sides in settings.sides for how in settings.removals}
+    cosines = {how: data.removal_cosines(ctx.model, ids_a, ids_b, plans, pooling=pooling, removal=how,
+                                         sides=settings.sides, batch_size=ctx.options.batch_size)
+               for how in settings.removals}
+    after = {(how, sides): cosines[how][sides] for sides in settings.sides for how in settings.removals}
     before = data.removal_scores(ctx.model, ids_a, ids_b, measures.intact_plans(len(a)), pooling=pooling)
     faith, aopc = measures.faithfulness_tables(plans, after, before, n_boot=settings.n_boot, seed=ctx.seed)
     ctx.write_table(faith, "faithfulness")
