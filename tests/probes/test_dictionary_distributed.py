@@ -35,6 +35,7 @@ def _worker(rank, world, init, out):
         for arch in ARCHS:
             d = train_dictionaries(_data(), _config(arch), _settings(arch))["x"]
             torch.save({k: v.detach().clone() for k, v in d.state_dict().items()}, f"{out}.{arch}.{rank}")
+        dist.barrier()  # neither rank tears the group down while the other may still be using it
     finally:
         dist.destroy_process_group()
 
